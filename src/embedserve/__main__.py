@@ -1,0 +1,3 @@
+from embedserve.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,101 @@
+"""Frozen configuration records shared by the engine's components."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(DTYPES)}") from None
+
+
+class PoolingMethod(str, enum.Enum):
+    LAST = "lasttoken"
+    MEAN = "mean"
+    CLS = "cls"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture numbers read from `config.json` (HF naming kept where it helps grepping)."""
+
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope_theta: float
+    qkv_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool = False
+    is_causal: bool = True
+
+
+@dataclass(frozen=True)
+class PoolingConfig:
+    """How hidden states become one vector (sentence-transformers semantics)."""
+
+    method: PoolingMethod
+    normalize: bool
+    include_prompt: bool = True
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes; None = enough for max_num_seqs full prompts
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 8192
+    # Encoders attend bidirectionally, so a prompt must be computed in one step.
+    allow_chunking: bool = True
+    # A batch request waiting this many steps is scheduled as if it were online.
+    batch_aging_steps: int = 64
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_model_len < 1:
+            raise ValueError("max_model_len must be >= 1")
+        if not self.allow_chunking and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "this model cannot be chunked: max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_path: str
+    model: ModelConfig
+    pooling: PoolingConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    dtype: torch.dtype
+    device: torch.device
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None

@@ -1,0 +1,1 @@
+"""The embedding engine: schedule -> execute -> update, in a background thread."""

@@ -1,0 +1,291 @@
+"""Engine: the public API. Loads a model, validates inputs, runs the loop, returns vectors."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedserve.config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
+from embedserve.engine.core import EngineCore, Finished
+from embedserve.engine.loop import EngineLoop
+from embedserve.errors import InputTooLongError, InvalidInputError, ModelLoadError
+from embedserve.kv_cache.manager import KVCacheManager, blocks_for
+from embedserve.models.decoder import DecoderModel
+from embedserve.models.loader import iter_weights, read_model_dir
+from embedserve.request import EmbedParams, Priority, Request
+from embedserve.scheduler.scheduler import Scheduler
+from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
+from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
+
+Inputs = Sequence[str] | Sequence[Sequence[int]] | str
+
+_DEFAULT_KV_CAP = 4 << 30  # default KV budget cap (bytes) unless one full prompt needs more
+
+
+@dataclass(frozen=True)
+class EmbeddingOutput:
+    embedding: np.ndarray  # float32 [dim]
+    num_tokens: int
+    truncated: bool
+    queue_time: float  # seconds from submission to first scheduled step
+    inference_time: float  # seconds from first scheduled step to finish
+
+
+class Engine:
+    def __init__(
+        self, config: EngineConfig, model: DecoderModel, tokenizer: Tokenizer, num_blocks: int
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        kv = KVCacheManager(num_blocks, config.cache.block_size)
+        runner = ModelRunner(model, num_blocks, config.cache.block_size, config.dtype, config.device)
+        self._loop = EngineLoop(EngineCore(Scheduler(config.scheduler, kv), runner))
+        self._ids = itertools.count()
+
+    # ---- construction ----------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+        kv_cache_memory: int | None = None,
+        block_size: int = 16,
+        pooling: str | None = None,
+        normalize: bool | None = None,
+    ) -> Engine:
+        files = read_model_dir(path, pooling=pooling, normalize=normalize)
+        mcfg = files.model
+        limit = min(
+            x for x in (mcfg.max_position_embeddings, files.max_seq_length, files.sliding_window) if x
+        )
+        if max_model_len is None:
+            max_model_len = limit
+        elif files.sliding_window is not None and max_model_len > files.sliding_window:
+            raise ModelLoadError(
+                f"max_model_len {max_model_len} exceeds the sliding window ({files.sliding_window}); "
+                "sliding-window attention is not implemented, so inputs must fit the window"
+            )
+        elif max_model_len > mcfg.max_position_embeddings:
+            raise ModelLoadError(
+                f"max_model_len {max_model_len} exceeds max_position_embeddings "
+                f"({mcfg.max_position_embeddings})"
+            )
+        torch_dtype = parse_dtype(dtype)
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError("device='cuda' requested but no CUDA device is available")
+        sched = SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            allow_chunking=mcfg.is_causal,
+        )
+        per_block = kv_bytes_per_block(mcfg, block_size, torch_dtype)
+        if kv_cache_memory is None:
+            wanted = max(2 * max_model_len, max_num_batched_tokens)
+            floor = blocks_for(max_model_len, block_size) * per_block
+            kv_cache_memory = max(min(blocks_for(wanted, block_size) * per_block, _DEFAULT_KV_CAP), floor)
+        num_blocks = kv_cache_memory // per_block
+        if num_blocks < 1:
+            raise ModelLoadError(
+                f"kv_cache_memory={kv_cache_memory} bytes is smaller than one KV block ({per_block} bytes)"
+            )
+        with torch.device("meta"):
+            model = DecoderModel(mcfg)
+        model = model.to_empty(device=dev).to(torch_dtype)
+        model.load_weights(iter_weights(files.weight_files))
+        model.eval()
+        config = EngineConfig(
+            model_path=str(files.path),
+            model=mcfg,
+            pooling=files.pooling,
+            cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory),
+            scheduler=sched,
+            dtype=torch_dtype,
+            device=dev,
+            prompts=files.prompts,
+            default_prompt_name=files.default_prompt_name,
+        )
+        return cls(config, model, Tokenizer(files.tokenizer_file, mcfg.vocab_size), num_blocks)
+
+    # ---- input handling --------------------------------------------------------------------
+
+    def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
+        if prompt_name is not None and prompt is not None:
+            raise InvalidInputError("pass either prompt_name or prompt, not both")
+        if prompt is not None:
+            return prompt
+        name = prompt_name if prompt_name is not None else self.config.default_prompt_name
+        if name is None:
+            return ""
+        if name not in self.config.prompts:
+            known = ", ".join(sorted(self.config.prompts)) or "none"
+            raise InvalidInputError(f"unknown prompt name {name!r}; this model defines: {known}")
+        return self.config.prompts[name]
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        hidden = self.config.model.hidden_size
+        if dimensions is not None and (
+            isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= hidden
+        ):
+            raise InvalidInputError(f"dimensions must be an integer in [1, {hidden}], got {dimensions!r}")
+
+    def tokenize(self, inputs: Inputs, prompt: str = "", truncate: str = "error") -> list[Tokenized]:
+        """Tokenize and validate every input (raises naming the first bad one)."""
+        policy = Truncate.parse(truncate)
+        items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
+        if len(items) == 0:
+            raise InvalidInputError("inputs is empty: pass at least one string or token list")
+        limit = self.config.scheduler.max_model_len
+        out: list[Tokenized] = []
+        for i, item in enumerate(items):
+            try:
+                if isinstance(item, str):
+                    out.append(self.tokenizer.encode(item, limit, policy, prompt))
+                elif isinstance(item, (list, tuple)):
+                    if prompt:
+                        raise InvalidInputError(
+                            "a prompt cannot be combined with token-id inputs; include its tokens"
+                        )
+                    out.append(self.tokenizer.check_ids(list(item), limit, policy))
+                else:
+                    raise InvalidInputError(
+                        f"expected a string or a list of token ids, got {type(item).__name__}"
+                    )
+            except InputTooLongError as e:
+                raise InputTooLongError(e.num_tokens, e.limit, index=i) from None
+            except InvalidInputError as e:
+                raise InvalidInputError(f"input {i}: {e}") from None
+        return out
+
+    def _requests(
+        self,
+        inputs: Inputs,
+        prompt_name: str | None,
+        prompt: str | None,
+        dimensions: int | None,
+        normalize: bool | None,
+        priority: str,
+        truncate: str,
+    ) -> tuple[list[Request], list[Tokenized]]:
+        self.check_dimensions(dimensions)
+        prio = _parse_priority(priority)
+        text_prompt = self.resolve_prompt(prompt_name, prompt)
+        tokenized = self.tokenize(inputs, text_prompt, truncate)
+        pool = self.config.pooling
+        params = EmbedParams(
+            dimensions=dimensions, normalize=pool.normalize if normalize is None else normalize
+        )
+        sched = self._loop.core.scheduler
+        for t in tokenized:
+            sched.check_admissible(len(t.token_ids))
+        reqs = [
+            Request(
+                next(self._ids),
+                t.token_ids,
+                params,
+                pool.method,
+                prio,
+                pool_skip=0 if pool.include_prompt else t.prompt_tokens,
+            )
+            for t in tokenized
+        ]
+        return reqs, tokenized
+
+    # ---- embedding API ---------------------------------------------------------------------
+
+    def submit(
+        self,
+        inputs: Inputs,
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+        truncate: str = "error",
+    ) -> tuple[list[Future[Finished]], list[Tokenized]]:
+        """Validate everything first (all or nothing), then queue every input."""
+        reqs, tokenized = self._requests(
+            inputs, prompt_name, prompt, dimensions, normalize, priority, truncate
+        )
+        return self._loop.submit(reqs), tokenized
+
+    def embed_outputs(self, inputs: Inputs, **kwargs: Any) -> list[EmbeddingOutput]:
+        futures, tokenized = self.submit(inputs, **kwargs)
+        try:
+            return [_output(f.result(), t) for f, t in zip(futures, tokenized, strict=True)]
+        except BaseException:
+            for f in futures:  # one input failed (or we were interrupted): free the rest
+                f.cancel()
+            raise
+
+    def embed(self, inputs: Inputs, **kwargs: Any) -> np.ndarray:
+        """Embed strings or token-id lists; returns float32 [len(inputs), dim] in input order."""
+        return np.stack([o.embedding for o in self.embed_outputs(inputs, **kwargs)])
+
+    async def embed_outputs_async(self, inputs: Inputs, **kwargs: Any) -> list[EmbeddingOutput]:
+        futures, tokenized = self.submit(inputs, **kwargs)
+        wrapped = [asyncio.wrap_future(f) for f in futures]
+        try:
+            done = await asyncio.gather(*wrapped)
+        except BaseException:
+            for f in futures:  # caller gone or one input failed: free the rest's blocks
+                f.cancel()
+            raise
+        return [_output(f, t) for f, t in zip(done, tokenized, strict=True)]
+
+    async def embed_async(self, inputs: Inputs, **kwargs: Any) -> np.ndarray:
+        return np.stack([o.embedding for o in await self.embed_outputs_async(inputs, **kwargs)])
+
+    # ---- introspection and lifecycle -------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        return self._loop.stats()
+
+    @property
+    def alive(self) -> bool:
+        return self._loop.alive
+
+    def close(self) -> None:
+        self._loop.stop()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _parse_priority(value: str) -> Priority:
+    try:
+        return Priority.parse(value)
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+
+
+def _output(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
+    req = fin.request
+    assert fin.vector is not None
+    started = req.first_scheduled_time or fin.finish_time
+    return EmbeddingOutput(
+        embedding=fin.vector.numpy().astype(np.float32, copy=False),
+        num_tokens=len(tok.token_ids),
+        truncated=tok.truncated,
+        queue_time=started - req.arrival_time,
+        inference_time=fin.finish_time - started,
+    )

@@ -1,0 +1,123 @@
+"""The engine loop: a background thread that owns the EngineCore.
+
+Callers never touch the core. They post requests to an inbox and wait on futures
+(`concurrent.futures.Future`, which asyncio can await). Futures stay pending (never
+"running") so a caller can cancel one; a cancelled future aborts its request at the next
+step, freeing its KV blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent.futures import Future, InvalidStateError
+
+from embedserve.engine.core import EngineCore, Finished
+from embedserve.errors import EngineDeadError
+from embedserve.request import Request
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self._inbox: queue.SimpleQueue[tuple[Request, Future[Finished]] | None] = queue.SimpleQueue()
+        self._futures: dict[int, Future[Finished]] = {}
+        self._lock = threading.Lock()
+        self._stats: dict[str, int] = core.stats()
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="embedserve-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def submit(self, requests: list[Request]) -> list[Future[Finished]]:
+        if not self.alive:
+            raise EngineDeadError(f"the engine loop is not running ({self._error or 'stopped'})")
+        futures: list[Future[Finished]] = []
+        for req in requests:
+            fut: Future[Finished] = Future()
+            futures.append(fut)
+            self._inbox.put((req, fut))
+        return futures
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._stats)
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        self._stopping = True
+        self._inbox.put(None)
+        self._thread.join(timeout)
+
+    # ---- engine thread ---------------------------------------------------------------------
+
+    def _drain(self, block: bool) -> bool:
+        """Move posted requests into the core; False once a stop was posted."""
+        try:
+            item = self._inbox.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if item is None:
+                return False
+            req, fut = item
+            if not fut.cancelled():
+                try:
+                    self.core.add(req)
+                    self._futures[req.request_id] = fut
+                except Exception as e:  # admission refused: tell that caller only
+                    _settle(fut, error=e)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _reap_cancelled(self) -> None:
+        for rid in [rid for rid, f in self._futures.items() if f.cancelled()]:
+            self.core.abort(rid)
+            del self._futures[rid]
+
+    def _run(self) -> None:
+        try:
+            while self._drain(block=not self.core.has_work):
+                self._reap_cancelled()
+                for fin in self.core.step():
+                    fut = self._futures.pop(fin.request.request_id, None)
+                    if fut is not None:
+                        _settle(fut, result=fin, error=fin.error)
+                with self._lock:
+                    self._stats = self.core.stats()
+        except BaseException as e:  # the loop itself broke: fail everyone, loudly
+            log.exception("engine loop died")
+            self._error = e
+        finally:
+            self._stopping = True
+            err = EngineDeadError(f"engine stopped: {self._error or 'shut down'}")
+            for fut in self._futures.values():
+                _settle(fut, error=err)
+            while True:
+                try:
+                    item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    _settle(item[1], error=err)
+
+
+def _settle(
+    fut: Future[Finished], result: Finished | None = None, error: BaseException | None = None
+) -> None:
+    """Complete a future unless its caller cancelled it meanwhile."""
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]
+    except InvalidStateError:
+        pass  # cancelled by the caller: nobody is waiting

@@ -1,0 +1,36 @@
+"""Exceptions the engine raises; servers map them to HTTP status codes."""
+
+from __future__ import annotations
+
+
+class EmbedServeError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class InvalidInputError(EmbedServeError, ValueError):
+    """The caller sent something the engine can never embed (HTTP 400)."""
+
+
+class InputTooLongError(InvalidInputError):
+    """An input exceeds the token limit under the `error` truncation policy (HTTP 400)."""
+
+    def __init__(self, num_tokens: int, limit: int, index: int | None = None) -> None:
+        where = "" if index is None else f"input {index}: "
+        super().__init__(
+            f"{where}{num_tokens} tokens exceed the limit of {limit} tokens; shorten the input "
+            "or pass truncate='end' / 'start'"
+        )
+        self.num_tokens = num_tokens
+        self.limit = limit
+
+
+class ModelLoadError(EmbedServeError):
+    """A model directory or file cannot be loaded (clear reason in the message)."""
+
+
+class EngineDeadError(EmbedServeError):
+    """The engine loop stopped; no further requests can be served (HTTP 503)."""
+
+
+class InternalEngineError(EmbedServeError):
+    """An invariant broke while computing a request: never returned as a vector (HTTP 500)."""

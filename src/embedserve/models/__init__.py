@@ -1,0 +1,1 @@
+"""Plain architectures and their loading; pooling is attached from outside."""

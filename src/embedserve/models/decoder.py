@@ -1,0 +1,211 @@
+"""Decoder-only transformers (Qwen3, Qwen2, Llama, Mistral) over packed tokens.
+
+One implementation, switched by config: Qwen3 normalizes q and k per head before RoPE
+(`qk_norm`), Qwen2 has q/k/v bias (`qkv_bias`), Llama/Mistral have neither. The model knows
+nothing about pooling: it returns final hidden states for the rows it is asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from embedserve.config import ModelConfig
+from embedserve.worker.attention import AttentionMetadata, paged_attention
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, cast back before the weight (as Hugging Face does)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class Rotary:
+    """Rotary position embedding (rotate-half layout), tables built in float32 per step."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+        self.inv_freq = 1.0 / (theta**exponent)  # [head_dim / 2]
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, head_dim]
+        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim]; cos/sin: [T, 1, head_dim]."""
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        # q, k and v share one fused projection: one matmul instead of three.
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        # x: [T, hidden]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
+        cos, sin = cos_sin
+        q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
+        return self.o_proj(paged_attention(q, k, v, kv_cache, meta, self.scale))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# Hugging Face parameter name fragments -> (our fused parameter, shard index in it).
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor] | None,
+        meta: AttentionMetadata,
+        output_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]. Returns final hidden states [len(output_rows), hidden]."""
+        x = self.embed_tokens(input_ids)  # [T, hidden]
+        cos_sin = self.rotary.cos_sin(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos_sin, None if kv_caches is None else kv_caches[i], meta)
+        if output_rows is not None:
+            x = x.index_select(0, output_rows)
+        return self.norm(x)
+
+    # ---- weights ---------------------------------------------------------------------------
+
+    def fused_shard_sizes(self, fused_name: str) -> list[int]:
+        cfg = self.config
+        if fused_name.endswith("qkv_proj"):
+            q = cfg.num_attention_heads * cfg.head_dim
+            kv = cfg.num_key_value_heads * cfg.head_dim
+            return [q, kv, kv]
+        return [cfg.intermediate_size, cfg.intermediate_size]
+
+    def _expected_keys(self) -> set[tuple[str, int | None]]:
+        keys: set[tuple[str, int | None]] = set()
+        for name, _ in self.named_parameters():
+            module = name.rsplit(".", 1)[0]
+            if _is_fused(module):
+                keys.update((name, i) for i in range(len(self.fused_shard_sizes(module))))
+            else:
+                keys.add((name, None))
+        return keys
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face tensors in (names with or without a `model.` prefix)."""
+        params = dict(self.named_parameters())
+        loaded: set[tuple[str, int | None]] = set()
+        for raw_name, tensor in weights:
+            name = raw_name.removeprefix("model.")
+            if name.startswith("lm_head.") or name.endswith("rotary_emb.inv_freq"):
+                continue  # generation head and cached RoPE tables are not used
+            target, shard = name, None
+            for hf, (ours, idx) in _FUSED.items():
+                if f".{hf}." in f".{name}":
+                    target, shard = name.replace(hf, ours), idx
+                    break
+            if target not in params:
+                raise KeyError(f"unexpected weight {raw_name!r} for {self.config.architecture}")
+            param = params[target]
+            with torch.no_grad():
+                if shard is None:
+                    _copy(param, tensor, raw_name)
+                else:
+                    sizes = self.fused_shard_sizes(target.rsplit(".", 1)[0])
+                    offset = sum(sizes[:shard])
+                    _copy(param.narrow(0, offset, sizes[shard]), tensor, raw_name)
+            loaded.add((target, shard))
+        missing = sorted(str(k) for k in self._expected_keys() - loaded)
+        if missing:
+            raise KeyError(f"weights missing from the checkpoint: {missing[:5]}")
+
+
+def _is_fused(module: str) -> bool:
+    return module.endswith(("qkv_proj", "gate_up_proj"))
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if tuple(dst.shape) != tuple(src.shape):
+        raise ValueError(f"weight {name!r} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src.to(dst.dtype))

@@ -1,0 +1,155 @@
+"""Read a local Hugging Face / sentence-transformers model directory.
+
+config.json                          architecture numbers
+model.safetensors | *.index.json     weights (single file or sharded)
+tokenizer.json                       tokenizer
+modules.json                         sentence-transformers pipeline (optional)
+1_Pooling/config.json                pooling mode, include_prompt
+config_sentence_transformers.json    prompts, default prompt name
+sentence_bert_config.json            max_seq_length
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from embedserve.config import ModelConfig, PoolingConfig, PoolingMethod
+from embedserve.errors import ModelLoadError
+from embedserve.models.registry import model_config_from_hf, sliding_window
+
+_ST_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    path: Path
+    model: ModelConfig
+    pooling: PoolingConfig
+    tokenizer_file: Path
+    weight_files: list[Path]
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    max_seq_length: int | None = None
+    sliding_window: int | None = None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"cannot read {path}: {e}") from e
+
+
+def _pooling_from_st(root: Path, default: PoolingMethod) -> PoolingConfig | None:
+    """Pooling and normalization as sentence-transformers would apply them, if configured."""
+    modules_file = root / "modules.json"
+    if not modules_file.exists():
+        return None
+    method, include_prompt, normalize = default, True, False
+    for module in _read_json(modules_file):
+        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in _ST_MODULES:
+            raise ModelLoadError(
+                f"sentence-transformers module {module.get('type')!r} is not supported; "
+                f"supported modules: {', '.join(_ST_MODULES)}"
+            )
+        if kind == "Normalize":
+            normalize = True
+        elif kind == "Pooling":
+            cfg = _read_json(root / module.get("path", "1_Pooling") / "config.json")
+            method = _pooling_mode(cfg)
+            include_prompt = bool(cfg.get("include_prompt", True))
+    return PoolingConfig(method=method, normalize=normalize, include_prompt=include_prompt)
+
+
+def _pooling_mode(cfg: dict[str, Any]) -> PoolingMethod:
+    # sentence-transformers >= 6 writes "pooling_mode"; older versions write one flag per mode.
+    modes = (
+        [cfg["pooling_mode"]]
+        if "pooling_mode" in cfg
+        else [k.removeprefix("pooling_mode_") for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
+    )
+    names = {
+        "lasttoken": PoolingMethod.LAST,
+        "mean_tokens": PoolingMethod.MEAN,
+        "mean": PoolingMethod.MEAN,
+        "cls_token": PoolingMethod.CLS,
+        "cls": PoolingMethod.CLS,
+    }
+    if len(modes) != 1 or modes[0] not in names:
+        raise ModelLoadError(f"unsupported pooling mode {modes}; supported: lasttoken, mean, cls")
+    return names[modes[0]]
+
+
+def _weight_files(root: Path) -> list[Path]:
+    index = root / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        files = [root / s for s in shards]
+    elif (root / "model.safetensors").exists():
+        files = [root / "model.safetensors"]
+    else:
+        raise ModelLoadError(
+            f"no model.safetensors or model.safetensors.index.json in {root} "
+            "(only safetensors weights are supported)"
+        )
+    for f in files:
+        if not f.exists():
+            raise ModelLoadError(f"weight shard {f.name} listed in the index is missing")
+    return files
+
+
+def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool | None = None) -> ModelFiles:
+    root = Path(path)
+    if not root.is_dir():
+        raise ModelLoadError(f"model path {root} is not a directory")
+    if not (root / "config.json").exists():
+        raise ModelLoadError(f"{root} has no config.json")
+    raw = _read_json(root / "config.json")
+    model = model_config_from_hf(raw)
+    tokenizer_file = root / "tokenizer.json"
+    if not tokenizer_file.exists():
+        raise ModelLoadError(f"{root} has no tokenizer.json")
+    st = _pooling_from_st(root, PoolingMethod.LAST)
+    pool = st or PoolingConfig(method=PoolingMethod.LAST, normalize=True)
+    if pooling is not None:
+        pool = PoolingConfig(PoolingMethod(pooling), pool.normalize, pool.include_prompt)
+    if normalize is not None:
+        pool = PoolingConfig(pool.method, normalize, pool.include_prompt)
+    st_cfg = root / "config_sentence_transformers.json"
+    prompts: dict[str, str] = {}
+    default_prompt_name = None
+    if st_cfg.exists():
+        meta = _read_json(st_cfg)
+        prompts = {str(k): str(v) for k, v in (meta.get("prompts") or {}).items()}
+        default_prompt_name = meta.get("default_prompt_name")
+    bert_cfg = root / "sentence_bert_config.json"
+    max_seq = _read_json(bert_cfg).get("max_seq_length") if bert_cfg.exists() else None
+    return ModelFiles(
+        path=root,
+        model=model,
+        pooling=pool,
+        tokenizer_file=tokenizer_file,
+        weight_files=_weight_files(root),
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+        max_seq_length=int(max_seq) if max_seq else None,
+        sliding_window=sliding_window(raw),
+    )
+
+
+def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
+                    yield name, handle.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types for corrupt files
+            raise ModelLoadError(f"cannot read weights from {f}: {e}") from e

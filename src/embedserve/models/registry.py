@@ -1,0 +1,90 @@
+"""Supported architectures and how their `config.json` maps onto ModelConfig."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from embedserve.config import ModelConfig
+from embedserve.errors import ModelLoadError
+
+# model_type -> (q/k per-head RMSNorm, q/k/v bias)
+DECODERS: dict[str, tuple[bool, bool]] = {
+    "qwen3": (True, False),
+    "qwen2": (False, True),
+    "llama": (False, False),
+    "mistral": (False, False),
+}
+
+ARCHITECTURES: dict[str, str] = {
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3Model": "qwen3",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen2Model": "qwen2",
+    "LlamaForCausalLM": "llama",
+    "LlamaModel": "llama",
+    "MistralForCausalLM": "mistral",
+    "MistralModel": "mistral",
+}
+
+
+def supported() -> str:
+    return ", ".join(sorted(ARCHITECTURES))
+
+
+def _rope_theta(raw: dict[str, Any]) -> float:
+    """rope_theta from either the classic top-level key or the newer `rope_parameters`."""
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise ModelLoadError(
+            f"RoPE scaling {rope_type!r} is not implemented; only unscaled RoPE is supported"
+        )
+    theta = raw.get("rope_theta", params.get("rope_theta"))
+    if theta is None:
+        raise ModelLoadError("config.json has no rope_theta")
+    return float(theta)
+
+
+def sliding_window(raw: dict[str, Any]) -> int | None:
+    """The attention window if the config turns one on, else None."""
+    window = raw.get("sliding_window")
+    if window is None:
+        return None
+    if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
+        return None
+    return int(window)
+
+
+def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
+    archs = raw.get("architectures") or []
+    model_type = raw.get("model_type")
+    for arch in archs:
+        if arch in ARCHITECTURES:
+            model_type = ARCHITECTURES[arch]
+            break
+    if model_type not in DECODERS:
+        named = ", ".join(archs) or str(model_type)
+        raise ModelLoadError(f"unsupported architecture {named}; supported: {supported()}")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"unsupported activation {raw['hidden_act']!r}; only silu")
+    qk_norm, qkv_bias = DECODERS[model_type]
+    heads = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    return ModelConfig(
+        architecture=archs[0] if archs else model_type,
+        model_type=model_type,
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        num_hidden_layers=int(raw["num_hidden_layers"]),
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        # Qwen3 sets head_dim explicitly (it is not hidden / heads there).
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        intermediate_size=int(raw["intermediate_size"]),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(raw),
+        qkv_bias=bool(raw.get("attention_bias", qkv_bias)) or qkv_bias,
+        qk_norm=qk_norm,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+    )

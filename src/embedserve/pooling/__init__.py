@@ -1,0 +1,1 @@
+"""Pooling lives outside the models: per-request state, methods and the output head."""

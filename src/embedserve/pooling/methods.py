@@ -1,0 +1,49 @@
+"""Which rows of a chunk each pooling method reads, and how it folds them.
+
+A chunk covers prompt positions [start, start + n). Only the rows a method needs leave the
+model runner, so LAST pooling over a 16K prompt moves one row, not 16K.
+
+    prompt:   0 1 2 ... skip ... start ............ start+n ... P-1
+    CLS:      ^ (position 0 only)
+    MEAN:                 [skip, P) -- every position at or after `skip`
+    LAST:                                                         ^ (P-1 only)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from embedserve.config import PoolingMethod
+
+
+def rows_to_pool(
+    method: PoolingMethod, start: int, n: int, num_prompt_tokens: int, skip: int
+) -> tuple[int, int]:
+    """Local row range [lo, hi) of the chunk [start, start+n) that `method` reads."""
+    end = start + n
+    if method is PoolingMethod.LAST:
+        last = num_prompt_tokens - 1
+        return (last - start, last - start + 1) if start <= last < end else (0, 0)
+    if method is PoolingMethod.CLS:
+        return (0, 1) if start == 0 else (0, 0)
+    lo = min(max(skip, start), end)
+    return lo - start, end - start
+
+
+def fold(method: PoolingMethod, acc: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    """Fold selected rows ([k, hidden]) into the accumulator (float32, [hidden])."""
+    if rows.shape[0] == 0:
+        return acc
+    if method is PoolingMethod.MEAN:
+        part = rows.float().sum(dim=0)
+        return part if acc is None else acc + part
+    # LAST and CLS read exactly one row, exactly once.
+    if acc is not None:
+        raise RuntimeError(f"{method.value} pooling row seen twice")
+    return rows[0].float().clone()
+
+
+def finalize(method: PoolingMethod, acc: torch.Tensor, num_rows: int) -> torch.Tensor:
+    if method is PoolingMethod.MEAN:
+        return acc / max(num_rows, 1)
+    return acc

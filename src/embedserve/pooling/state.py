@@ -1,0 +1,59 @@
+"""Per-request pooling state: accumulates across chunks, idempotent by position."""
+
+from __future__ import annotations
+
+import torch
+
+from embedserve.config import PoolingMethod
+from embedserve.errors import InternalEngineError
+from embedserve.pooling.methods import finalize, fold, rows_to_pool
+
+
+class PoolingState:
+    """Accumulates one request's pooled vector chunk by chunk.
+
+    It records `num_pooled_tokens` and accepts a chunk only if it starts exactly there, so a
+    lost or double-counted chunk raises instead of producing a plausible wrong vector.
+    """
+
+    def __init__(self, method: PoolingMethod, num_prompt_tokens: int, skip: int = 0) -> None:
+        self.method = method
+        self.num_prompt_tokens = num_prompt_tokens
+        # MEAN pooling without the prompt skips the first `skip` positions.
+        self.skip = skip
+        self.reset()
+
+    def reset(self) -> None:
+        self.num_pooled_tokens = 0
+        self.num_rows = 0
+        self._acc: torch.Tensor | None = None
+
+    def rows(self, start: int, n: int) -> tuple[int, int]:
+        """Local row range the runner must hand over for chunk [start, start+n)."""
+        return rows_to_pool(self.method, start, n, self.num_prompt_tokens, self.skip)
+
+    def update(self, start: int, n: int, rows: torch.Tensor) -> None:
+        """Fold chunk [start, start+n); `rows` are its selected rows, [k, hidden]."""
+        if start != self.num_pooled_tokens:
+            raise InternalEngineError(
+                f"pooling expected a chunk at position {self.num_pooled_tokens}, got {start}"
+            )
+        if start + n > self.num_prompt_tokens:
+            raise InternalEngineError(
+                f"chunk [{start}, {start + n}) runs past the prompt ({self.num_prompt_tokens})"
+            )
+        lo, hi = self.rows(start, n)
+        if rows.shape[0] != hi - lo:
+            raise InternalEngineError(f"pooling expected {hi - lo} rows, got {rows.shape[0]}")
+        self._acc = fold(self.method, self._acc, rows)
+        self.num_rows += rows.shape[0]
+        self.num_pooled_tokens = start + n
+
+    def finish(self) -> torch.Tensor:
+        """The pooled float32 vector; refuses unless every prompt token was pooled once."""
+        if self.num_pooled_tokens != self.num_prompt_tokens or self._acc is None:
+            raise InternalEngineError(
+                f"pooled {self.num_pooled_tokens} of {self.num_prompt_tokens} tokens; "
+                "refusing to return a partial vector"
+            )
+        return finalize(self.method, self._acc, self.num_rows)

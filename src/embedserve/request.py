@@ -1,0 +1,96 @@
+"""A request's state machine: WAITING -> RUNNING -> FINISHED, with preemption back to WAITING.
+
+One invariant drives everything: `num_computed_tokens` catches up to `num_prompt_tokens`.
+Chunking and preemption (recompute) are the two ways that happens.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+
+from embedserve.config import PoolingMethod
+from embedserve.pooling.state import PoolingState
+
+
+class Priority(str, enum.Enum):
+    ONLINE = "online"
+    BATCH = "batch"
+
+    @classmethod
+    def parse(cls, value: str | Priority) -> Priority:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown priority {value!r}; choose 'online' or 'batch'") from None
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+    @property
+    def is_done(self) -> bool:
+        return self in (RequestStatus.FINISHED, RequestStatus.FAILED, RequestStatus.ABORTED)
+
+
+@dataclass(frozen=True)
+class EmbedParams:
+    """What to do with the pooled vector."""
+
+    dimensions: int | None = None
+    normalize: bool = True
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: int,
+        token_ids: list[int],
+        params: EmbedParams,
+        pooling: PoolingMethod,
+        priority: Priority = Priority.ONLINE,
+        pool_skip: int = 0,
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids = token_ids
+        self.params = params
+        self.priority = priority
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.pooling = PoolingState(pooling, len(token_ids), skip=pool_skip)
+        # Set by the scheduler on admission; orders requests for scheduling and preemption.
+        self.arrival_seq = -1
+        self.arrival_step = -1
+        self.arrival_time = time.monotonic()
+        self.first_scheduled_time: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        return self.num_prompt_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefill_complete(self) -> bool:
+        return self.num_computed_tokens == self.num_prompt_tokens
+
+    def preempt(self) -> None:
+        """Back to WAITING with nothing computed; the caller frees the KV blocks."""
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.pooling.reset()
+        self.num_preemptions += 1
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.request_id}, {self.status.value}, {self.priority.value}, "
+            f"{self.num_computed_tokens}/{self.num_prompt_tokens})"
+        )

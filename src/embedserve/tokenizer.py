@@ -1,0 +1,115 @@
+"""Tokenization, prompts and the truncation policy.
+
+The model's own post-processor adds its special tokens (Qwen3-Embedding appends
+`<|endoftext|>`, BERT wraps in [CLS] ... [SEP]); we never add them a second time. Truncation
+cuts the *content* and re-applies the post-processor, so last-token pooling still reads the
+end token:
+
+    text ids:   [c0 c1 ... c_{n-1}]  --truncate to L - specials-->  [c0 .. c_{k-1}]
+    post-proc:  [lead..] c0 .. c_{k-1} [..trail]                    (len == L)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from embedserve.errors import InputTooLongError, InvalidInputError
+
+
+class Truncate(str, enum.Enum):
+    ERROR = "error"
+    END = "end"  # drop content from the end
+    START = "start"  # drop content from the start
+
+    @classmethod
+    def parse(cls, value: str | Truncate) -> Truncate:
+        try:
+            return cls(value)
+        except ValueError:
+            raise InvalidInputError(
+                f"unknown truncate policy {value!r}; choose 'error', 'end' or 'start'"
+            ) from None
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    token_ids: list[int]
+    truncated: bool
+    # Leading positions that belong to the prompt (excluded by MEAN pooling without prompt).
+    prompt_tokens: int = 0
+
+
+class Tokenizer:
+    def __init__(self, tokenizer_file: str | Path, vocab_size: int) -> None:
+        self._tok = HFTokenizer.from_file(str(tokenizer_file))
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self.vocab_size = vocab_size
+        # What the post-processor wraps around content, measured once on a one-word probe.
+        probe = self._tok.post_process(self._tok.encode("a", add_special_tokens=False))
+        self.num_special = self._tok.num_special_tokens_to_add(is_pair=False)
+        self._lead_len = _leading_specials(probe.sequence_ids)
+
+    @property
+    def backend(self) -> HFTokenizer:
+        return self._tok
+
+    def count_prompt_tokens(self, prompt: str) -> int:
+        """Positions a prompt occupies at the start of a sequence, leading specials included."""
+        if not prompt:
+            return 0
+        return self._lead_len + len(self._tok.encode(prompt, add_special_tokens=False).ids)
+
+    def encode(self, text: str, max_len: int, truncate: Truncate, prompt: str = "") -> Tokenized:
+        if not isinstance(text, str):
+            raise InvalidInputError(f"expected a string, got {type(text).__name__}")
+        if text == "":
+            raise InvalidInputError("input is an empty string")
+        enc = self._tok.encode(prompt + text, add_special_tokens=False)
+        n_content = len(enc.ids)
+        truncated = False
+        if n_content + self.num_special > max_len:
+            if truncate is Truncate.ERROR:
+                raise InputTooLongError(n_content + self.num_special, max_len)
+            enc.truncate(
+                max(max_len - self.num_special, 0), direction="right" if truncate is Truncate.END else "left"
+            )
+            truncated = True
+        ids = self._tok.post_process(enc).ids
+        prompt_tokens = self.count_prompt_tokens(prompt) if prompt else 0
+        return Tokenized(token_ids=list(ids), truncated=truncated, prompt_tokens=min(prompt_tokens, len(ids)))
+
+    def check_ids(self, ids: list[int], max_len: int, truncate: Truncate) -> Tokenized:
+        """Validate caller-supplied token ids (taken as the final sequence, specials included)."""
+        if len(ids) == 0:
+            raise InvalidInputError("input is an empty token list")
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise InvalidInputError(f"token id {t!r} is outside the vocabulary [0, {self.vocab_size})")
+        if len(ids) <= max_len:
+            return Tokenized(token_ids=list(ids), truncated=False)
+        if truncate is Truncate.ERROR:
+            raise InputTooLongError(len(ids), max_len)
+        # Keep the special tokens at both ends (as for text), cut the content between them.
+        lead = self._lead_len
+        trail = self.num_special - lead
+        body = ids[lead : len(ids) - trail]
+        keep = max(max_len - self.num_special, 0)
+        body = body[:keep] if truncate is Truncate.END else body[len(body) - keep :]
+        return Tokenized(token_ids=ids[:lead] + body + ids[len(ids) - trail :], truncated=True)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+
+def _leading_specials(sequence_ids: list[int | None]) -> int:
+    n = 0
+    for s in sequence_ids:
+        if s is not None:
+            break
+        n += 1
+    return n

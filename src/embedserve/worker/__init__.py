@@ -1,0 +1,1 @@
+"""Tensors: packed step inputs, paged attention and the model runner. Never decides policy."""

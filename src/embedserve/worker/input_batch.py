@@ -1,0 +1,86 @@
+"""Packed step inputs built from a SchedulerOutput (host-side work, vectorized with numpy).
+
+chunk A (start=0, n=3)   chunk B (start=16, n=2)
+rows:      0 1 2               3 4
+positions: 0 1 2              16 17
+slots:     table_A[p // bs] * bs + p % bs  for each position p
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from embedserve.scheduler.output import SchedulerOutput
+from embedserve.worker.attention import AttentionMetadata, SeqSpan
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    output_rows: torch.Tensor  # [R] packed rows that pooling reads
+    # request_id -> (offset, count) into the model output's R rows
+    pooled: dict[int, tuple[int, int]]
+
+
+def chunk_positions(start: int, n: int) -> np.ndarray:
+    """Prompt positions of a chunk: they continue where the cached context ends."""
+    return np.arange(start, start + n, dtype=np.int64)
+
+
+def slots(table: list[int], positions: np.ndarray, block_size: int) -> np.ndarray:
+    blocks = np.asarray(table, dtype=np.int64)
+    return blocks[positions // block_size] * block_size + positions % block_size
+
+
+def seq_span(
+    q_start: int, n: int, start: int, table: list[int], block_size: int, device: torch.device
+) -> SeqSpan:
+    """Where a chunk's queries sit and which cached keys (all earlier positions) they see."""
+    kv_slots = None
+    if start > 0:
+        kv = slots(table, np.arange(start + n, dtype=np.int64), block_size)
+        kv_slots = torch.from_numpy(kv).to(device)
+    return SeqSpan(q_start=q_start, q_len=n, start=start, kv_slots=kv_slots)
+
+
+def build_step_inputs(
+    out: SchedulerOutput, block_size: int, device: torch.device, causal: bool = True, use_cache: bool = True
+) -> StepInputs:
+    ids: list[int] = []
+    pos_parts: list[np.ndarray] = []
+    slot_parts: list[np.ndarray] = []
+    seqs: list[SeqSpan] = []
+    rows: list[np.ndarray] = []
+    pooled: dict[int, tuple[int, int]] = {}
+    q_start = 0
+    n_rows = 0
+    for c in out.chunks:
+        n = c.num_tokens
+        ids.extend(c.token_ids)
+        pos = chunk_positions(c.start, n)
+        pos_parts.append(pos)
+        if use_cache:
+            slot_parts.append(
+                slots(c.block_table, np.arange(c.start, c.start + n, dtype=np.int64), block_size)
+            )
+            seqs.append(seq_span(q_start, n, c.start, c.block_table, block_size, device))
+        else:
+            seqs.append(SeqSpan(q_start=q_start, q_len=n, start=0, kv_slots=None))
+        lo, hi = c.pool_rows
+        rows.append(np.arange(q_start + lo, q_start + hi, dtype=np.int64))
+        pooled[c.request_id] = (n_rows, hi - lo)
+        n_rows += hi - lo
+        q_start += n
+    slot_mapping = torch.from_numpy(np.concatenate(slot_parts)).to(device) if use_cache else None
+    return StepInputs(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.from_numpy(np.concatenate(pos_parts)).to(device),
+        meta=AttentionMetadata(seqs=seqs, slot_mapping=slot_mapping, causal=causal),
+        output_rows=torch.from_numpy(np.concatenate(rows)).to(device),
+        pooled=pooled,
+    )

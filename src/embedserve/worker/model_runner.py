@@ -1,0 +1,42 @@
+"""Runs the model on one SchedulerOutput and hands pooling the rows it asked for."""
+
+from __future__ import annotations
+
+import torch
+
+from embedserve.config import ModelConfig
+from embedserve.models.decoder import DecoderModel
+from embedserve.scheduler.output import SchedulerOutput
+from embedserve.worker.input_batch import build_step_inputs
+
+
+def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return cfg.num_hidden_layers * 2 * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+
+
+class ModelRunner:
+    def __init__(
+        self, model: DecoderModel, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        # Per layer: [2 (k, v), num_blocks * block_size slots, kv_heads, head_dim].
+        self.kv_caches = [
+            torch.zeros(
+                2, num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype, device=device
+            )
+            for _ in range(cfg.num_hidden_layers)
+        ]
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
+        """Returns request_id -> the pooled rows of its chunk, [k, hidden]."""
+        inputs = build_step_inputs(out, self.block_size, self.device, causal=self.model.config.is_causal)
+        hidden = self.model(
+            inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.output_rows
+        )  # [R, hidden]
+        hidden = hidden.float().cpu()
+        return {rid: hidden[off : off + n] for rid, (off, n) in inputs.pooled.items()}
