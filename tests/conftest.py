@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny random-weight models built once per test session (offline)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.tiny_models import build_decoder
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(models_dir: Path) -> Path:
+    """Qwen3-Embedding-style: EOS appended by the tokenizer, last-token pooling, normalize."""
+    return build_decoder(models_dir / "qwen3", "qwen3")
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(models_dir: Path) -> Path:
+    return build_decoder(models_dir / "qwen2", "qwen2", seed=1, pooling="mean")
+
+
+@pytest.fixture(scope="session")
+def llama_dir(models_dir: Path) -> Path:
+    """Llama checkpoint saved as *ForCausalLM: weight names carry a `model.` prefix."""
+    return build_decoder(models_dir / "llama", "llama", seed=2, pooling="cls", normalize=False)
+
+
+@pytest.fixture(scope="session")
+def mistral_dir(models_dir: Path) -> Path:
+    """No sentence-transformers files: pooling defaults to last-token + normalize."""
+    return build_decoder(models_dir / "mistral", "mistral", seed=3, st_files=False)
