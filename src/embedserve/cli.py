@@ -42,7 +42,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
 def _cmd_embed(args: argparse.Namespace) -> int:
     from embedserve.engine.engine import Engine
 
-    with Engine.from_pretrained(args.model, **engine_kwargs(args)) as engine:  # type: ignore[arg-type]
+    with Engine.from_pretrained(args.model, **engine_kwargs(args)) as engine:
         vectors = engine.embed(
             args.texts, prompt_name=args.prompt_name, dimensions=args.dimensions, truncate=args.truncate
         )

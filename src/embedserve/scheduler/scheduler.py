@@ -80,6 +80,8 @@ class Scheduler:
         for req in sorted(self.running + self.waiting, key=self._key):
             if budget == 0:
                 break
+            if req.request_id in preempted:
+                continue  # just lost its blocks to a more urgent request; retry next step
             if req.status is RequestStatus.WAITING and len(self.running) >= self.config.max_num_seqs:
                 continue
             n = self._fit(req, budget, scheduled)

@@ -1,0 +1,96 @@
+"""Builds the engine's parts from a model directory: config, model, KV cache, scheduler, core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from embedserve.config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
+from embedserve.engine.core import EngineCore
+from embedserve.errors import ModelLoadError
+from embedserve.kv_cache.manager import KVCacheManager, blocks_for
+from embedserve.models.decoder import DecoderModel
+from embedserve.models.loader import iter_weights, read_model_dir
+from embedserve.scheduler.scheduler import Scheduler
+from embedserve.tokenizer import Tokenizer
+from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
+
+_DEFAULT_KV_CAP = 4 << 30  # default KV budget cap (bytes) unless one full prompt needs more
+
+
+@dataclass
+class EngineParts:
+    config: EngineConfig
+    core: EngineCore  # synchronous; `Engine` runs it in a background thread
+    tokenizer: Tokenizer
+
+
+def build_engine(
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_num_batched_tokens: int = 2048,
+    max_num_seqs: int = 256,
+    max_model_len: int | None = None,
+    kv_cache_memory: int | None = None,
+    block_size: int = 16,
+    pooling: str | None = None,
+    normalize: bool | None = None,
+) -> EngineParts:
+    files = read_model_dir(path, pooling=pooling, normalize=normalize)
+    mcfg = files.model
+    limit = min(x for x in (mcfg.max_position_embeddings, files.max_seq_length, files.sliding_window) if x)
+    if max_model_len is None:
+        max_model_len = limit
+    elif files.sliding_window is not None and max_model_len > files.sliding_window:
+        raise ModelLoadError(
+            f"max_model_len {max_model_len} exceeds the sliding window ({files.sliding_window}); "
+            "sliding-window attention is not implemented, so inputs must fit the window"
+        )
+    elif max_model_len > mcfg.max_position_embeddings:
+        raise ModelLoadError(
+            f"max_model_len {max_model_len} exceeds max_position_embeddings ({mcfg.max_position_embeddings})"
+        )
+    torch_dtype = parse_dtype(dtype)
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device='cuda' requested but no CUDA device is available")
+    sched = SchedulerConfig(
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        allow_chunking=mcfg.is_causal,
+    )
+    per_block = kv_bytes_per_block(mcfg, block_size, torch_dtype)
+    if kv_cache_memory is None:
+        wanted = max(2 * max_model_len, max_num_batched_tokens)
+        floor = blocks_for(max_model_len, block_size) * per_block
+        kv_cache_memory = max(min(blocks_for(wanted, block_size) * per_block, _DEFAULT_KV_CAP), floor)
+    num_blocks = kv_cache_memory // per_block
+    if num_blocks < 1:
+        raise ModelLoadError(
+            f"kv_cache_memory={kv_cache_memory} bytes is smaller than one KV block ({per_block} bytes)"
+        )
+    with torch.device("meta"):
+        model = DecoderModel(mcfg)
+    model = model.to_empty(device=dev).to(torch_dtype)
+    model.load_weights(iter_weights(files.weight_files))
+    model.eval()
+    config = EngineConfig(
+        model_path=str(files.path),
+        model=mcfg,
+        pooling=files.pooling,
+        cache=CacheConfig(block_size=block_size, kv_cache_memory=kv_cache_memory),
+        scheduler=sched,
+        dtype=torch_dtype,
+        device=dev,
+        prompts=files.prompts,
+        default_prompt_name=files.default_prompt_name,
+    )
+    kv = KVCacheManager(num_blocks, block_size)
+    runner = ModelRunner(model, num_blocks, block_size, torch_dtype, dev)
+    core = EngineCore(Scheduler(sched, kv), runner)
+    return EngineParts(config, core, Tokenizer(files.tokenizer_file, mcfg.vocab_size))

@@ -1,0 +1,147 @@
+"""Scheduler policy without a model: budgets, chunking, classes, aging, preemption."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from embedserve.config import PoolingMethod, SchedulerConfig
+from embedserve.errors import InvalidInputError
+from embedserve.kv_cache.manager import KVCacheManager
+from embedserve.request import EmbedParams, Priority, Request, RequestStatus
+from embedserve.scheduler.output import SchedulerOutput
+from embedserve.scheduler.scheduler import Scheduler
+
+
+def make(num_blocks: int = 64, block_size: int = 4, **cfg: int) -> Scheduler:
+    return Scheduler(SchedulerConfig(**cfg), KVCacheManager(num_blocks, block_size))
+
+
+def req(rid: int, n: int, priority: Priority = Priority.ONLINE) -> Request:
+    return Request(rid, list(range(n)), EmbedParams(), PoolingMethod.MEAN, priority)
+
+
+def complete(s: Scheduler, out: SchedulerOutput, reqs: dict[int, Request]) -> list[Request]:
+    rows = {c.request_id: torch.ones(c.pool_rows[1] - c.pool_rows[0], 2) for c in out.chunks}
+    return s.update_from_output(out, rows, reqs)
+
+
+def run_to_end(s: Scheduler, reqs: dict[int, Request], limit: int = 10_000) -> list[int]:
+    order = []
+    for _ in range(limit):
+        if not s.has_work:
+            return order
+        order += [r.request_id for r in complete(s, s.schedule(), reqs)]
+    raise AssertionError("scheduler did not finish: livelock")
+
+
+def test_budget_chunks_long_prompts_and_packs_others() -> None:
+    s = make(max_num_batched_tokens=8, max_model_len=64)
+    a, b = req(1, 20), req(2, 3)
+    for r in (a, b):
+        s.add_request(r)
+    out = s.schedule()
+    assert [(c.request_id, c.start, c.num_tokens) for c in out.chunks] == [(1, 0, 8)]
+    complete(s, out, {1: a, 2: b})
+    out = s.schedule()
+    assert [(c.request_id, c.start, c.num_tokens) for c in out.chunks] == [(1, 8, 8)]
+    complete(s, out, {1: a, 2: b})
+    out = s.schedule()  # 4 left of a, then b fills the rest of the budget
+    assert [(c.request_id, c.start, c.num_tokens) for c in out.chunks] == [(1, 16, 4), (2, 0, 3)]
+    assert out.num_tokens <= 8
+
+
+def test_online_goes_before_earlier_batch_until_batch_ages() -> None:
+    s = make(max_num_batched_tokens=4, max_model_len=64, batch_aging_steps=3)
+    batch, online = req(1, 4, Priority.BATCH), req(2, 4)
+    s.add_request(batch)
+    s.add_request(online)
+    assert [c.request_id for c in s.schedule().chunks] == [2]
+    # A stream of online work cannot starve the batch request past the aging bound.
+    reqs = {1: batch, 2: online}
+    seen_batch_at = None
+    for step in range(10):
+        new = req(100 + step, 4)
+        s.add_request(new)
+        reqs[new.request_id] = new
+        out = s.schedule()
+        if any(c.request_id == 1 for c in out.chunks):
+            seen_batch_at = step
+            break
+        complete(s, out, reqs)
+    assert seen_batch_at is not None and seen_batch_at <= 3
+
+
+def test_preempts_lowest_priority_and_resets_it() -> None:
+    # 4 blocks of 4 tokens. A batch request fills 3 blocks, then online work needs 2.
+    s = make(num_blocks=4, max_num_batched_tokens=12, max_model_len=16)
+    batch = req(1, 16, Priority.BATCH)
+    s.add_request(batch)
+    out = s.schedule()
+    complete(s, out, {1: batch})
+    assert batch.num_computed_tokens == 12 and batch.pooling.num_pooled_tokens == 12
+    online = req(2, 8)
+    s.add_request(online)
+    out = s.schedule()
+    assert out.preempted_ids == [1]
+    assert [c.request_id for c in out.chunks][0] == 2
+    assert batch.status is RequestStatus.WAITING
+    assert batch.num_computed_tokens == 0 and batch.pooling.num_pooled_tokens == 0
+    assert batch.num_preemptions == 1 and s.num_preemptions == 1
+    assert s.kv.block_table(1) == []
+    assert run_to_end(s, {1: batch, 2: online}) in ([2, 1], [1])
+
+
+def test_many_requests_under_tiny_cache_all_finish() -> None:
+    # Requests keep arriving while the cache is full; online ones preempt batch ones.
+    s = make(num_blocks=8, max_num_batched_tokens=6, max_model_len=32)
+    lengths = [30, 5, 17, 32, 1, 9, 28, 3, 31, 12]
+    reqs = {i: req(i, n, Priority.ONLINE if i % 3 == 2 else Priority.BATCH) for i, n in enumerate(lengths)}
+    finished: list[int] = []
+    for r in reqs.values():
+        s.add_request(r)
+        finished += [f.request_id for f in complete(s, s.schedule(), reqs)]
+    finished += run_to_end(s, reqs)
+    assert sorted(finished) == sorted(reqs)
+    assert s.num_preemptions > 0
+    assert s.kv.pool.num_free == 8
+    for r in reqs.values():
+        assert r.status is RequestStatus.FINISHED and r.pooling.num_pooled_tokens == r.num_prompt_tokens
+
+
+def test_max_num_seqs_bounds_requests_in_flight() -> None:
+    s = make(max_num_batched_tokens=100, max_num_seqs=2, max_model_len=64)
+    for i in range(4):
+        s.add_request(req(i, 10))
+    out = s.schedule()
+    assert len(out.chunks) == 2 and len(s.running) == 2
+
+
+def test_unchunkable_prompt_waits_for_a_step_with_room() -> None:
+    s = make(max_num_batched_tokens=10, max_model_len=10, allow_chunking=False)
+    a, b = req(1, 6), req(2, 6)
+    s.add_request(a)
+    s.add_request(b)
+    out = s.schedule()
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, 6)]
+
+
+def test_requests_that_can_never_run_are_refused_on_admission() -> None:
+    s = make(num_blocks=2, block_size=4, max_model_len=100)
+    with pytest.raises(InvalidInputError, match="exceed the whole KV cache"):
+        s.add_request(req(1, 9))
+    with pytest.raises(InvalidInputError, match="exceed max_model_len"):
+        s.add_request(req(2, 101))
+    with pytest.raises(InvalidInputError, match="empty"):
+        s.add_request(req(3, 0))
+    assert not s.has_work
+
+
+def test_abort_frees_blocks() -> None:
+    s = make()
+    r = req(1, 10)
+    s.add_request(r)
+    s.schedule()
+    assert s.kv.pool.num_used > 0
+    s.abort(r)
+    assert s.kv.pool.num_used == 0 and not s.has_work and r.status is RequestStatus.ABORTED
