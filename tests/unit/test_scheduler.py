@@ -84,7 +84,7 @@ def test_preempts_lowest_priority_and_resets_it() -> None:
     s.add_request(online)
     out = s.schedule()
     assert out.preempted_ids == [1]
-    assert [c.request_id for c in out.chunks][0] == 2
+    assert next(c.request_id for c in out.chunks) == 2
     assert batch.status is RequestStatus.WAITING
     assert batch.num_computed_tokens == 0 and batch.pooling.num_pooled_tokens == 0
     assert batch.num_preemptions == 1 and s.num_preemptions == 1
