@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from embedserve.bench.cli import register as register_bench
 from embedserve.errors import EmbedServeError
 
 
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dimensions", type=int, default=None)
     p.add_argument("--truncate", default="error", choices=["error", "end", "start"])
     p.set_defaults(func=_cmd_embed)
+    register_bench(sub)
     return parser
 
 

@@ -1,0 +1,84 @@
+"""BenchConfig: everything one `embedserve bench` run needs, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from embedserve.bench.targets import TargetSpec
+from embedserve.errors import InvalidInputError
+
+SCENARIOS = ("matrix", "interference")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    targets: list[TargetSpec]
+    out: Path
+    lengths: list[int]
+    mix: list[tuple[str, float]] | None
+    concurrency: list[int]
+    token_budgets: list[int]
+    requests: int
+    scenario: str = "matrix"
+    seed: int = 0
+    text: str = "random"  # random | data
+    data_dir: Path = Path("../shared/data")
+    tokenizer: Path | None = None
+    min_tokens: int = 16
+    max_tokens: int = 16384
+    cosine_sample: int = 1
+    cell_timeout: float = 1800.0
+    progress: bool = True
+    # interference scenario
+    short_tokens: int = 32
+    short_requests: int = 40
+    short_interval_ms: float = 100.0
+    flood_min: int = 8192
+    flood_max: int = 16384
+    flood_clients: int = 4
+    settle_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise InvalidInputError("pass at least one --target")
+        if self.scenario not in SCENARIOS:
+            raise InvalidInputError(
+                f"unknown scenario {self.scenario!r}; choose one of {', '.join(SCENARIOS)}"
+            )
+        if self.scenario == "matrix" and not self.lengths and not self.mix:
+            raise InvalidInputError("the matrix needs --lengths, --mix or both")
+        for name, values in (("--concurrency", self.concurrency), ("--token-budget", self.token_budgets)):
+            if not values or any(v < 1 for v in values):
+                raise InvalidInputError(f"{name} needs positive integers, got {values}")
+        positive = {
+            "--requests": self.requests,
+            "--short-requests": self.short_requests,
+            "--flood-clients": self.flood_clients,
+            "--short-tokens": self.short_tokens,
+            "--cell-timeout": self.cell_timeout,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise InvalidInputError(f"{name} must be positive, got {value}")
+        if not 1 <= self.flood_min <= self.flood_max:
+            raise InvalidInputError(
+                f"need 1 <= --flood-min <= --flood-max, got {self.flood_min}, {self.flood_max}"
+            )
+        if self.short_interval_ms < 0 or self.cosine_sample < 0:
+            raise InvalidInputError("--short-interval-ms and --cosine-sample cannot be negative")
+
+    def tokenizer_file(self) -> Path:
+        """The tokenizer that defines "n tokens": --tokenizer, else the first local target's."""
+        if self.tokenizer is not None:
+            path = self.tokenizer / "tokenizer.json" if self.tokenizer.is_dir() else self.tokenizer
+        else:
+            local = [t.model_dir for t in self.targets if t.model_dir is not None]
+            if not local:
+                raise InvalidInputError(
+                    "only http:// targets: pass --tokenizer (the model's tokenizer.json or directory)"
+                )
+            path = local[0] / "tokenizer.json"
+        if not path.is_file():
+            raise InvalidInputError(f"tokenizer file {path} not found")
+        return path

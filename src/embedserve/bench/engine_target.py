@@ -1,0 +1,37 @@
+"""The in-process engine as a benchmark target: one Engine per token budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from embedserve.bench.targets import Reply, TargetSpec
+from embedserve.engine.engine import Engine
+
+
+class EngineSession:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.device = engine.config.device.type
+
+    async def embed(self, text: str, priority: str) -> Reply:
+        out = (await self.engine.embed_outputs_async([text], priority=priority))[0]
+        return Reply(out.embedding, out.queue_time)
+
+    def counters(self) -> dict[str, int]:
+        return {"preemptions": self.engine.stats().get("preemptions", 0)}
+
+    async def aclose(self) -> None:
+        self.engine.close()
+
+
+def open_engine(spec: TargetSpec, token_budget: int | None) -> EngineSession:
+    if token_budget is None:
+        raise ValueError("an engine target needs a token budget")
+    kwargs: dict[str, Any] = {
+        k: spec.int_option(k) for k in ("max_num_seqs", "max_model_len", "kv_cache_memory", "block_size")
+    }
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    for key in ("dtype", "device", "pooling"):
+        if key in spec.options:
+            kwargs[key] = spec.options[key]
+    return EngineSession(Engine.from_pretrained(spec.location, max_num_batched_tokens=token_budget, **kwargs))

@@ -1,0 +1,106 @@
+"""The http:// target against a minimal OpenAI-compatible server, and the interference scenario."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from embedserve.cli import main
+
+
+class _FakeOpenAI(BaseHTTPRequestHandler):
+    """GET /v1/models and POST /v1/embeddings in the OpenAI shape; vectors depend on the text."""
+
+    bodies: ClassVar[list[dict[str, object]]] = []
+
+    def log_message(self, *args: object) -> None:  # keep pytest output clean
+        pass
+
+    def _send(self, code: int, payload: dict[str, object], headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        type(self).bodies.append(body)
+        if body.get("model") != "fake-model":
+            self._send(404, {"error": {"message": "unknown model"}})
+            return
+        text = body["input"][0]
+        vector = [float(len(text) % 7 + 1), 1.0, float(text.count(" ") % 5)]
+        data = [{"object": "embedding", "index": 0, "embedding": vector}]
+        self._send(200, {"object": "list", "data": data, "model": "fake-model"}, {"x-queue-time": "1.5"})
+
+
+@pytest.fixture
+def fake_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _FakeOpenAI.bodies = []
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_target_runs_the_matrix(fake_server: str, qwen3_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    target = f"{fake_server}?name=served&pid={os.getpid()}"
+    argv = ["bench", "--target", target, "--tokenizer", str(qwen3_dir), "--lengths", "20", "--mix",
+            "0-1K:1,1K-4K:1", "--max-tokens", "2000", "--concurrency", "4", "--requests", "6",
+            "--token-budget", "256,512", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    # The budget axis does not apply to a served target: it ran once per cell, budget n/a.
+    assert {r["token_budget"] for r in rows} == {"n/a"}
+    fixed = [r for r in rows if r["length"] == "20"]
+    assert len(fixed) == 1 and fixed[0]["requests"] == "6" and fixed[0]["errors"] == "0"
+    assert float(fixed[0]["queue_p50_ms"]) == pytest.approx(1.5)  # from the x-queue-time header
+    assert int(fixed[0]["peak_mem_bytes"]) > 0  # the server's RSS, sampled through pid=
+    mixed = [r for r in rows if r["length"] == "mix"]
+    assert [r["length_bucket"] for r in mixed][-1] == "all"
+    assert sum(int(r["requests"]) for r in mixed[:-1]) == int(mixed[-1]["requests"]) == 6
+    # 3 warm-ups + cosine sample + 12 matrix requests; model name discovered from /v1/models; no priority
+    assert len(_FakeOpenAI.bodies) == 3 + 2 + 12
+    assert all(b["model"] == "fake-model" and "priority" not in b for b in _FakeOpenAI.bodies)
+
+
+def test_interference_reports_short_queries_idle_and_flooded(qwen3_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    argv = ["bench", "--scenario", "interference", "--target", f"sentence-transformers:{qwen3_dir}?name=st",
+            "--target", f"engine:{qwen3_dir}?name=engine", "--token-budget", "256",
+            "--short-tokens", "16", "--short-requests", "6", "--short-interval-ms", "20",
+            "--flood-min", "1500", "--flood-max", "3000", "--flood-clients", "2", "--settle-s", "0.2",
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    by = {(r["target"], r["scenario"]): r for r in rows}
+    for target in ("st", "engine"):
+        idle, flood = by[target, "interference-idle"], by[target, "interference-flood"]
+        assert (idle["requests"], flood["requests"], idle["errors"], flood["errors"]) == ("6", "6", "0", "0")
+        assert idle["length_bucket"] == "0-1K" and flood["concurrency"] == "2"
+        docs = by[target, "interference-docs"]
+        assert docs["length_bucket"] == "1K-4K" and int(docs["requests"]) >= 1
+    data = json.loads((out / "results.json").read_text())
+    assert len(data["latencies"]) == 4 and all(len(e["latencies_ms"]) == 6 for e in data["latencies"])
+    assert "Interference" in (out / "report.md").read_text()
+    assert (out / "interference_cdf.png").read_bytes()[:4] == b"\x89PNG"

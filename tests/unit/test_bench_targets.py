@@ -1,0 +1,57 @@
+"""Target specs: the four kinds, their options, and clear errors for bad ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from embedserve.bench.http_target import HttpSession
+from embedserve.bench.targets import parse_target
+from embedserve.errors import InvalidInputError
+
+
+def test_engine_spec_with_options(tmp_path: Path) -> None:
+    t = parse_target(f"engine:{tmp_path}?dtype=bfloat16&max_num_seqs=8")
+    assert (t.kind, t.location, t.has_budget_axis) == ("engine", str(tmp_path), True)
+    assert t.options == {"dtype": "bfloat16", "max_num_seqs": "8"}
+    assert t.int_option("max_num_seqs") == 8
+    assert t.name == f"engine:{tmp_path.name}:bfloat16"
+    assert t.model_dir == tmp_path
+
+
+def test_baselines_have_no_budget_axis_and_take_a_name(tmp_path: Path) -> None:
+    st = parse_target(f"sentence-transformers:{tmp_path}?batch_size=4&name=baseline")
+    hf = parse_target(f"hf:{tmp_path}")
+    assert (st.kind, st.name, st.has_budget_axis, st.int_option("batch_size")) == (
+        "sentence-transformers",
+        "baseline",
+        False,
+        4,
+    )
+    assert (hf.kind, hf.has_budget_axis) == ("hf", False)
+
+
+def test_http_spec_strips_our_options_and_finds_the_route() -> None:
+    t = parse_target("http://127.0.0.1:8011/v1?model=peer&pid=42&name=vllm&api=x")
+    assert (t.kind, t.name, t.has_budget_axis, t.model_dir) == ("http", "vllm", False, None)
+    assert t.options == {"model": "peer", "pid": "42"}
+    assert t.location == "http://127.0.0.1:8011/v1?api=x"  # foreign query parameters stay in the URL
+    assert HttpSession(parse_target("http://h:1/v1")).url == "http://h:1/v1/embeddings"
+    assert HttpSession(parse_target("http://h:1/embeddings")).url == "http://h:1/embeddings"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("vllm:/x", "expected engine:PATH"),
+        ("engine:", "no model directory"),
+        ("engine:/definitely/not/here", "not a directory"),
+        ("engine:{d}?max_num_batched_tokens=4", "unknown option"),
+        ("sentence-transformers:{d}?batch_size=big", "positive integer"),
+        ("http://h:1/v1?pid=abc", "positive integer"),
+    ],
+)
+def test_bad_specs_name_the_problem(tmp_path: Path, spec: str, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        parse_target(spec.format(d=tmp_path))
