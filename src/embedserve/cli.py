@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dimensions", type=int, default=None)
     p.add_argument("--truncate", default="error", choices=["error", "end", "start"])
     p.set_defaults(func=_cmd_embed)
+    from embedserve.server.cli import register as register_serve  # late: it imports this module
+
+    register_serve(sub)
     register_bench(sub)
     return parser
 

@@ -1,0 +1,1 @@
+"""HTTP server: OpenAI-compatible embeddings API with readiness, backpressure, metrics and vector metadata."""

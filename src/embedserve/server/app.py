@@ -1,0 +1,202 @@
+"""FastAPI application: routes, authentication, body limits and error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from embedserve.server.metrics import ServerMetrics
+from embedserve.server.protocol import ApiError, error_body, parse_request
+from embedserve.server.runtime import ServerRuntime, ServerSettings
+from embedserve.server.serving import ClientGone, EmbeddingService
+
+log = logging.getLogger(__name__)
+
+EMBEDDINGS_PATH = "/v1/embeddings"
+# Not a real HTTP status: the nginx convention for "client closed the request", used in metrics.
+CLIENT_CLOSED = 499
+
+
+def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
+    """Build the app; the model loads in the background once the app's lifespan starts."""
+    metrics = ServerMetrics()
+    runtime = ServerRuntime(settings, metrics, on_fatal)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        starting = asyncio.create_task(runtime.start())
+        try:
+            yield
+        finally:
+            runtime.begin_drain()
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
+            await runtime.close()
+
+    app = FastAPI(title="embedserve", lifespan=lifespan)
+    app.state.runtime = runtime
+    app.add_middleware(_CountStatuses, counter=metrics.requests, path=EMBEDDINGS_PATH)
+    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    auth = Depends(_bearer_check(settings.api_keys))
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        return {"status": "alive", "phase": runtime.phase.value}
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        ok, reason = await runtime.readiness()
+        return JSONResponse({"status": "ready" if ok else "not_ready", "detail": reason}, 200 if ok else 503)
+
+    @app.get("/metrics", dependencies=[auth])
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", dependencies=[auth])
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(_service(runtime))]}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=[auth])
+    async def model(model_id: str) -> dict[str, Any]:
+        card = _model_card(_service(runtime))
+        if model_id != card["id"]:
+            raise ApiError(
+                404, f"model {model_id!r} not found; this server serves {card['id']!r}", "not_found_error"
+            )
+        return card
+
+    @app.post(EMBEDDINGS_PATH, dependencies=[auth])
+    async def embeddings(request: Request) -> Response:
+        service = _service(runtime)
+        body = await _read_body(request, settings.max_body_bytes)
+        try:
+            result = await service.embed(parse_request(body), _disconnect_waiter(request))
+        except ClientGone:
+            return Response(status_code=CLIENT_CLOSED)
+        except ApiError:
+            raise
+        except Exception as e:  # a bug of ours: answer it (and count it) rather than drop the connection
+            log.exception("embeddings request failed")
+            raise ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error") from e
+        return JSONResponse(result.body, headers=result.headers)
+
+    return app
+
+
+def _service(runtime: ServerRuntime) -> EmbeddingService:
+    """The service, if this server accepts work now; otherwise 503 saying why not."""
+    if runtime.accepting and runtime.service is not None:
+        return runtime.service
+    reason = runtime.error or runtime.phase.value.replace("_", " ")
+    raise ApiError(
+        503, f"server is not accepting requests ({reason})", "service_unavailable", {"Retry-After": "1"}
+    )
+
+
+def _model_card(service: EmbeddingService) -> dict[str, Any]:
+    meta = service.metadata
+    pooling = service.engine.config.pooling
+    return {
+        "id": meta.model,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "embedserve",
+        **meta.fields(),
+        "dimensions": meta.hidden_size,
+        "max_model_len": meta.max_model_len,
+        "pooling": pooling.method.value,
+        "normalize": pooling.normalize,
+        "prompt_names": sorted(service.engine.config.prompts),
+    }
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    too_big = ApiError(413, f"request body exceeds the limit of {limit} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    body = bytearray()
+    async for chunk in request.stream():  # counted as it arrives: chunked bodies have no length
+        body += chunk
+        if len(body) > limit:
+            raise too_big
+    return bytes(body)
+
+
+def _disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:
+    async def wait() -> None:
+        # The body is consumed, so the next ASGI message is the disconnect (or none, if the
+        # response goes out first and this waiter is cancelled).
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return wait
+
+
+def _bearer_check(keys: tuple[str, ...]) -> Callable[[Request], Awaitable[None]]:
+    encoded = [k.encode() for k in keys]
+
+    async def check(request: Request) -> None:
+        if not encoded:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip().encode()
+        # compare_digest against every key: timing does not reveal which key (if any) matched.
+        matches = [hmac.compare_digest(given, k) for k in encoded]
+        if scheme.lower() != "bearer" or not any(matches):
+            raise ApiError(
+                401,
+                "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                "authentication_error",
+                {"WWW-Authenticate": "Bearer"},
+            )
+
+    return check
+
+
+async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), exc.status, headers=exc.headers)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing errors (unknown path 404, wrong method 405) in the same error shape."""
+    message = f"{exc.detail}: {request.method} {request.url.path}"
+    return JSONResponse(
+        error_body(message, "invalid_request_error", exc.status_code),
+        exc.status_code,
+        headers=exc.headers,
+    )
+
+
+class _CountStatuses:
+    """Counts the statuses of one path's responses (every exit path, auth failures included)."""
+
+    def __init__(self, app: ASGIApp, counter: Counter, path: str) -> None:
+        self.app = app
+        self.counter = counter
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path:
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.counter.labels(str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

@@ -1,0 +1,144 @@
+"""`embedserve serve`: the OpenAI-compatible embedding server on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from embedserve.cli import add_engine_options, engine_kwargs
+
+if TYPE_CHECKING:
+    from embedserve.server.runtime import ServerSettings
+
+API_KEY_ENV = "EMBEDSERVE_API_KEY"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    return tuple(_positive_int(x.strip()) for x in text.split(",") if x.strip())
+
+
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except None and those the help text already explains."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or "default" in text:
+            return text
+        return super()._get_help_string(action) or text
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve embeddings over HTTP (OpenAI-compatible /v1/embeddings)",
+        description=__doc__,
+        formatter_class=_DefaultsFormatter,
+    )
+    add_engine_options(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    g.add_argument("--port", type=int, default=8000, help="TCP port to bind")
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name clients pass and responses report (default: the model directory's name)",
+    )
+    g.add_argument(
+        "--model-version",
+        default=None,
+        help="version label in vector metadata (default: a fingerprint of the model files)",
+    )
+    g.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help=f"require 'Authorization: Bearer KEY' (repeatable; or comma-separated in ${API_KEY_ENV}); "
+        "health endpoints stay open",
+    )
+    g.add_argument(
+        "--max-queued-tokens",
+        type=_positive_int,
+        default=None,
+        help="tokens admitted and not yet answered before new requests get 429 "
+        "(default: max(4 x max_model_len, 32 x max_num_batched_tokens))",
+    )
+    g.add_argument(
+        "--max-queued-requests",
+        type=_positive_int,
+        default=4096,
+        help="inputs (each item of a batch counts) admitted and not yet answered before 429",
+    )
+    g.add_argument(
+        "--max-inputs-per-request",
+        type=_positive_int,
+        default=2048,
+        help="most inputs in one request (more: 400)",
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=32 << 20,
+        help="largest request body in bytes (more: 413)",
+    )
+    g.add_argument(
+        "--warmup-lengths",
+        type=_lengths,
+        default=None,
+        help="comma-separated input lengths (tokens) to warm up before ready (default: 16,512, capped "
+        "at max_model_len); one step filling max_num_batched_tokens always runs too",
+    )
+    g.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
+    )
+    p.set_defaults(func=_cmd_serve)
+
+
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    keys = list(args.api_key or [])
+    keys += os.environ.get(API_KEY_ENV, "").split(",")
+    return tuple(k.strip() for k in keys if k.strip())
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from embedserve.server.launch import serve
+
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        settings = _settings(args)
+    except ValueError as e:
+        print(f"embedserve serve: error: {e}", file=sys.stderr)
+        return 2
+    return serve(settings, args.host, args.port, args.log_level)
+
+
+def _settings(args: argparse.Namespace) -> ServerSettings:
+    from embedserve.server.runtime import ServerSettings
+
+    return ServerSettings(
+        model=args.model,
+        engine_kwargs=engine_kwargs(args),
+        served_model_name=args.served_model_name,
+        model_version=args.model_version,
+        api_keys=_api_keys(args),
+        max_queued_tokens=args.max_queued_tokens,
+        max_queued_requests=args.max_queued_requests,
+        max_inputs_per_request=args.max_inputs_per_request,
+        max_body_bytes=args.max_body_bytes,
+        warmup_lengths=args.warmup_lengths,
+    )
+

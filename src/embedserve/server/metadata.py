@@ -1,0 +1,118 @@
+"""Vector metadata: where a vector came from, so stored vectors can be traced and rebuilt.
+
+- `model_version`: given by the operator, or a fingerprint of the model directory's files.
+- `backend_profile`: device + dtype (`cpu-fp32`, `cuda-bf16`): numerics, not meaning.
+- `embedding_schema`: a stable id of the vector *space*. Two vectors with the same schema are
+  comparable; anything that changes which vector an input maps to (weights, pooling,
+  normalization, dimensions, the prompt table) changes the schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from embedserve.config import EngineConfig
+from embedserve.errors import ModelLoadError
+
+_CHUNK_BYTES = 1 << 20
+
+_DTYPE_SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def fingerprint_model_dir(path: str | Path) -> str:
+    """Hash of a model file, or of every file's relative name and bytes in a model directory
+    (hidden entries skipped).
+
+    Every byte is read: a sampled hash would miss a fine-tune that touched a few tensors, and
+    then two different vector spaces could share a schema. blake2b runs at disk speed and
+    releases the GIL.
+    """
+    root = Path(path)
+    base = root.parent if root.is_file() else root
+    files = [root] if root.is_file() else sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+    )  # fmt: skip
+    if not files:
+        raise ModelLoadError(f"no model files to fingerprint at {root}")
+    h = hashlib.blake2b(digest_size=16)
+    for f in files:
+        h.update(f"{f.relative_to(base).as_posix()}\0{f.stat().st_size}\0".encode())
+        with f.open("rb") as fh:
+            while chunk := fh.read(_CHUNK_BYTES):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def backend_profile(device: torch.device, dtype: torch.dtype) -> str:
+    return f"{device.type}-{_DTYPE_SHORT.get(dtype, dtype_name(dtype))}"
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    model: str
+    model_version: str
+    dtype: str
+    backend_profile: str
+    hidden_size: int
+    max_model_len: int
+    default_normalize: bool
+    # Everything else that decides the vector space, canonicalized once for `schema()`.
+    space_key: str
+
+    @classmethod
+    def from_engine_config(
+        cls, config: EngineConfig, model: str, model_version: str | None, fingerprint: str
+    ) -> ModelMetadata:
+        """`fingerprint`: `fingerprint_model_dir` of the model; it enters the schema even when
+        the operator names the version, so different weights never share a schema."""
+        version = model_version or fingerprint
+        pool = config.pooling
+        space = json.dumps(
+            {
+                "model_version": version,
+                "weights": fingerprint,
+                "pooling": pool.method.value,
+                "pool_prompt": pool.include_prompt,
+                "prompts": config.prompts,
+                "default_prompt": config.default_prompt_name,
+            },
+            sort_keys=True,
+        )
+        return cls(
+            model=model,
+            model_version=version,
+            dtype=dtype_name(config.dtype),
+            backend_profile=backend_profile(config.device, config.dtype),
+            hidden_size=config.model.hidden_size,
+            max_model_len=config.scheduler.max_model_len,
+            default_normalize=pool.normalize,
+            space_key=space,
+        )
+
+    def schema(self, dimensions: int | None = None, normalize: bool | None = None) -> str:
+        """Schema of vectors served with these request options (None = the model's default)."""
+        dims = self.hidden_size if dimensions is None else dimensions
+        norm = self.default_normalize if normalize is None else normalize
+        key = f"{self.space_key}|dimensions={dims}|normalize={norm}"
+        return "es1-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def fields(self, dimensions: int | None = None, normalize: bool | None = None) -> dict[str, str]:
+        """The metadata every embeddings response and the model listing carry."""
+        return {
+            "model": self.model,
+            "model_version": self.model_version,
+            "dtype": self.dtype,
+            "backend_profile": self.backend_profile,
+            "embedding_schema": self.schema(dimensions, normalize),
+        }

@@ -1,0 +1,118 @@
+"""Wire format of the OpenAI-compatible embeddings API, plus our optional extensions.
+
+Requests are parsed from raw bytes (not through FastAPI's body binding) so that every way a
+body can be wrong maps to one clear status: bad JSON -> 400, wrong shape/type -> 422.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# After validation: one string, several strings, or several token-id lists (a flat id list,
+# which OpenAI reads as one tokenized input, becomes a one-item list of lists).
+EmbeddingInput = str | list[str] | list[list[int]]
+
+_INPUT_SHAPES = "a string, a list of strings, a list of token ids or a list of token-id lists"
+
+
+class ApiError(Exception):
+    """An error the API answers with `status` and an OpenAI-style error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.status)
+
+
+def error_body(message: str, kind: str, status: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def _is_id(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_input(value: object) -> EmbeddingInput:
+    """Accept exactly the four OpenAI input shapes; empty inputs pass (the engine names them)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"input must be {_INPUT_SHAPES}; got {type(value).__name__}")
+    if not value:
+        return []
+    if all(isinstance(x, str) for x in value):
+        return list(value)
+    if all(_is_id(x) for x in value):
+        return [list(value)]
+    if all(isinstance(x, list) for x in value):
+        for i, ids in enumerate(value):
+            bad = next((x for x in ids if not _is_id(x)), None)
+            if bad is not None:
+                raise ValueError(f"input[{i}] must be a list of integer token ids; found {bad!r}")
+        return [list(ids) for ids in value]
+    kinds = sorted({type(x).__name__ for x in value})
+    raise ValueError(f"input must be {_INPUT_SHAPES}, not a mix of {', '.join(kinds)}")
+
+
+class EmbeddingRequest(BaseModel):
+    # Unknown fields are refused: a typo such as "dimension" must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input: EmbeddingInput
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    # Extensions (optional; absent means the model's own defaults).
+    prompt_name: str | None = None
+    prompt: str | None = None
+    normalize: bool | None = None
+    priority: Literal["online", "batch"] = "online"
+    truncate: Literal["error", "end", "start"] = "error"
+
+    _validate_input = field_validator("input", mode="plain")(_check_input)
+
+    @property
+    def items(self) -> list[str] | list[list[int]]:
+        return [self.input] if isinstance(self.input, str) else self.input
+
+
+def parse_request(body: bytes) -> EmbeddingRequest:
+    try:
+        return EmbeddingRequest.model_validate_json(body)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        if any(err["type"] == "json_invalid" for err in errors):
+            raise ApiError(400, f"request body is not valid JSON: {errors[0]['msg']}") from None
+        raise ApiError(422, describe_validation_errors(errors)) from None
+
+
+def describe_validation_errors(errors: list[Any]) -> str:
+    parts = []
+    for err in errors:
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}")
+    return "invalid request: " + "; ".join(parts)
+
+
+def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        # The OpenAI client decodes base64 as little-endian float32.
+        return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector.astype(np.float32, copy=False).tolist()

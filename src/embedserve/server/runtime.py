@@ -1,0 +1,150 @@
+"""Server lifecycle: load in the background, warm up, report readiness, drain, close.
+
+The HTTP socket opens before the model is loaded, so liveness answers at once while
+readiness stays 503 until a warmed-up engine has produced correct vectors:
+
+    LOADING -> WARMING_UP -> READY -> DRAINING        (FAILED from LOADING / WARMING_UP)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from embedserve.engine.engine import Engine
+from embedserve.server.admission import Admission, ThroughputMeter
+from embedserve.server.metadata import ModelMetadata, fingerprint_model_dir
+from embedserve.server.metrics import ServerMetrics
+from embedserve.server.serving import EmbeddingService
+from embedserve.server.warmup import probe, warm_up
+
+log = logging.getLogger(__name__)
+
+_PROBE_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model: str
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    served_model_name: str | None = None
+    model_version: str | None = None
+    api_keys: tuple[str, ...] = ()
+    max_queued_tokens: int | None = None  # None: derived from the engine's limits at load
+    max_queued_requests: int = 4096
+    max_inputs_per_request: int = 2048
+    max_body_bytes: int = 32 << 20
+    warmup_lengths: tuple[int, ...] | None = None  # None: DEFAULT_WARMUP_LENGTHS within max_model_len
+
+    def __post_init__(self) -> None:
+        for name in ("max_queued_requests", "max_inputs_per_request", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
+            raise ValueError("max_queued_tokens must be >= 1")
+        if self.max_inputs_per_request > self.max_queued_requests:
+            raise ValueError(
+                f"max_inputs_per_request ({self.max_inputs_per_request}) exceeds max_queued_requests "
+                f"({self.max_queued_requests}): a full request could never be admitted"
+            )
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+
+def default_max_queued_tokens(max_model_len: int, max_num_batched_tokens: int) -> int:
+    # Room for a few maximal documents or many full steps, whichever is larger.
+    return max(4 * max_model_len, 32 * max_num_batched_tokens)
+
+
+class Phase(str, enum.Enum):
+    LOADING = "loading"
+    WARMING_UP = "warming_up"
+    READY = "ready"
+    FAILED = "failed"
+    DRAINING = "draining"
+
+
+class ServerRuntime:
+    def __init__(
+        self, settings: ServerSettings, metrics: ServerMetrics, on_fatal: Callable[[str], None] | None = None
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.phase = Phase.LOADING
+        self.error: str | None = None
+        self.engine: Engine | None = None
+        self.service: EmbeddingService | None = None
+        self._on_fatal = on_fatal
+        self._forward_failed = False
+
+    async def start(self) -> None:
+        s = self.settings
+        try:
+            engine = self.engine = await asyncio.to_thread(Engine.from_pretrained, s.model, **s.engine_kwargs)
+            # The files were just read, so hashing them runs from the page cache.
+            fingerprint = await asyncio.to_thread(fingerprint_model_dir, engine.config.model_path)
+            metadata = ModelMetadata.from_engine_config(
+                engine.config, s.model_name, s.model_version, fingerprint
+            )
+            sched = engine.config.scheduler
+            admission = Admission(
+                s.max_queued_requests,
+                s.max_queued_tokens
+                or default_max_queued_tokens(sched.max_model_len, sched.max_num_batched_tokens),
+                ThroughputMeter(),
+            )
+            self.metrics.bind(engine, admission)
+            self.phase = Phase.WARMING_UP
+            log.info("model loaded (%s, %s); warming up", metadata.model_version, metadata.backend_profile)
+            seconds = await warm_up(engine, s.warmup_lengths)
+        except Exception as e:
+            log.exception("server failed to start")
+            self.phase, self.error = Phase.FAILED, f"{type(e).__name__}: {e}"
+            if self._on_fatal is not None:
+                self._on_fatal(self.error)
+            return
+        self.metrics.warmup_seconds.set(seconds)
+        log.info("warm-up done in %.2f s; ready", seconds)
+        self.service = EmbeddingService(
+            engine, metadata, admission, self.metrics, s.max_inputs_per_request, self._forward_failure
+        )
+        if self.phase is Phase.WARMING_UP:  # a shutdown may have begun meanwhile
+            self.phase = Phase.READY
+
+    def _forward_failure(self) -> None:
+        self._forward_failed = True
+
+    async def readiness(self) -> tuple[bool, str]:
+        """(ready, reason). After a failed forward pass, a probe must succeed to be ready again."""
+        if self.phase is not Phase.READY:
+            return False, self.error or self.phase.value
+        assert self.engine is not None
+        if not self.engine.alive:
+            return False, "the engine loop has stopped"
+        if self._forward_failed:
+            try:
+                await asyncio.wait_for(probe(self.engine), _PROBE_TIMEOUT_S)
+            except Exception as e:
+                return False, f"a forward pass failed and the probe failed too: {type(e).__name__}: {e}"
+            self._forward_failed = False
+        return True, "ready"
+
+    def begin_drain(self) -> None:
+        """Stop admitting new work; requests already admitted run to completion."""
+        if self.phase is not Phase.FAILED:
+            self.phase = Phase.DRAINING
+
+    @property
+    def accepting(self) -> bool:
+        return self.phase is Phase.READY
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.close)

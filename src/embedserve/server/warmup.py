@@ -1,0 +1,77 @@
+"""Warm-up and health probes: real forward passes whose vectors are checked, not just run.
+
+Warm-up covers the configured input lengths and one step that fills the whole per-step
+token budget, so the largest activation shapes have been allocated (and any out-of-memory
+surfaces) before the server reports ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from embedserve.engine.engine import EmbeddingOutput, Engine
+from embedserve.errors import InternalEngineError, ModelLoadError
+from embedserve.tokenizer import Truncate
+
+log = logging.getLogger(__name__)
+
+
+def full_step_lengths(budget: int, max_model_len: int) -> list[int]:
+    """Input lengths that together fill exactly one step of `budget` tokens."""
+    seq = min(budget, max_model_len)
+    lengths = [seq] * (budget // seq)
+    if budget % seq:
+        lengths.append(budget % seq)
+    return lengths
+
+
+DEFAULT_WARMUP_LENGTHS = (16, 512)
+
+
+def warmup_shapes(lengths: tuple[int, ...] | None, budget: int, max_model_len: int) -> list[list[int]]:
+    """One batch per length, then the full step. Default lengths are capped at the model's
+    limit; lengths the operator chose must fit it."""
+    if lengths is None:
+        lengths = tuple(sorted({min(n, max_model_len) for n in DEFAULT_WARMUP_LENGTHS}))
+    for n in lengths:
+        if not 1 <= n <= max_model_len:
+            raise ModelLoadError(f"warm-up length {n} is outside [1, max_model_len={max_model_len}]")
+    return [[n] for n in lengths] + [full_step_lengths(budget, max_model_len)]
+
+
+def _ids(engine: Engine, n: int) -> list[int]:
+    # Real text cut to n tokens by the tokenizer's own policy, so the end token is in place.
+    return engine.tokenizer.encode("warm " * n, n, Truncate.END).token_ids
+
+
+def check_vectors(engine: Engine, outputs: list[EmbeddingOutput]) -> None:
+    hidden = engine.config.model.hidden_size
+    for out in outputs:
+        v = out.embedding
+        if v.shape != (hidden,) or not np.isfinite(v).all():
+            raise InternalEngineError(
+                f"forward pass produced a bad vector (shape {v.shape}, non-finite values)"
+            )
+        if engine.config.pooling.normalize and abs(float(np.linalg.norm(v)) - 1.0) > 1e-3:
+            raise InternalEngineError(f"normalized vector has norm {float(np.linalg.norm(v)):.4f}")
+
+
+async def warm_up(engine: Engine, lengths: tuple[int, ...] | None) -> float:
+    """Run every warm-up shape through the engine; returns the seconds it took."""
+    sched = engine.config.scheduler
+    start = time.perf_counter()
+    for shape in warmup_shapes(lengths, sched.max_num_batched_tokens, sched.max_model_len):
+        t = time.perf_counter()
+        outputs = await engine.embed_outputs_async([_ids(engine, n) for n in shape], prompt="")
+        check_vectors(engine, outputs)
+        log.info("warm-up: %d input(s), %d tokens in %.3f s", len(shape), sum(shape), time.perf_counter() - t)
+    return time.perf_counter() - start
+
+
+async def probe(engine: Engine) -> None:
+    """One short real forward pass; raises if it fails or its vector is bad."""
+    n = min(8, engine.config.scheduler.max_model_len)
+    check_vectors(engine, await engine.embed_outputs_async([_ids(engine, n)], prompt=""))

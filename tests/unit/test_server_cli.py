@@ -1,0 +1,40 @@
+"""`embedserve serve` option parsing (the server itself is exercised in tests/integration)."""
+
+from __future__ import annotations
+
+import pytest
+
+from embedserve.cli import build_parser, main
+from embedserve.server.cli import _settings
+
+
+def test_options_become_settings_and_api_keys_merge_with_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("EMBEDSERVE_API_KEY", "env-1, env-2")
+    args = build_parser().parse_args(
+        ["serve", "--model", "/m/qwen3", "--api-key", "cli", "--warmup-lengths", "8,64",
+         "--max-num-batched-tokens", "512", "--max-queued-tokens", "9000"]
+    )  # fmt: skip
+    s = _settings(args)
+    assert s.api_keys == ("cli", "env-1", "env-2")
+    assert s.warmup_lengths == (8, 64)
+    assert s.max_queued_tokens == 9000
+    assert s.engine_kwargs["max_num_batched_tokens"] == 512
+    assert s.model_name == "qwen3"
+
+
+@pytest.mark.parametrize("bad", [["--warmup-lengths", "16,0"], ["--max-queued-requests", "x"], ["--port"]])
+def test_bad_options_are_refused_by_the_parser(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["serve", "--model", "m", *bad])
+    assert e.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_inconsistent_bounds_exit_2_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        ["serve", "--model", "/nonexistent", "--max-queued-requests", "4", "--max-inputs-per-request", "8"]
+    )
+    assert rc == 2
+    assert "could never be admitted" in capsys.readouterr().err
