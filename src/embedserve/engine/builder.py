@@ -11,8 +11,7 @@ from embedserve.config import CacheConfig, EngineConfig, SchedulerConfig, parse_
 from embedserve.engine.core import EngineCore
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager, blocks_for
-from embedserve.models.decoder import DecoderModel
-from embedserve.models.loader import iter_weights, read_model_dir
+from embedserve.models.build import build_model, open_model
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.tokenizer import Tokenizer
 from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
@@ -40,7 +39,7 @@ def build_engine(
     pooling: str | None = None,
     normalize: bool | None = None,
 ) -> EngineParts:
-    files = read_model_dir(path, pooling=pooling, normalize=normalize)
+    files = open_model(path, pooling=pooling, normalize=normalize)
     mcfg = files.model
     limit = min(x for x in (mcfg.max_position_embeddings, files.max_seq_length, files.sliding_window) if x)
     if max_model_len is None:
@@ -64,21 +63,26 @@ def build_engine(
         max_model_len=max_model_len,
         allow_chunking=mcfg.is_causal,
     )
-    per_block = kv_bytes_per_block(mcfg, block_size, torch_dtype)
-    if kv_cache_memory is None:
-        wanted = max(2 * max_model_len, max_num_batched_tokens)
-        floor = blocks_for(max_model_len, block_size) * per_block
-        kv_cache_memory = max(min(blocks_for(wanted, block_size) * per_block, _DEFAULT_KV_CAP), floor)
-    num_blocks = kv_cache_memory // per_block
-    if num_blocks < 1:
-        raise ModelLoadError(
-            f"kv_cache_memory={kv_cache_memory} bytes is smaller than one KV block ({per_block} bytes)"
-        )
-    with torch.device("meta"):
-        model = DecoderModel(mcfg)
-    model = model.to_empty(device=dev).to(torch_dtype)
-    model.load_weights(iter_weights(files.weight_files))
-    model.eval()
+    if not mcfg.is_causal:
+        # An encoder keeps no KV cache: the scheduler's blocks only count the tokens in flight,
+        # and each request finishes in the step that schedules it, so one step's worth (plus a
+        # partly filled block per sequence) is all it can hold.
+        if kv_cache_memory is not None:
+            raise ModelLoadError("kv_cache_memory does not apply to encoder models: they keep no KV cache")
+        kv_cache_memory = 0
+        num_blocks = blocks_for(max_num_batched_tokens, block_size) + max_num_seqs
+    else:
+        per_block = kv_bytes_per_block(mcfg, block_size, torch_dtype)
+        if kv_cache_memory is None:
+            wanted = max(2 * max_model_len, max_num_batched_tokens)
+            floor = blocks_for(max_model_len, block_size) * per_block
+            kv_cache_memory = max(min(blocks_for(wanted, block_size) * per_block, _DEFAULT_KV_CAP), floor)
+        num_blocks = kv_cache_memory // per_block
+        if num_blocks < 1:
+            raise ModelLoadError(
+                f"kv_cache_memory={kv_cache_memory} bytes is smaller than one KV block ({per_block} bytes)"
+            )
+    model = build_model(files, dev, torch_dtype)
     config = EngineConfig(
         model_path=str(files.path),
         model=mcfg,
@@ -93,4 +97,4 @@ def build_engine(
     kv = KVCacheManager(num_blocks, block_size)
     runner = ModelRunner(model, num_blocks, block_size, torch_dtype, dev)
     core = EngineCore(Scheduler(sched, kv), runner)
-    return EngineParts(config, core, Tokenizer(files.tokenizer_file, mcfg.vocab_size))
+    return EngineParts(config, core, Tokenizer(files.tokenizer(), mcfg.vocab_size))

@@ -13,31 +13,35 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
+from tokenizers import Tokenizer as HFTokenizer
 
-from embedserve.config import ModelConfig, PoolingConfig, PoolingMethod
+from embedserve.config import PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
 from embedserve.models.registry import model_config_from_hf, sliding_window
+from embedserve.models.source import ModelSource, default_pooling, override_pooling
 
 _ST_MODULES = ("Transformer", "Pooling", "Normalize")
 
 
-@dataclass(frozen=True)
-class ModelFiles:
-    path: Path
-    model: ModelConfig
-    pooling: PoolingConfig
+@dataclass(frozen=True, kw_only=True)
+class ModelFiles(ModelSource):
     tokenizer_file: Path
     weight_files: list[Path]
-    prompts: dict[str, str] = field(default_factory=dict)
-    default_prompt_name: str | None = None
-    max_seq_length: int | None = None
-    sliding_window: int | None = None
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter_weights(self.weight_files)
+
+    def tokenizer(self) -> HFTokenizer:
+        try:
+            return HFTokenizer.from_file(str(self.tokenizer_file))
+        except Exception as e:  # tokenizers raises a bare Exception for malformed files
+            raise ModelLoadError(f"cannot read tokenizer {self.tokenizer_file}: {e}") from e
 
 
 def _read_json(path: Path) -> Any:
@@ -117,12 +121,8 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
     tokenizer_file = root / "tokenizer.json"
     if not tokenizer_file.exists():
         raise ModelLoadError(f"{root} has no tokenizer.json")
-    st = _pooling_from_st(root, PoolingMethod.LAST)
-    pool = st or PoolingConfig(method=PoolingMethod.LAST, normalize=True)
-    if pooling is not None:
-        pool = PoolingConfig(PoolingMethod(pooling), pool.normalize, pool.include_prompt)
-    if normalize is not None:
-        pool = PoolingConfig(pool.method, normalize, pool.include_prompt)
+    fallback = default_pooling(model)
+    pool = override_pooling(_pooling_from_st(root, fallback.method) or fallback, pooling, normalize)
     st_cfg = root / "config_sentence_transformers.json"
     prompts: dict[str, str] = {}
     default_prompt_name = None

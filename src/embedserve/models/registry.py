@@ -24,7 +24,16 @@ ARCHITECTURES: dict[str, str] = {
     "LlamaModel": "llama",
     "MistralForCausalLM": "mistral",
     "MistralModel": "mistral",
+    "BertModel": "bert",
+    "BertForMaskedLM": "bert",
+    "RobertaModel": "roberta",
+    "RobertaForMaskedLM": "roberta",
+    "XLMRobertaModel": "xlm-roberta",
+    "XLMRobertaForMaskedLM": "xlm-roberta",
 }
+
+# model_type -> whether absolute positions start after the padding index (RoBERTa's layout)
+ENCODERS: dict[str, bool] = {"bert": False, "roberta": True, "xlm-roberta": True}
 
 
 def supported() -> str:
@@ -62,6 +71,8 @@ def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         if arch in ARCHITECTURES:
             model_type = ARCHITECTURES[arch]
             break
+    if model_type in ENCODERS:
+        return _encoder_config(raw, str(model_type), archs)
     if model_type not in DECODERS:
         named = ", ".join(archs) or str(model_type)
         raise ModelLoadError(f"unsupported architecture {named}; supported: {supported()}")
@@ -71,20 +82,56 @@ def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
     heads = int(raw["num_attention_heads"])
     hidden = int(raw["hidden_size"])
     return ModelConfig(
-        architecture=archs[0] if archs else model_type,
-        model_type=model_type,
-        vocab_size=int(raw["vocab_size"]),
-        hidden_size=hidden,
-        num_hidden_layers=int(raw["num_hidden_layers"]),
-        num_attention_heads=heads,
+        **_shared_fields(raw, model_type, archs),
         num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
         # Qwen3 sets head_dim explicitly (it is not hidden / heads there).
         head_dim=int(raw.get("head_dim") or hidden // heads),
-        intermediate_size=int(raw["intermediate_size"]),
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=_rope_theta(raw),
         qkv_bias=bool(raw.get("attention_bias", qkv_bias)) or qkv_bias,
         qk_norm=qk_norm,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+    )
+
+
+def _shared_fields(raw: dict[str, Any], model_type: str, archs: list[str]) -> dict[str, Any]:
+    """ModelConfig fields that decoders and encoders read the same way."""
+    return {
+        "architecture": archs[0] if archs else model_type,
+        "model_type": model_type,
+        "vocab_size": int(raw["vocab_size"]),
+        "hidden_size": int(raw["hidden_size"]),
+        "num_hidden_layers": int(raw["num_hidden_layers"]),
+        "num_attention_heads": int(raw["num_attention_heads"]),
+        "intermediate_size": int(raw["intermediate_size"]),
+    }
+
+
+def _encoder_config(raw: dict[str, Any], model_type: str, archs: list[str]) -> ModelConfig:
+    """BERT family: absolute positions, post-LN, exact (erf) GELU, bidirectional attention."""
+    if raw.get("hidden_act", "gelu") != "gelu":
+        raise ModelLoadError(f"unsupported encoder activation {raw['hidden_act']!r}; only gelu (erf form)")
+    position_type = raw.get("position_embedding_type", "absolute")
+    if position_type != "absolute":
+        raise ModelLoadError(f"position_embedding_type {position_type!r} is not supported; only absolute")
+    heads = int(raw["num_attention_heads"])
+    hidden = int(raw["hidden_size"])
+    if hidden % heads:
+        raise ModelLoadError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    # RoBERTa's first real position id is padding_idx + 1; the rows below it are never used.
+    offset = int(raw.get("pad_token_id", 1)) + 1 if ENCODERS[model_type] else 0
+    return ModelConfig(
+        **_shared_fields(raw, model_type, archs),
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=int(raw.get("max_position_embeddings", 512)) - offset,
+        rms_norm_eps=0.0,  # decoder-only fields: encoders use LayerNorm and no RoPE
+        rope_theta=0.0,
+        qkv_bias=True,
+        qk_norm=False,
+        is_causal=False,
+        layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
+        type_vocab_size=int(raw.get("type_vocab_size", 2)),
+        position_offset=offset,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from embedserve.config import ModelConfig
-from embedserve.models.decoder import DecoderModel
+from embedserve.models.build import EmbeddingModel
 from embedserve.scheduler.output import SchedulerOutput
 from embedserve.worker.input_batch import build_step_inputs
 
@@ -17,24 +17,42 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 class ModelRunner:
     def __init__(
-        self, model: DecoderModel, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+        self,
+        model: EmbeddingModel,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         cfg = model.config
         self.model = model
         self.block_size = block_size
         self.device = device
-        # Per layer: [2 (k, v), num_blocks * block_size slots, kv_heads, head_dim].
-        self.kv_caches = [
-            torch.zeros(
-                2, num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype, device=device
-            )
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        # Per layer: [2 (k, v), num_blocks * block_size slots, kv_heads, head_dim]. An encoder
+        # runs each sequence whole in one step (never chunked), so it keeps no cache at all.
+        self.kv_caches = (
+            [
+                torch.zeros(
+                    (2, num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim),
+                    dtype=dtype,
+                    device=device,
+                )
+                for _ in range(cfg.num_hidden_layers)
+            ]
+            if cfg.is_causal
+            else None
+        )
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
         """Returns request_id -> the pooled rows of its chunk, [k, hidden]."""
-        inputs = build_step_inputs(out, self.block_size, self.device, causal=self.model.config.is_causal)
+        inputs = build_step_inputs(
+            out,
+            self.block_size,
+            self.device,
+            causal=self.model.config.is_causal,
+            use_cache=self.kv_caches is not None,
+        )
         hidden = self.model(
             inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.output_rows
         )  # [R, hidden]

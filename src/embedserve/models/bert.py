@@ -1,0 +1,133 @@
+"""BERT-family encoders (BERT, RoBERTa, XLM-R) over packed tokens.
+
+Bidirectional attention over each sequence's own tokens, absolute position embeddings, token
+type 0 for every token (single texts), post-LN residual blocks and exact (erf) GELU. Encoders
+keep no KV cache and are never chunked: a sequence is always whole inside one step, so the
+attention metadata carries no cached context.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from embedserve.config import ModelConfig
+from embedserve.models.weights import Route, load_fused
+from embedserve.worker.attention import AttentionMetadata, paged_attention
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.offset = cfg.position_offset
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position = nn.Embedding(cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size)
+        self.token_type = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # Same summation order as Hugging Face: (word + type) + position.
+        x = self.word(input_ids) + self.token_type.weight[0]
+        x = x + self.position(positions + self.offset)
+        return self.norm(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hidden = cfg.hidden_size
+        self.num_heads = cfg.num_attention_heads
+        self.head_dim = cfg.head_dim
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(hidden, 3 * hidden)  # fused query | key | value
+        self.attn_out = nn.Linear(hidden, hidden)
+        self.attn_norm = nn.LayerNorm(hidden, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(hidden, cfg.intermediate_size)
+        self.ffn_out = nn.Linear(cfg.intermediate_size, hidden)
+        self.ffn_norm = nn.LayerNorm(hidden, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        # x: [T, hidden]
+        q, k, v = self.qkv(x).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
+        attn = paged_attention(q, k, v, None, meta, self.scale)  # [T, hidden]
+        x = self.attn_norm(x + self.attn_out(attn))
+        return self.ffn_norm(x + self.ffn_out(nn.functional.gelu(self.ffn_in(x))))
+
+
+# Hugging Face layer sub-module -> (ours, shard in the fused qkv). `attention.output.*` must be
+# tried before the layer's own `output.*`.
+_LAYER_NAMES: list[tuple[str, str, int | None]] = [
+    ("attention.self.query", "qkv", 0),
+    ("attention.self.key", "qkv", 1),
+    ("attention.self.value", "qkv", 2),
+    ("attention.output.dense", "attn_out", None),
+    ("attention.output.LayerNorm", "attn_norm", None),
+    ("intermediate.dense", "ffn_in", None),
+    ("output.dense", "ffn_out", None),
+    ("output.LayerNorm", "ffn_norm", None),
+]
+_EMBEDDING_NAMES = {
+    "word_embeddings": "word",
+    "position_embeddings": "position",
+    "token_type_embeddings": "token_type",
+    "LayerNorm": "norm",
+}
+# Task heads and cached buffers that an embedding model never reads.
+_SKIPPED = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids", "embeddings.token_type_ids")
+_LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)$")
+_EMBEDDING = re.compile(r"^embeddings\.(\w+)\.(weight|bias|gamma|beta)$")
+# Checkpoints converted from TensorFlow name LayerNorm parameters gamma / beta.
+_PARAM = {"weight": "weight", "bias": "bias", "gamma": "weight", "beta": "bias"}
+
+
+def _route(raw_name: str) -> Route | None:
+    name = raw_name
+    for prefix in ("bert.", "roberta.", "model."):
+        name = name.removeprefix(prefix)
+    if name.startswith(_SKIPPED):
+        return None
+    if m := _LAYER.match(name):
+        layer, module, param = m.groups()
+        for hf, ours, shard in _LAYER_NAMES:
+            if module == hf:
+                return f"layers.{layer}.{ours}.{_PARAM[param]}", shard
+    elif (m := _EMBEDDING.match(name)) and m.group(1) in _EMBEDDING_NAMES:
+        return f"embeddings.{_EMBEDDING_NAMES[m.group(1)]}.{_PARAM[m.group(2)]}", None
+    return name, None  # not ours: load_fused rejects it by name
+
+
+class EncoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor] | None,
+        meta: AttentionMetadata,
+        output_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions: [T]. Returns final hidden states [len(output_rows), hidden]."""
+        if kv_caches is not None or any(s.start for s in meta.seqs):
+            raise ValueError("an encoder runs whole sequences without a KV cache")
+        x = self.embeddings(input_ids, positions)
+        for layer in self.layers:
+            x = layer(x, meta)
+        return x if output_rows is None else x.index_select(0, output_rows)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        hidden = self.config.hidden_size
+        load_fused(
+            self,
+            weights,
+            _route,
+            lambda name: [hidden] * 3 if ".qkv." in name else None,
+            self.config.architecture,
+        )

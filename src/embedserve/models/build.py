@@ -1,0 +1,33 @@
+"""Open any supported model format and instantiate its architecture with weights loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from embedserve.models.bert import EncoderModel
+from embedserve.models.decoder import DecoderModel
+from embedserve.models.gguf import read_gguf
+from embedserve.models.loader import read_model_dir
+from embedserve.models.source import ModelSource
+
+EmbeddingModel = DecoderModel | EncoderModel
+
+
+def open_model(path: str | Path, pooling: str | None = None, normalize: bool | None = None) -> ModelSource:
+    """A Hugging Face / sentence-transformers directory, or a single `.gguf` file."""
+    p = Path(path)
+    if p.suffix.lower() == ".gguf" or p.is_file():
+        return read_gguf(p, pooling=pooling, normalize=normalize)
+    return read_model_dir(p, pooling=pooling, normalize=normalize)
+
+
+def build_model(source: ModelSource, device: torch.device, dtype: torch.dtype) -> EmbeddingModel:
+    cfg = source.model
+    model: EmbeddingModel
+    with torch.device("meta"):  # no memory until the real weights arrive
+        model = DecoderModel(cfg) if cfg.is_causal else EncoderModel(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    model.load_weights(source.weights())
+    return model.eval()

@@ -1,0 +1,54 @@
+"""What every model format yields: config, pooling, prompts, limits, weights and a tokenizer.
+
+A Hugging Face directory (`loader.ModelFiles`) and a GGUF file (`gguf.GGUFModel`) both
+produce a ModelSource, so the engine builds either the same way.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer as HFTokenizer
+
+from embedserve.config import ModelConfig, PoolingConfig, PoolingMethod
+from embedserve.errors import ModelLoadError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSource(ABC):
+    path: Path
+    model: ModelConfig
+    pooling: PoolingConfig
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    max_seq_length: int | None = None
+    sliding_window: int | None = None
+
+    @abstractmethod
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face parameter name, tensor) pairs, read lazily."""
+
+    @abstractmethod
+    def tokenizer(self) -> HFTokenizer:
+        """The model's tokenizer, post-processor (special tokens) included."""
+
+
+def default_pooling(model: ModelConfig) -> PoolingConfig:
+    """Without sentence-transformers files: decoders read the last token, encoders average."""
+    return PoolingConfig(method=PoolingMethod.LAST if model.is_causal else PoolingMethod.MEAN, normalize=True)
+
+
+def override_pooling(base: PoolingConfig, pooling: str | None, normalize: bool | None) -> PoolingConfig:
+    """The caller's `pooling=` / `normalize=` options win over what the files say."""
+    method = base.method
+    if pooling is not None:
+        try:
+            method = PoolingMethod(pooling)
+        except ValueError:
+            choices = ", ".join(m.value for m in PoolingMethod)
+            raise ModelLoadError(f"unknown pooling {pooling!r}; choose one of {choices}") from None
+    return PoolingConfig(method, base.normalize if normalize is None else normalize, base.include_prompt)
