@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from embedserve.cli import build_parser, main
+from embedserve.models.default import DEFAULT_MODEL_NAME, default_model_path
 from embedserve.server.cli import _settings
 
 
@@ -22,6 +25,13 @@ def test_options_become_settings_and_api_keys_merge_with_the_environment(
     assert s.max_queued_tokens == 9000
     assert s.engine_kwargs["max_num_batched_tokens"] == 512
     assert s.model_name == "qwen3"
+
+
+def test_the_default_model_is_served_under_its_model_name() -> None:
+    default = _settings(build_parser().parse_args(["serve"]))  # no --model: the bundled MiniLM
+    assert default.served_model_name == DEFAULT_MODEL_NAME
+    assert Path(default.model) == default_model_path()
+    assert _settings(build_parser().parse_args(["serve", "--model", "/m/qwen3"])).served_model_name is None
 
 
 @pytest.mark.parametrize("bad", [["--warmup-lengths", "16,0"], ["--max-queued-requests", "x"], ["--port"]])

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embedserve.cli import add_engine_options, engine_kwargs
@@ -132,7 +133,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
     return ServerSettings(
         model=args.model,
         engine_kwargs=engine_kwargs(args),
-        served_model_name=args.served_model_name,
+        served_model_name=args.served_model_name or _default_model_name(args.model),
         model_version=args.model_version,
         api_keys=_api_keys(args),
         max_queued_tokens=args.max_queued_tokens,
@@ -142,3 +143,14 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         warmup_lengths=args.warmup_lengths,
     )
 
+
+def _default_model_name(model: str) -> str | None:
+    """The bundled default model is served under its model name, not its folder's ("model")."""
+    from embedserve.errors import ModelLoadError
+    from embedserve.models.default import DEFAULT_MODEL_NAME, default_model_path
+
+    try:
+        is_default = Path(model).resolve() == default_model_path().resolve()
+    except ModelLoadError:  # the default model is not installed: nothing to compare with
+        return None
+    return DEFAULT_MODEL_NAME if is_default else None
