@@ -28,7 +28,8 @@ async def _run(url: str, concurrency: int, requests: int, api_key: str | None) -
         async def worker() -> None:
             for i in counter:
                 t = time.perf_counter()
-                r = await client.post("/v1/embeddings", json={"input": f"short query number {i} about attention"})
+                text = f"short query number {i} about attention"
+                r = await client.post("/v1/embeddings", json={"input": text})
                 r.raise_for_status()
                 latencies.append(time.perf_counter() - t)
 
@@ -53,7 +54,8 @@ def main() -> None:
     args = ap.parse_args()
     for c in args.concurrency:
         r = asyncio.run(_run(args.url, c, args.requests, args.api_key))
-        print(f"concurrency {c:3d}: {r['rps']:7.1f} req/s  p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms")
+        latency = f"p50 {r['p50_ms']:6.1f} ms  p99 {r['p99_ms']:6.1f} ms"
+        print(f"concurrency {c:3d}: {r['rps']:7.1f} req/s  {latency}")
 
 
 if __name__ == "__main__":

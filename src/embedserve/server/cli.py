@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 API_KEY_ENV = "EMBEDSERVE_API_KEY"
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse `type=` for counts and sizes: an integer >= 1, or a clear parser error."""
     try:
         value = int(text)
     except ValueError:
@@ -28,7 +29,7 @@ def _positive_int(text: str) -> int:
 
 
 def _lengths(text: str) -> tuple[int, ...]:
-    return tuple(_positive_int(x.strip()) for x in text.split(",") if x.strip())
+    return tuple(positive_int(x.strip()) for x in text.split(",") if x.strip())
 
 
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -71,26 +72,26 @@ def register(sub: Any) -> None:
     )
     g.add_argument(
         "--max-queued-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="tokens admitted and not yet answered before new requests get 429 "
         "(default: max(4 x max_model_len, 32 x max_num_batched_tokens))",
     )
     g.add_argument(
         "--max-queued-requests",
-        type=_positive_int,
+        type=positive_int,
         default=4096,
         help="inputs (each item of a batch counts) admitted and not yet answered before 429",
     )
     g.add_argument(
         "--max-inputs-per-request",
-        type=_positive_int,
+        type=positive_int,
         default=2048,
         help="most inputs in one request (more: 400)",
     )
     g.add_argument(
         "--max-body-bytes",
-        type=_positive_int,
+        type=positive_int,
         default=32 << 20,
         help="largest request body in bytes (more: 413)",
     )

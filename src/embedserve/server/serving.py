@@ -12,7 +12,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from embedserve.bench.stats import bucket_of
 from embedserve.engine.engine import EmbeddingOutput, Engine
@@ -23,9 +23,11 @@ from embedserve.server.metrics import ServerMetrics
 from embedserve.server.protocol import ApiError, EmbeddingRequest, encode_vector
 from embedserve.tokenizer import Tokenized
 
+T = TypeVar("T")
+
 
 class ClientGone(Exception):
-    """The client disconnected before its vectors were ready; its queued work was cancelled."""
+    """The client disconnected before its answer was ready; its pending work was cancelled."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class EmbeddingService:
             )
         try:
             with _engine_errors(self._on_forward_failure):
-                outputs = await _unless_disconnected(self._run(req, tokenized, prompt), wait_disconnect)
+                outputs = await unless_disconnected(self._run(req, tokenized, prompt), wait_disconnect)
         finally:
             self.admission.release(ticket)
         total = time.perf_counter() - start
@@ -155,10 +157,11 @@ class EmbeddingService:
         m.latency.labels(bucket_of(max(o.num_tokens for o in outputs))).observe(total)
 
 
-async def _unless_disconnected(
-    work: Awaitable[list[EmbeddingOutput]], wait_disconnect: Callable[[], Awaitable[None]]
-) -> list[EmbeddingOutput]:
-    """Await `work`; if the client disconnects first, cancel it (aborting its queued inputs)."""
+async def unless_disconnected(work: Awaitable[T], wait_disconnect: Callable[[], Awaitable[None]]) -> T:
+    """Await `work`; if the client disconnects first, cancel it and raise ClientGone.
+
+    Cancelling an `Engine.embed_outputs_async` aborts its queued inputs and frees their blocks.
+    """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(wait_disconnect())
     try:
