@@ -97,19 +97,10 @@ class Engine:
         return out
 
     def _requests(
-        self,
-        inputs: Inputs,
-        prompt_name: str | None,
-        prompt: str | None,
-        dimensions: int | None,
-        normalize: bool | None,
-        priority: str,
-        truncate: str,
-    ) -> tuple[list[Request], list[Tokenized]]:
+        self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str
+    ) -> list[Request]:
         self.check_dimensions(dimensions)
         prio = _parse_priority(priority)
-        text_prompt = self.resolve_prompt(prompt_name, prompt)
-        tokenized = self.tokenize(inputs, text_prompt, truncate)
         pool = self.config.pooling
         params = EmbedParams(
             dimensions=dimensions, normalize=pool.normalize if normalize is None else normalize
@@ -117,7 +108,7 @@ class Engine:
         sched = self._loop.core.scheduler
         for t in tokenized:
             sched.check_admissible(len(t.token_ids))
-        reqs = [
+        return [
             Request(
                 next(self._ids),
                 t.token_ids,
@@ -128,7 +119,6 @@ class Engine:
             )
             for t in tokenized
         ]
-        return reqs, tokenized
 
     # ---- embedding API ---------------------------------------------------------------------
 
@@ -144,10 +134,23 @@ class Engine:
         truncate: str = "error",
     ) -> tuple[list[Future[Finished]], list[Tokenized]]:
         """Validate everything first (all or nothing), then queue every input."""
-        reqs, tokenized = self._requests(
-            inputs, prompt_name, prompt, dimensions, normalize, priority, truncate
-        )
-        return self._loop.submit(reqs), tokenized
+        self.check_dimensions(dimensions)
+        _parse_priority(priority)
+        tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
+        return self.submit_tokenized(
+            tokenized, dimensions=dimensions, normalize=normalize, priority=priority
+        ), tokenized
+
+    def submit_tokenized(
+        self,
+        tokenized: list[Tokenized],
+        *,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+    ) -> list[Future[Finished]]:
+        """Queue inputs that `tokenize()` already produced (a server counts tokens first)."""
+        return self._loop.submit(self._requests(tokenized, dimensions, normalize, priority))
 
     def embed_outputs(self, inputs: Inputs, **kwargs: Any) -> list[EmbeddingOutput]:
         futures, tokenized = self.submit(inputs, **kwargs)
@@ -164,14 +167,11 @@ class Engine:
 
     async def embed_outputs_async(self, inputs: Inputs, **kwargs: Any) -> list[EmbeddingOutput]:
         futures, tokenized = self.submit(inputs, **kwargs)
-        wrapped = [asyncio.wrap_future(f) for f in futures]
-        try:
-            done = await asyncio.gather(*wrapped)
-        except BaseException:
-            for f in futures:  # caller gone or one input failed: free the rest's blocks
-                f.cancel()
-            raise
-        return [_output(f, t) for f, t in zip(done, tokenized, strict=True)]
+        return await _gather(futures, tokenized)
+
+    async def embed_tokenized_async(self, tokenized: list[Tokenized], **kwargs: Any) -> list[EmbeddingOutput]:
+        """`submit_tokenized`, awaited; options as there (dimensions, normalize, priority)."""
+        return await _gather(self.submit_tokenized(tokenized, **kwargs), tokenized)
 
     async def embed_async(self, inputs: Inputs, **kwargs: Any) -> np.ndarray:
         return np.stack([o.embedding for o in await self.embed_outputs_async(inputs, **kwargs)])
@@ -193,6 +193,16 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _gather(futures: list[Future[Finished]], tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
+    try:
+        done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+    except BaseException:
+        for f in futures:  # caller gone or one input failed: free the rest's blocks
+            f.cancel()
+        raise
+    return [_output(f, t) for f, t in zip(done, tokenized, strict=True)]
 
 
 def _parse_priority(value: str) -> Priority:

@@ -71,7 +71,7 @@ class EmbeddingService:
         tokenize_start = time.perf_counter()
         with _engine_errors(self._on_forward_failure):
             # Tokenizing a long document takes milliseconds: keep it off the event loop.
-            tokenized, prompt = await asyncio.to_thread(self._tokenize, req)
+            tokenized = await asyncio.to_thread(self._tokenize, req)
         tokenize_time = time.perf_counter() - tokenize_start
         n_tokens = sum(len(t.token_ids) for t in tokenized)
         if not self.admission.fits_ever(len(tokenized), n_tokens):
@@ -91,7 +91,7 @@ class EmbeddingService:
             )
         try:
             with _engine_errors(self._on_forward_failure):
-                outputs = await unless_disconnected(self._run(req, tokenized, prompt), wait_disconnect)
+                outputs = await unless_disconnected(self._run(req, tokenized), wait_disconnect)
         finally:
             self.admission.release(ticket)
         total = time.perf_counter() - start
@@ -100,28 +100,17 @@ class EmbeddingService:
             self._body(req, tokenized, outputs, n_tokens), _timing_headers(outputs, tokenize_time, total)
         )
 
-    def _tokenize(self, req: EmbeddingRequest) -> tuple[list[Tokenized], str]:
+    def _tokenize(self, req: EmbeddingRequest) -> list[Tokenized]:
         self.engine.check_dimensions(req.dimensions)
         prompt = self.engine.resolve_prompt(req.prompt_name, req.prompt)
-        return self.engine.tokenize(req.items, prompt, req.truncate), prompt
+        return self.engine.tokenize(req.items, prompt, req.truncate)
 
-    async def _run(
-        self, req: EmbeddingRequest, tokenized: list[Tokenized], prompt: str
-    ) -> list[EmbeddingOutput]:
-        common: dict[str, Any] = {
-            "dimensions": req.dimensions,
-            "normalize": req.normalize,
-            "priority": req.priority,
-        }
-        if prompt and not self.engine.config.pooling.include_prompt:
-            # Pooling must skip the prompt's positions, which only the engine's own text path
-            # records: hand it the text (tokenized a second time).
-            return await self.engine.embed_outputs_async(
-                req.items, prompt_name=req.prompt_name, prompt=req.prompt, truncate=req.truncate, **common
-            )
-        # Otherwise the ids we already have are exactly what the engine would compute from the
-        # text (prompt and truncation applied); prompt="" stops a default prompt being added.
-        return await self.engine.embed_outputs_async([t.token_ids for t in tokenized], prompt="", **common)
+    async def _run(self, req: EmbeddingRequest, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
+        # The records carry the ids with prompt and truncation applied, and the prompt's
+        # length for pooling that excludes it: the engine does not tokenize again.
+        return await self.engine.embed_tokenized_async(
+            tokenized, dimensions=req.dimensions, normalize=req.normalize, priority=req.priority
+        )
 
     def _body(
         self, req: EmbeddingRequest, tokenized: list[Tokenized], outputs: list[EmbeddingOutput], n_tokens: int
