@@ -1,0 +1,1 @@
+"""Indexing into a vector database, schema-safe search and dual-index model upgrades."""

@@ -1,0 +1,136 @@
+"""`embedserve index`, `embedserve search`, `embedserve migrate`: options and dispatch."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from embedserve.cli import add_engine_options
+from embedserve.index.store import LIVE, PREVIOUS, SHADOW
+from embedserve.server.cli import positive_int
+
+DEFAULT_STORE = "./embedserve.db"
+
+
+def _add_store(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("store")
+    g.add_argument(
+        "--store",
+        default=DEFAULT_STORE,
+        help="Milvus Lite file (a local path) or Milvus server URI http://host:19530 (default: %(default)s)",
+    )
+    g.add_argument("--token", default=None, help="Milvus token (user:password or API key) for a server")
+
+
+def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -> None:
+    """--model / --endpoint (with `prefix`: --live-model / --live-endpoint for the old side)."""
+    g = p.add_argument_group(f"{who or 'embedder'}")
+    if prefix:
+        g.add_argument(f"--{prefix}model", default=None, help=f"local model directory of the {who}")
+    g.add_argument(
+        f"--{prefix}endpoint",
+        default=None,
+        help="embedserve server or gateway URL (http://host:port) instead of an in-process model",
+    )
+    g.add_argument(f"--{prefix}api-key", default=None, help="bearer token for the endpoint")
+    g.add_argument(f"--{prefix}endpoint-model", default=None, help="model name to request from the endpoint")
+    g.add_argument(
+        f"--{prefix}tokenizer",
+        default=None,
+        help="model directory or tokenizer.json to chunk with, when embedding through an endpoint",
+    )
+    g.add_argument(
+        f"--{prefix}model-version", default=None, help="version label (as `serve --model-version`)"
+    )
+    g.add_argument(f"--{prefix}dimensions", type=positive_int, default=None, help="Matryoshka dimensions")
+
+
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    add_engine_options(p)
+    # None means "not given": --endpoint needs no model, and the default model is resolved
+    # (and hashed) only when it is really used.
+    p.set_defaults(model=None)
+
+
+def _add_chunking(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("chunking and writing")
+    g.add_argument(
+        "paths", nargs="+", help=".txt/.md/.rst files, .jsonl files (id, text per line), or folders"
+    )
+    g.add_argument(
+        "--max-tokens",
+        type=positive_int,
+        default=None,
+        help="tokens per chunk, special tokens included (default: 512, or the model's limit if lower)",
+    )
+    g.add_argument("--overlap", type=int, default=64, help="tokens shared by consecutive chunks")
+    g.add_argument(
+        "--batch-size", type=positive_int, default=128, help="chunks embedded and written per batch"
+    )
+    g.add_argument(
+        "--progress",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="progress bar on stderr (auto: only on a terminal)",
+    )
+    g.add_argument("--ray", action="store_true", help="run the stages on Ray Data (see docs/indexing.md)")
+    g.add_argument("--ray-address", default=None, help="Ray cluster address (default: start a local Ray)")
+    g.add_argument(
+        "--ray-actors",
+        type=positive_int,
+        default=None,
+        help="embedding actors (default: one per GPU with --device cuda, else 1)",
+    )
+
+
+def register(sub: Any) -> None:
+    from embedserve.index import commands
+
+    p = sub.add_parser("index", help="chunk, embed and store documents in a vector database")
+    _add_chunking(p)
+    _add_store(p)
+    _add_embedder(p)
+    _add_engine(p)
+    p.set_defaults(func=commands.cmd_index, role=LIVE)
+
+    p = sub.add_parser("search", help="search the live index (schema-checked)")
+    p.add_argument("query")
+    p.add_argument("-k", type=positive_int, default=10, help="chunks to return")
+    p.add_argument("--filter", default="", help="Milvus filter expression, e.g. 'doc_id like \"pep-08%%\"'")
+    p.add_argument("--json", action="store_true", help="print [{doc_id, chunk_idx, score, text}]")
+    p.add_argument("--index", default=LIVE, choices=[LIVE, SHADOW, PREVIOUS], help="which index to search")
+    p.add_argument("--query-prompt-name", default=None, help="prompt name for the query (default: 'query')")
+    _add_store(p)
+    _add_embedder(p)
+    _add_engine(p)
+    p.set_defaults(func=commands.cmd_search)
+
+    m = sub.add_parser("migrate", help="model upgrades: build a shadow index, compare, cut over, roll back")
+    msub = m.add_subparsers(dest="migrate_command", required=True)
+    p = msub.add_parser("build", help="index documents with a new model into the shadow index")
+    _add_chunking(p)
+    _add_store(p)
+    _add_embedder(p, who="new model")
+    _add_engine(p)
+    p.set_defaults(func=commands.cmd_index, role=SHADOW)
+
+    p = msub.add_parser("shadow", help="run a query set against live (old model) and shadow (new model)")
+    p.add_argument("--queries", required=True, help=".jsonl with id and text per line")
+    p.add_argument("--qrels", default=None, help="relevance judgments: 'qid docid gain' lines (or TREC)")
+    p.add_argument("--depth", type=positive_int, default=100, help="documents ranked per query")
+    p.add_argument("--out", default=None, help="folder for shadow_report.json and shadow_report.md")
+    p.add_argument("--json", action="store_true", help="print the report as JSON instead of markdown")
+    _add_store(p)
+    _add_embedder(p, who="new model")
+    _add_embedder(p, prefix="live-", who="live model")
+    _add_engine(p)
+    p.set_defaults(func=commands.cmd_shadow)
+
+    for name, text in (
+        ("cutover", "point live at the shadow index (atomic alias move); the old one stays as previous"),
+        ("rollback", "point live back at the previous index"),
+        ("status", "show which collection each alias points at"),
+    ):
+        p = msub.add_parser(name, help=text)
+        _add_store(p)
+        p.set_defaults(func=commands.cmd_aliases, action=name)

@@ -1,0 +1,158 @@
+"""What `embedserve index / search / migrate` do with their parsed options."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from embedserve.cli import engine_kwargs
+from embedserve.index.chunking import Chunker
+from embedserve.index.documents import read_documents
+from embedserve.index.embedder import Embedder, EmbedderSpec
+from embedserve.index.errors import DocumentError, StoreError
+from embedserve.index.pipeline import IndexStats, chunk_tokens, index_documents
+from embedserve.index.store import Store
+
+
+def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
+    """The embedder named by --model/--endpoint (or --live-model/--live-endpoint)."""
+
+    def opt(name: str) -> Any:
+        return getattr(args, (prefix + name).replace("-", "_"), None)
+
+    model, endpoint, name = opt("model"), opt("endpoint"), None
+    if model is not None and endpoint is not None:
+        raise StoreError(f"pass --{prefix}model or --{prefix}endpoint, not both")
+    if model is None and endpoint is None:
+        if prefix:
+            raise StoreError(f"the {prefix.rstrip('-')} side needs --{prefix}model or --{prefix}endpoint")
+        from embedserve.models.default import DEFAULT_MODEL_NAME, default_model_path
+
+        model, name = str(default_model_path()), DEFAULT_MODEL_NAME
+    return EmbedderSpec(
+        model=model,
+        engine_kwargs=engine_kwargs(args),
+        name=name,
+        model_version=opt("model-version"),
+        endpoint=endpoint,
+        api_key=opt("api-key"),
+        endpoint_model=opt("endpoint-model"),
+        tokenizer=opt("tokenizer"),
+        dimensions=opt("dimensions"),
+        query_prompt_name=getattr(args, "query_prompt_name", None),
+    )
+
+
+def make_chunker(embedder: Embedder, args: argparse.Namespace) -> Chunker:
+    if embedder.tokenizer is None:
+        raise StoreError("chunking needs the model's tokenizer: pass --tokenizer with --endpoint")
+    return Chunker(embedder.tokenizer, chunk_tokens(args.max_tokens, embedder.max_tokens), args.overlap)
+
+
+@contextlib.contextmanager
+def opened_store(args: argparse.Namespace) -> Iterator[Store]:
+    from pymilvus.exceptions import MilvusException
+
+    store = Store(args.store, args.token)
+    try:
+        yield store
+    except MilvusException as e:  # an operation the store refused: say so without a traceback
+        raise StoreError(f"the vector store {args.store} refused an operation: {e.message}") from None
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def built(spec: EmbedderSpec) -> Iterator[Embedder]:
+    embedder = spec.build()
+    try:
+        yield embedder
+    finally:
+        embedder.close()
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    spec = embedder_spec(args)
+    docs = list(read_documents(args.paths))
+    if not docs:
+        raise DocumentError(f"no documents with text under {', '.join(args.paths)}")
+    progress = None if args.progress == "auto" else args.progress == "on"
+    if args.ray:
+        from embedserve.index.ray_runner import index_with_ray, ray_session
+
+        with ray_session(args.ray_address), opened_store(args) as store:
+            stats = index_with_ray(docs, spec, store, args, progress)
+    else:
+        with opened_store(args) as store, built(spec) as embedder:
+            chunker = make_chunker(embedder, args)
+            stats = index_documents(docs, embedder, store, chunker, args.role, args.batch_size, progress)
+    _print_stats(stats, args.role)
+    return 0
+
+
+def _print_stats(s: IndexStats, role: str) -> None:
+    print(
+        f"{s.documents} documents -> {s.chunks} chunks: {s.embedded} embedded, {s.skipped} already stored, "
+        f"{s.deleted_stale} stale removed; collection {s.collection} holds {s.rows} rows; "
+        f"'{role}' -> {s.collection}"
+    )
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from embedserve.index.search import search
+
+    with opened_store(args) as store, built(embedder_spec(args)) as embedder:
+        hits = search(store, embedder, [args.query], args.k, args.filter, args.index)[0]
+    if args.json:
+        json.dump(
+            [{"doc_id": h.doc_id, "chunk_idx": h.chunk_idx, "score": h.score, "text": h.text} for h in hits],
+            sys.stdout,
+        )
+        print()
+        return 0
+    for rank, h in enumerate(hits, 1):
+        preview = " ".join(h.text.split())[:100]
+        print(f"{rank:3d}. {h.score:.4f}  {h.doc_id}#{h.chunk_idx}  {preview}")
+    return 0
+
+
+def cmd_shadow(args: argparse.Namespace) -> int:
+    from embedserve.index.migrate import shadow_report
+    from embedserve.index.shadow_io import load_qrels, load_queries, render_markdown, write_report
+
+    queries = load_queries(args.queries)
+    qrels = load_qrels(args.qrels) if args.qrels else None
+    with (
+        opened_store(args) as store,
+        built(embedder_spec(args, "live-")) as old,
+        built(embedder_spec(args)) as new,
+    ):
+        report = shadow_report(store, old, new, queries, qrels, args.depth)
+    if args.out:
+        for path in write_report(report, args.out):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        json.dump(report, sys.stdout, indent=2)
+        print()
+    else:
+        print(render_markdown(report), end="")
+    return 0
+
+
+def cmd_aliases(args: argparse.Namespace) -> int:
+    from embedserve.index import migrate
+
+    with opened_store(args) as store:
+        if args.action == "cutover":
+            result: object = migrate.cutover(store)
+        elif args.action == "rollback":
+            result = migrate.rollback(store)
+        else:
+            result = migrate.status(store)
+    json.dump(result, sys.stdout, indent=2)
+    print()
+    return 0

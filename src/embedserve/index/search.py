@@ -1,0 +1,46 @@
+"""Schema-safe search: a query is embedded and searched only against vectors of its schema."""
+
+from __future__ import annotations
+
+from embedserve.index.embedder import Embedder
+from embedserve.index.errors import SchemaMismatchError
+from embedserve.index.store import LIVE, Hit, Store
+
+MAX_CHUNK_HITS = 16384  # Milvus's largest top-k
+
+
+def checked_collection(store: Store, embedder: Embedder, role: str) -> str:
+    """The collection behind `role`, if its vectors share the embedder's schema; else refuse."""
+    collection = store.resolve(role)
+    stored = store.schema_of(collection)
+    if stored != embedder.meta.embedding_schema:
+        raise SchemaMismatchError(
+            f"refusing to search the '{role}' index ({collection})",
+            stored,
+            embedder.meta.embedding_schema,
+            f"Search with the model that built it, or migrate the store to {embedder.meta.model}.",
+        )
+    return collection
+
+
+def search(
+    store: Store, embedder: Embedder, queries: list[str], k: int = 10, filter_expr: str = "", role: str = LIVE
+) -> list[list[Hit]]:
+    """Top-k chunks per query."""
+    if k < 1 or k > MAX_CHUNK_HITS:
+        raise ValueError(f"k must be in [1, {MAX_CHUNK_HITS}], got {k}")
+    collection = checked_collection(store, embedder, role)
+    return store.search(collection, embedder.embed_queries(queries), k, filter_expr)
+
+
+def rank_documents(hits: list[Hit], depth: int) -> list[str]:
+    """Doc ids by their best chunk, best first, at most `depth` (hits arrive best first)."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for h in hits:
+        if h.doc_id not in seen:
+            seen.add(h.doc_id)
+            out.append(h.doc_id)
+            if len(out) == depth:
+                break
+    return out
