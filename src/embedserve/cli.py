@@ -29,6 +29,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None, help="longest input in tokens")
     g.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache budget in bytes")
     g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="CUDA only: fraction of the GPU's memory for weights + activations + KV cache; "
+        "the KV cache gets what is left after a measured warm-up step (instead of --kv-cache-memory)",
+    )
+    g.add_argument(
         "--pooling", choices=["lasttoken", "mean", "cls"], default=None, help="override the model's pooling"
     )
 
@@ -41,6 +48,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "max_num_seqs": args.max_num_seqs,
         "max_model_len": args.max_model_len,
         "kv_cache_memory": args.kv_cache_memory,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
         "pooling": args.pooling,
     }
 
@@ -71,9 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_serve(sub)
     register_bench(sub)
-    from embedserve.index.cli import register as register_index  # late: it imports this module
-
-    register_index(sub)
     return parser
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -12,8 +12,10 @@ from embedserve.engine.core import EngineCore
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager, blocks_for
 from embedserve.models.build import build_model, open_model
+from embedserve.models.source import ModelSource, override_pooling
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.tokenizer import Tokenizer
+from embedserve.worker.gpu_memory import check_utilization, gpu_kv_cache_memory
 from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 
 _DEFAULT_KV_CAP = 4 << 30  # default KV budget cap (bytes) unless one full prompt needs more
@@ -27,7 +29,7 @@ class EngineParts:
 
 
 def build_engine(
-    path: str | Path,
+    path: str | Path | ModelSource,
     *,
     dtype: str = "float32",
     device: str = "cpu",
@@ -38,8 +40,12 @@ def build_engine(
     block_size: int = 16,
     pooling: str | None = None,
     normalize: bool | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> EngineParts:
-    files = open_model(path, pooling=pooling, normalize=normalize)
+    if isinstance(path, ModelSource):  # already opened, e.g. random weights made on the GPU
+        files = replace(path, pooling=override_pooling(path.pooling, pooling, normalize))
+    else:
+        files = open_model(path, pooling=pooling, normalize=normalize)
     mcfg = files.model
     limit = min(x for x in (mcfg.max_position_embeddings, files.max_seq_length, files.sliding_window) if x)
     if max_model_len is None:
@@ -63,6 +69,8 @@ def build_engine(
         max_model_len=max_model_len,
         allow_chunking=mcfg.is_causal,
     )
+    if gpu_memory_utilization is not None:
+        check_utilization(gpu_memory_utilization, dev, kv_cache_memory, mcfg.is_causal)
     if not mcfg.is_causal:
         # An encoder keeps no KV cache: the scheduler's blocks only count the tokens in flight,
         # and each request finishes in the step that schedules it, so one step's worth (plus a
@@ -73,16 +81,21 @@ def build_engine(
         num_blocks = blocks_for(max_num_batched_tokens, block_size) + max_num_seqs
     else:
         per_block = kv_bytes_per_block(mcfg, block_size, torch_dtype)
-        if kv_cache_memory is None:
+        if kv_cache_memory is None and gpu_memory_utilization is None:
             wanted = max(2 * max_model_len, max_num_batched_tokens)
             floor = blocks_for(max_model_len, block_size) * per_block
             kv_cache_memory = max(min(blocks_for(wanted, block_size) * per_block, _DEFAULT_KV_CAP), floor)
-        num_blocks = kv_cache_memory // per_block
-        if num_blocks < 1:
+        # With gpu_memory_utilization the cache is sized below, once weights are on the GPU.
+        num_blocks = (kv_cache_memory or 0) // per_block
+        if num_blocks < 1 and gpu_memory_utilization is None:
             raise ModelLoadError(
                 f"kv_cache_memory={kv_cache_memory} bytes is smaller than one KV block ({per_block} bytes)"
             )
     model = build_model(files, dev, torch_dtype)
+    if gpu_memory_utilization is not None:
+        util = gpu_memory_utilization
+        kv_cache_memory = gpu_kv_cache_memory(model, sched, block_size, torch_dtype, dev, util)
+        num_blocks = kv_cache_memory // kv_bytes_per_block(mcfg, block_size, torch_dtype)
     config = EngineConfig(
         model_path=str(files.path),
         model=mcfg,
