@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_serve(sub)
     register_bench(sub)
+    from embedserve.index.cli import register as register_index  # late: it imports this module
+
+    register_index(sub)
     return parser
 
 
