@@ -87,3 +87,17 @@ def test_endpoints_without_metadata_or_failing_are_refused() -> None:
     t = _transport(lambda p, _: httpx.Response(401, json={"error": {"message": "bad key"}}), [])
     with pytest.raises(EndpointError, match=r"answered 401.*bad key"):
         HttpEmbedder("http://x:1", transport=t)
+
+
+def test_a_batch_too_large_for_the_server_is_split() -> None:
+    seen: list[dict[str, object]] = []
+
+    def answer(p: dict[str, object], n: int) -> httpx.Response:
+        n_in = len(p["input"])  # type: ignore[arg-type]
+        if n_in > 2:
+            return httpx.Response(413, json={"error": {"message": "split it"}})
+        return httpx.Response(200, json=_body(n_in))
+
+    e = HttpEmbedder("http://x:1", transport=_transport(answer, seen))
+    assert e.embed_documents(["a", "b", "c", "d", "e"]).shape == (5, 4)
+    assert [len(p["input"]) for p in seen[1:]] == [5, 2, 3, 1, 2]  # type: ignore[arg-type]

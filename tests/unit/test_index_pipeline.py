@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from embedserve.errors import InvalidInputError
 from embedserve.index.chunking import Chunker
 from embedserve.index.documents import Document
 from embedserve.index.embedder import load_tokenizer
@@ -147,7 +148,7 @@ def test_search_finds_the_topic_and_filters(store: Store, chunker: Chunker) -> N
     assert only and {h.doc_id for h in only} == {"doc-5"}
     with pytest.raises(StoreError, match="search in"):
         search(store, emb, ["x"], filter_expr="doc_id ==")
-    with pytest.raises(ValueError, match="k must be"):
+    with pytest.raises(InvalidInputError, match="k must be"):
         search(store, emb, ["x"], k=0)
 
 

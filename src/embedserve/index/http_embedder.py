@@ -22,6 +22,10 @@ _META_FIELDS = ("model", "model_version", "dtype", "backend_profile", "embedding
 _RETRY_STATUSES = (429, 503)
 
 
+class _TooLarge(Exception):
+    """413 for a request of several inputs: the server can take them in smaller requests."""
+
+
 def _base_url(url: str) -> str:
     base = url.rstrip("/")
     return base if base.endswith("/v1") else f"{base}/v1"
@@ -94,6 +98,8 @@ class HttpEmbedder:
             if r.status_code in _RETRY_STATUSES and time.monotonic() < deadline:
                 time.sleep(float(r.headers.get("Retry-After", "1")))
                 continue
+            if r.status_code == 413 and len(texts) > 1:
+                raise _TooLarge()
             if r.status_code != 200:
                 raise EndpointError(
                     f"{self._client.base_url}/embeddings answered {r.status_code}: {r.text[:500]}"
@@ -115,7 +121,17 @@ class HttpEmbedder:
     def _embed(self, texts: list[str], prompt_name: str | None, priority: str) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        body = self._post(texts, prompt_name, priority)
+        try:
+            body = self._post(texts, prompt_name, priority)
+        except _TooLarge:
+            # More than the server ever queues at once: send it in halves.
+            half = len(texts) // 2
+            return np.concatenate(
+                [
+                    self._embed(texts[:half], prompt_name, priority),
+                    self._embed(texts[half:], prompt_name, priority),
+                ]
+            )
         if body["embedding_schema"] != self.meta.embedding_schema:
             raise EndpointError(
                 f"{self._client.base_url} switched embedding_schema from {self.meta.embedding_schema} to "

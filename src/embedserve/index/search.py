@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from embedserve.errors import InvalidInputError
 from embedserve.index.embedder import Embedder
 from embedserve.index.errors import SchemaMismatchError
 from embedserve.index.store import LIVE, Hit, Store
@@ -28,7 +29,7 @@ def search(
 ) -> list[list[Hit]]:
     """Top-k chunks per query."""
     if k < 1 or k > MAX_CHUNK_HITS:
-        raise ValueError(f"k must be in [1, {MAX_CHUNK_HITS}], got {k}")
+        raise InvalidInputError(f"k must be in [1, {MAX_CHUNK_HITS}], got {k}")
     collection = checked_collection(store, embedder, role)
     return store.search(collection, embedder.embed_queries(queries), k, filter_expr)
 
