@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from embedserve.bench.cli import register as register_bench
 from embedserve.errors import EmbedServeError
 from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
+from embedserve.parity.cli import register as register_parity
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_serve(sub)
     register_bench(sub)
+    register_parity(sub)
     from embedserve.index.cli import register as register_index  # late: it imports this module
 
     register_index(sub)

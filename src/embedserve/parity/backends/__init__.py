@@ -1,0 +1,34 @@
+"""Backends: `hf:PATH` / `sentence-transformers:PATH`, `engine:PATH?opts`, `http(s)://HOST:PORT?opts`."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from embedserve.parity.backends.base import Backend
+from embedserve.parity.options import Options, ParityError, split_spec
+
+__all__ = ["Backend", "open_backend"]
+
+
+def open_backend(spec: str) -> Backend:
+    head, raw = split_spec(spec)
+    opts = Options(head.split(":", 1)[0] if "://" not in head else head, raw)
+    if head.startswith(("http://", "https://")):
+        from embedserve.parity.backends.http import HttpBackend
+
+        public = {k: v for k, v in raw.items() if k != "api_key"}  # reports never hold secrets
+        return HttpBackend(head + ("?" + urlencode(public, safe="/:") if public else ""), head, opts)
+    kind, sep, path = head.partition(":")
+    if not sep or not path:
+        raise ParityError(
+            f"backend {spec!r}: expected hf:PATH, sentence-transformers:PATH, engine:PATH or http://HOST:PORT"
+        )
+    if kind in ("hf", "sentence-transformers", "st"):
+        from embedserve.parity.backends.reference import ReferenceBackend
+
+        return ReferenceBackend(spec, path, opts)
+    if kind == "engine":
+        from embedserve.parity.backends.engine import EngineBackend
+
+        return EngineBackend(spec, path, opts)
+    raise ParityError(f"backend {spec!r}: unknown kind {kind!r}; use hf, sentence-transformers, engine, http")

@@ -1,0 +1,51 @@
+"""The backend contract: embed items with a prompt, describe yourself for the report."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedserve.parity.datasets import Item
+from embedserve.parity.options import Options
+
+
+class Backend(abc.ABC):
+    kind: str = ""
+    spec: str = ""  # as given, secrets removed
+    model_dir: Path | None = None  # local model files, when the backend has them
+    max_length: int | None = None  # longest input in tokens, when known
+    batch_items: int = 32  # how many items one embed() call gets at most
+    batch_tokens: int = 16384  # ... and how many padded tokens
+
+    def take_batching(self, opts: Options, items: int, tokens: int) -> None:
+        self.batch_items = opts.integer("batch_size", items) or items
+        self.batch_tokens = opts.integer("batch_tokens", tokens) or tokens
+
+    def cache_identity(self) -> str | None:
+        """What determines this backend's vectors, if they may be cached (references only)."""
+        return None
+
+    @abc.abstractmethod
+    def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
+        """float32 [len(items), dim] in order; `prompt` is prepended to texts (never to token ids)."""
+
+    @abc.abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """Everything that defines the vectors (model, version, dtype, profile, schema, config)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Free what the backend holds (models, threads, connections)."""
+
+
+def split_items(items: Sequence[Item]) -> tuple[list[str], list[list[int]]]:
+    """A batch is all texts or all token ids (one dataset side never mixes them)."""
+    texts = [i for i in items if isinstance(i, str)]
+    ids = [list(i) for i in items if not isinstance(i, str)]
+    if texts and ids:
+        raise ValueError("a batch mixes texts and token ids")
+    return texts, ids

@@ -1,0 +1,100 @@
+"""`engine:PATH?dtype=bfloat16&max_num_batched_tokens=512&...`: our engine, in process.
+
+Every keyword of `Engine.from_pretrained` (as declared by the engine's builder) is accepted
+as an option, typed from its annotation, so new engine options work without changes here.
+Inputs over the model's limit are truncated at the end, as sentence-transformers does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedserve.engine.builder import build_engine
+from embedserve.engine.engine import Engine
+from embedserve.parity.backends.base import Backend, split_items
+from embedserve.parity.datasets import Item
+from embedserve.parity.options import Options
+from embedserve.server.metadata import ModelMetadata, fingerprint_model_dir
+
+ENGINE_KEYWORDS = {
+    name: param
+    for name, param in inspect.signature(build_engine).parameters.items()
+    if param.kind is inspect.Parameter.KEYWORD_ONLY
+}
+
+
+def engine_options(opts: Options) -> dict[str, Any]:
+    """The options `build_engine` declares, typed by their annotations."""
+    out: dict[str, Any] = {}
+    for name, param in ENGINE_KEYWORDS.items():
+        if name not in opts:
+            continue
+        annotation = str(param.annotation)
+        if "bool" in annotation:
+            out[name] = opts.flag(name)
+        elif "int" in annotation:
+            out[name] = opts.integer(name)
+        else:
+            out[name] = opts.text(name)
+    return out
+
+
+class EngineBackend(Backend):
+    kind = "engine"
+
+    def __init__(self, spec: str, path: str, opts: Options) -> None:
+        self.spec = spec
+        self.model_dir = Path(path)
+        self.options = engine_options(opts)
+        self.take_batching(opts, 64, 65536)
+        opts.finish(also_known=ENGINE_KEYWORDS)
+        self.engine = Engine.from_pretrained(path, **self.options)
+        self.max_length = self.engine.config.scheduler.max_model_len
+        self.num_preemptions = 0
+
+    def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
+        texts, ids = split_items(items)
+        if texts:
+            outputs = self.engine.embed_outputs(texts, prompt=prompt, truncate="end")
+        else:
+            outputs = self.engine.embed_outputs(ids, truncate="end")
+        self.num_preemptions += sum(o.num_preemptions for o in outputs)
+        return np.stack([o.embedding for o in outputs]).astype(np.float32, copy=False)
+
+    def describe(self) -> dict[str, Any]:
+        """Metadata computed as `embedserve serve` computes it for the same model and options, so an
+        http audit of a server and an in-process run of its configuration can be matched."""
+        cfg = self.engine.config
+        pooling = cfg.pooling
+        sched = cfg.scheduler
+        name = Path(cfg.model_path).name
+        meta = ModelMetadata.from_engine_config(cfg, name, None, fingerprint_model_dir(cfg.model_path))
+        return {
+            "kind": self.kind,
+            "spec": self.spec,
+            **meta.fields(),
+            "config": {
+                "model_path": cfg.model_path,
+                "options": self.options,
+                "model": dataclasses.asdict(cfg.model),
+                "pooling": {**dataclasses.asdict(pooling), "method": pooling.method.value},
+                "scheduler": dataclasses.asdict(sched),
+                "cache": dataclasses.asdict(cfg.cache),
+                "device": str(cfg.device),
+                "stats": self.engine.stats(),
+                "request_preemptions": self.num_preemptions,
+                "batch_size": self.batch_items,
+                "batch_tokens": self.batch_tokens,
+                "versions": {p: version(p) for p in ("embedserve", "torch")},
+            },
+        }
+
+    def close(self) -> None:
+        self.engine.close()

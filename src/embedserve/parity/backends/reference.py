@@ -1,0 +1,106 @@
+"""`hf:PATH` / `sentence-transformers:PATH`: the reference, sentence-transformers over transformers.
+
+Tokenization, prompts, truncation, pooling and normalization come from the model directory
+exactly as sentence-transformers applies them; float32 unless `?dtype=` says otherwise.
+Token-id items skip the tokenizer and go straight through the module pipeline, one at a
+time (no padding), so they test pure numerics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from embedserve.parity.backends.base import Backend, split_items
+from embedserve.parity.datasets import Item
+from embedserve.parity.options import Options, ParityError
+from embedserve.server.metadata import fingerprint_model_dir
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ReferenceBackend(Backend):
+    kind = "sentence-transformers"
+
+    def __init__(self, spec: str, path: str, opts: Options) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.spec = spec
+        self.model_dir = Path(path)
+        dtype = opts.text("dtype", "float32") or "float32"
+        if dtype not in _DTYPES:
+            raise ParityError(f"{spec}: dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+        self.dtype, self.device = dtype, opts.text("device", "cpu") or "cpu"
+        self.take_batching(opts, 16, 16384)
+        opts.finish()
+        if not self.model_dir.is_dir():
+            raise ParityError(f"{spec}: {path} is not a model directory")
+        self.model = SentenceTransformer(
+            str(self.model_dir),
+            device=self.device,
+            local_files_only=True,
+            model_kwargs={"dtype": _DTYPES[dtype]},
+        )
+        self.model.eval()
+        self.max_length = int(self.model.max_seq_length) if self.model.max_seq_length else None
+        self._version: str | None = None
+
+    def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
+        texts, ids = split_items(items)
+        if texts:
+            out = self.model.encode(
+                texts, prompt=prompt, batch_size=len(texts), convert_to_numpy=True, show_progress_bar=False
+            )
+            return np.asarray(out, dtype=np.float32)
+        rows = []
+        with torch.inference_mode():
+            for seq in ids:
+                input_ids = torch.tensor([seq], device=self.model.device)
+                features = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+                rows.append(self.model.forward(features)["sentence_embedding"][0].float().cpu().numpy())
+        return np.stack(rows).astype(np.float32)
+
+    @property
+    def model_version(self) -> str:
+        """The fingerprint `embedserve serve` reports, computed once (it reads every byte)."""
+        if self._version is None:
+            assert self.model_dir is not None
+            self._version = fingerprint_model_dir(self.model_dir)
+        return self._version
+
+    def cache_identity(self) -> str:
+        versions = ",".join(version(p) for p in ("sentence-transformers", "transformers", "torch"))
+        return f"st|{self.model_version}|{self.dtype}|{self.device}|{versions}"
+
+    def describe(self) -> dict[str, Any]:
+        assert self.model_dir is not None
+        modules = [type(m).__name__ for m in self.model]
+        pooling = getattr(self.model[1], "pooling_mode", None) if len(self.model) > 1 else None
+        dim = self.model.get_embedding_dimension()
+        normalize = "Normalize" in modules
+        versions = {p: version(p) for p in ("sentence-transformers", "transformers", "torch")}
+        return {
+            "kind": self.kind,
+            "spec": self.spec,
+            "model": str(self.model_dir),
+            "model_version": self.model_version,
+            "dtype": self.dtype,
+            "backend_profile": f"sentence-transformers/{self.dtype}/{self.device}",
+            "embedding_schema": {"dimensions": dim, "pooling": str(pooling), "normalize": normalize},
+            "config": {
+                "modules": modules,
+                "max_seq_length": self.max_length,
+                "device": self.device,
+                "batch_size": self.batch_items,
+                "batch_tokens": self.batch_tokens,
+                "versions": versions,
+            },
+        }
+
+    def close(self) -> None:
+        del self.model

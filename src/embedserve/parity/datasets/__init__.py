@@ -1,0 +1,42 @@
+"""Parity datasets: built-in names or a BEIR-layout folder (`NAME?option=value&...`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from embedserve.parity.datasets.base import Dataset, DatasetContext, Item, find_data_dir
+from embedserve.parity.datasets.beir import load_beir
+from embedserve.parity.datasets.cranfield import load_cranfield
+from embedserve.parity.datasets.peps import load_peps
+from embedserve.parity.datasets.random_tokens import load_random_tokens
+from embedserve.parity.datasets.synthetic import load_synthetic
+from embedserve.parity.options import Options, ParityError, split_spec
+
+BUILTIN = ("cranfield", "peps", "passkey", "needle", "random-tokens")
+
+__all__ = ["BUILTIN", "Dataset", "DatasetContext", "Item", "check_dataset", "find_data_dir", "load_dataset"]
+
+
+def check_dataset(spec: str) -> None:
+    """Refuse an unknown dataset name before any model is loaded."""
+    name, _ = split_spec(spec)
+    if name not in BUILTIN and not Path(name).expanduser().is_dir():
+        raise ParityError(
+            f"unknown dataset {name!r}: use one of {', '.join(BUILTIN)} or a folder with corpus.jsonl, "
+            "queries.jsonl and qrels/test.tsv"
+        )
+
+
+def load_dataset(spec: str, ctx: DatasetContext) -> Dataset:
+    check_dataset(spec)
+    name, raw = split_spec(spec)
+    opts = Options(f"dataset {name}", raw)
+    if name == "cranfield":
+        return load_cranfield(ctx, opts)
+    if name == "peps":
+        return load_peps(ctx, opts)
+    if name in ("passkey", "needle"):
+        return load_synthetic(name, ctx, opts)
+    if name == "random-tokens":
+        return load_random_tokens(ctx, opts)
+    return load_beir(Path(name).expanduser(), opts)
