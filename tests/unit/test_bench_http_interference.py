@@ -75,6 +75,9 @@ def test_http_target_runs_the_matrix(fake_server: str, qwen3_dir: Path, tmp_path
     assert len(fixed) == 1 and fixed[0]["requests"] == "6" and fixed[0]["errors"] == "0"
     assert float(fixed[0]["queue_p50_ms"]) == pytest.approx(1.5)  # from the x-queue-time header
     assert int(fixed[0]["peak_mem_bytes"]) > 0  # the server's RSS, sampled through pid=
+    assert float(fixed[0]["cpu_s"]) >= 0  # and its CPU time (psutil ticks at 10 ms)
+    mixed_cpu = [r["tok_per_cpu_s"] for r in rows if r["length"] == "mix"]
+    assert mixed_cpu[:-1] == ["", ""] and float(mixed_cpu[-1]) > 0  # whole-cell rows only
     mixed = [r for r in rows if r["length"] == "mix"]
     assert [r["length_bucket"] for r in mixed][-1] == "all"
     assert sum(int(r["requests"]) for r in mixed[:-1]) == int(mixed[-1]["requests"]) == 6

@@ -65,6 +65,7 @@ def register(sub: Any) -> None:
         help="seconds without progress before a worker is killed",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: torch's)")
     g = p.add_argument_group("interference scenario")
     g.add_argument("--short-tokens", type=int, default=32)
     g.add_argument("--short-requests", type=int, default=40)
@@ -105,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         cosine_sample=args.cosine_sample,
         cell_timeout=args.cell_timeout,
         progress=not args.no_progress,
+        threads=args.threads,
         short_tokens=args.short_tokens,
         short_requests=args.short_requests,
         short_interval_ms=args.short_interval_ms,

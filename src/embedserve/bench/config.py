@@ -30,6 +30,7 @@ class BenchConfig:
     cosine_sample: int = 1
     cell_timeout: float = 1800.0
     progress: bool = True
+    threads: int | None = None  # torch intra-op threads in each worker (None: torch's default)
     # interference scenario
     short_tokens: int = 32
     short_requests: int = 40
@@ -65,6 +66,8 @@ class BenchConfig:
             raise InvalidInputError(
                 f"need 1 <= --flood-min <= --flood-max, got {self.flood_min}, {self.flood_max}"
             )
+        if self.threads is not None and self.threads < 1:
+            raise InvalidInputError(f"--threads must be positive, got {self.threads}")
         if self.short_interval_ms < 0 or self.cosine_sample < 0:
             raise InvalidInputError("--short-interval-ms and --cosine-sample cannot be negative")
 

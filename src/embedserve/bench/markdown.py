@@ -64,10 +64,12 @@ def _matrix(rows: list[dict[str, Any]], first: str) -> list[str]:
         "p99 ms",
         "queue p50 ms",
         "peak MB",
+        "tok/CPU-s",
         "err",
         "oom",
         "cos min",
         f"tok/s vs {first}",
+        "tok/CPU-s vs first",
         "mem vs first",
     ]
     lines: list[str] = []
@@ -91,10 +93,12 @@ def _matrix(rows: list[dict[str, Any]], first: str) -> list[str]:
                     _num(r["p99_ms"]),
                     _num(r["queue_p50_ms"]),
                     _mb(r["peak_mem_bytes"]),
+                    _num(r.get("tok_per_cpu_s"), 0),
                     str(r["errors"]),
                     str(r["oom"]),
                     _num(r["cosine_min"], 5),
                     _ratio(r["tok_per_s"], ref["tok_per_s"]) if ref else "-",
+                    _ratio(r.get("tok_per_cpu_s"), ref.get("tok_per_cpu_s")) if ref else "-",
                     _ratio(r["peak_mem_bytes"], ref["peak_mem_bytes"]) if ref else "-",
                 ]
             )
@@ -152,21 +156,24 @@ def render(meta: dict[str, Any], rows: list[dict[str, Any]], plots: list[str]) -
         "",
         f"Machine: {m['cpu_model']}, {m['cores']} logical cores ({m['physical_cores']} physical), "
         f"{_num(m['memory_bytes'] / 2**30)} GiB RAM, torch {m['torch_version']} "
-        f"({m['torch_threads']} threads), GPU: {m['gpu'] or 'none'}; {m['date']}; load average "
+        f"(default {m['torch_threads']} threads), GPU: {m['gpu'] or 'none'}; {m['date']}; load average "
         f"{m['load_avg_1m']} at the start, {m.get('load_avg_1m_end', '-')} at the end.",
         "",
         "Latencies are end to end per request; tok/s counts input tokens of successful requests over "
-        "the cell's wall time. Ratios compare a row with the first target's row of the same cell "
-        "(same token budget, else the first target's best budget for that cell).",
+        "the cell's wall time; tok/CPU-s divides them by the CPU seconds the target used (its process, "
+        "or a served target's process tree), which holds up when other work shares the cores. "
+        "Ratios compare a row with the first target's row of the same cell (same token budget, "
+        "else the first target's best budget for that cell).",
         "",
         *_table(
-            ["target", "spec", "budget", "device", "load s", "peak memory measured as", "error"],
+            ["target", "spec", "budget", "device", "threads", "load s", "peak memory measured as", "error"],
             [
                 [
                     g["target"],
                     f"`{g['spec']}`",
                     str(g["token_budget"] or NA),
                     g["device"] or "-",
+                    str(g["threads"] or "-"),
                     _num(g["load_s"]),
                     g["mem_method"],
                     g["error"] or "",

@@ -36,6 +36,8 @@ COLUMNS = [
     "p99_ms",
     "queue_p50_ms",
     "peak_mem_bytes",
+    "cpu_s",
+    "tok_per_cpu_s",
     "errors",
     "oom",
     "cosine_min",
@@ -85,6 +87,10 @@ def _stats_row(b: BucketStats) -> dict[str, Any]:
     return {k: v for k, v in b.__dict__.items() if k != "bucket"} | {"length_bucket": b.bucket}
 
 
+def _per_cpu(b: BucketStats, res: CellResult) -> float | None:
+    return b.tok_per_s * res.wall_s / res.cpu_s if res.cpu_s else None
+
+
 def _cell_rows(
     g: Group, ref: Group, cell: Cell, res: CellResult, inputs: dict[str, Workload]
 ) -> list[dict[str, Any]]:
@@ -95,7 +101,8 @@ def _cell_rows(
         failed = {"errors": 0 if res.oom else cell.requests, "oom": cell.requests if res.oom else 0}
         return [common | {"length_bucket": bucket, "requests": cell.requests, "error": res.error} | failed]
     rows = []
-    for b in per_bucket(res.samples, res.wall_s, with_all=cell.workload == MIX):
+    buckets = per_bucket(res.samples, res.wall_s, with_all=cell.workload == MIX)
+    for b in buckets:
         first_error = next(
             (
                 s.error
@@ -109,6 +116,9 @@ def _cell_rows(
             | _stats_row(b)
             | {
                 "peak_mem_bytes": res.peak_mem,
+                "cpu_s": res.cpu_s,
+                # CPU time is only known for the whole cell: per-bucket rows of a mix get none
+                "tok_per_cpu_s": _per_cpu(b, res) if b.bucket == ALL or len(buckets) == 1 else None,
                 "cosine_min": cosine_min(g, ref, w, b.bucket),
                 "preemptions": res.counters.get("preemptions"),
                 "error": first_error,
@@ -192,6 +202,7 @@ def group_meta(groups: list[Group]) -> list[dict[str, Any]]:
             "token_budget": g.token_budget,
             "device": g.device,
             "mem_method": g.mem_method,
+            "threads": g.threads,
             "load_s": g.load_s,
             "error": g.error,
         }

@@ -47,6 +47,7 @@ class CellResult:
     samples: list[Sample] = field(default_factory=list)
     wall_s: float = 0.0
     peak_mem: int | None = None
+    cpu_s: float | None = None  # CPU seconds the target used during the cell
     counters: dict[str, int] = field(default_factory=dict)
     error: str | None = None  # why the cell did not run at all
     oom: bool = False
@@ -63,6 +64,7 @@ class Group:
     results: dict[int, CellResult] = field(default_factory=dict)
     device: str = ""
     mem_method: str = "n/a"
+    threads: int | None = None
     load_s: float | None = None
     vectors: dict[str, list[Any]] = field(default_factory=dict)
     interference: dict[str, Any] | None = None
@@ -115,6 +117,7 @@ def _job(cfg: BenchConfig, group: Group, inputs_path: Path, warmup: str) -> dict
         "warmup": warmup,
         "cells": [c.__dict__ for c in group.cells],
         "cosine_sample": cfg.cosine_sample if cfg.scenario == "matrix" else 0,
+        "threads": cfg.threads,
     }
     if cfg.scenario == "interference":
         job["interference"] = {
@@ -139,6 +142,7 @@ def _handle(group: Group, msg: dict[str, Any]) -> bool:
     kind = msg["type"]
     if kind == "opened":
         group.load_s, group.device, group.mem_method = msg["load_s"], msg["device"], msg["mem_method"]
+        group.threads = msg["threads"]
     elif kind == "open_failed":
         group.error, group.oom = msg["error"], bool(msg["oom"])
         return True
@@ -146,7 +150,7 @@ def _handle(group: Group, msg: dict[str, Any]) -> bool:
         group.vectors[msg["key"]] = msg["vectors"]
     elif kind == "cell":
         group.results[msg["id"]] = CellResult(
-            samples_from_json(msg["samples"]), msg["wall_s"], msg["peak_mem"], msg["counters"]
+            samples_from_json(msg["samples"]), msg["wall_s"], msg["peak_mem"], msg["cpu_s"], msg["counters"]
         )
         return True
     elif kind == "interference":

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from embedserve.bench.cputime import CpuTime
 from embedserve.bench.interference import run_interference
 from embedserve.bench.load import closed_loop, describe, is_oom, timed
 from embedserve.bench.memory import PeakMemory
@@ -47,7 +48,7 @@ async def _run_cells(session: Session, job: dict[str, Any], inputs: dict[str, An
         w = inputs[cell["workload"]]
         n = cell["requests"]
         before = session.counters()
-        with PeakMemory(session.device, pid) as mem:
+        with PeakMemory(session.device, pid) as mem, CpuTime(session.device, pid) as cpu:
             samples, wall = await closed_loop(session, w["texts"][:n], w["tokens"][:n], cell["concurrency"])
         counters = {k: v - before.get(k, 0) for k, v in session.counters().items()}
         emit(
@@ -56,6 +57,7 @@ async def _run_cells(session: Session, job: dict[str, Any], inputs: dict[str, An
             wall_s=wall,
             samples=samples_json(samples),
             peak_mem=mem.peak,
+            cpu_s=cpu.seconds,
             counters=counters,
         )
 
@@ -65,6 +67,10 @@ async def run_job(job: dict[str, Any]) -> None:
     with open(job["inputs"], encoding="utf-8") as f:
         inputs: dict[str, Any] = json.load(f)
     pid = spec.int_option("pid")
+    if job.get("threads"):
+        import torch
+
+        torch.set_num_threads(job["threads"])
     t0 = time.perf_counter()
     try:
         session = spec.open(job["token_budget"])
@@ -73,7 +79,13 @@ async def run_job(job: dict[str, Any]) -> None:
         return
     try:
         mem_method = PeakMemory(session.device, pid).method
-        emit("opened", load_s=time.perf_counter() - t0, device=session.device, mem_method=mem_method)
+        emit(
+            "opened",
+            load_s=time.perf_counter() - t0,
+            device=session.device,
+            mem_method=mem_method,
+            threads=_torch_threads(session.device),
+        )
         warm = await _warm_up(session, job["warmup"])
         if warm is not None:
             emit("open_failed", error=f"warm-up request failed: {warm.error}", oom=warm.oom)
@@ -85,6 +97,15 @@ async def run_job(job: dict[str, Any]) -> None:
             emit("interference", **await run_interference(session, inputs, job["interference"], pid))
     finally:
         await session.aclose()
+
+
+def _torch_threads(device: str) -> int | None:
+    """Intra-op threads of this process: what in-process targets compute with."""
+    if device == "remote":
+        return None
+    import torch
+
+    return torch.get_num_threads()
 
 
 async def _warm_up(session: Session, text: str, rounds: int = 3) -> Sample | None:

@@ -1,0 +1,52 @@
+"""CPU seconds a target used during one cell: tokens per CPU-second survive a busy machine.
+
+On a machine shared with other work, wall-clock throughput depends on how much CPU the target
+was given; tokens per CPU-second (user + system) measures the work each input cost instead.
+
+- in-process: this process's CPU time (every thread: event loop, engine loop, batcher);
+- a served target with `pid=`: the server process and its children, read through psutil
+  (children that exit during the cell are not counted);
+- a served target without a pid: unknown (None).
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def _tree_cpu(pid: int) -> float:
+    import psutil
+
+    proc = psutil.Process(pid)
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:  # exited between listing and reading
+            continue
+        total += t.user + t.system
+    return total
+
+
+class CpuTime:
+    """`with CpuTime(device, pid) as c: ...` then `c.seconds` (None when unknown)."""
+
+    def __init__(self, device: str, pid: int | None = None) -> None:
+        self._pid = pid if device == "remote" else None
+        self._known = device != "remote" or bool(pid)
+        self._start = 0.0
+        self.seconds: float | None = None
+
+    def _now(self) -> float:
+        if self._pid:
+            return _tree_cpu(self._pid)
+        return time.process_time()  # every thread, nanosecond clock (os.times ticks at 10 ms)
+
+    def __enter__(self) -> CpuTime:
+        if self._known:
+            self._start = self._now()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._known:
+            self.seconds = self._now() - self._start
