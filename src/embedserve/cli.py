@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     from embedserve.index.cli import register as register_index  # late: it imports this module
 
     register_index(sub)
+    from embedserve.gateway.cli import register as register_gateway
+
+    register_gateway(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""`embedserve gateway`: token-count routing to length pools, online/batch classes, schema guard."""

@@ -1,0 +1,128 @@
+"""FastAPI app of the gateway: the server's API (`/v1/embeddings`, `/v1/models`, health,
+`/metrics`) in front of the pools, with the server's request parsing and error shapes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from embedserve.gateway.config import TRAFFIC_CLASSES
+from embedserve.gateway.service import GatewayService
+from embedserve.server.app import (
+    CLIENT_CLOSED,
+    EMBEDDINGS_PATH,
+    _api_error,
+    _disconnect_waiter,
+    _http_error,
+    _read_body,
+)
+from embedserve.server.protocol import ApiError, parse_request
+from embedserve.server.serving import ClientGone, unless_disconnected
+
+log = logging.getLogger(__name__)
+
+# Traffic class as a header, for clients that cannot add the `priority` body field.
+CLASS_HEADER = "x-embedserve-priority"
+
+
+def create_app(service: GatewayService) -> FastAPI:
+    upstreams = service.upstreams
+    metrics = service.metrics
+    app = FastAPI(title="embedserve gateway")
+    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+
+    @app.get("/health/live")
+    async def live() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        available = upstreams.available()
+        # Ready when every traffic class it routes has at least one pool that can take work.
+        missing = [r.traffic_class for r in service.config.routes if not available.intersection(r.order)]
+        detail = f"no ready pool for {missing}" if missing else "ready"
+        body = {
+            "status": "not_ready" if missing else "ready",
+            "detail": detail,
+            "pools": upstreams.describe(),
+        }
+        return JSONResponse(body, 503 if missing else 200)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [_model_card(service)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        card = _model_card(service)
+        if model_id != card["id"]:
+            raise ApiError(
+                404, f"model {model_id!r} not found; this gateway serves {card['id']!r}", "not_found_error"
+            )
+        return card
+
+    @app.post(EMBEDDINGS_PATH)
+    async def embeddings(request: Request) -> Response:
+        traffic_class = "unknown"
+        try:
+            body = await _read_body(request, service.config.max_body_bytes)
+            req = parse_request(body)
+            traffic_class = _traffic_class(request, req.priority, "priority" in req.model_fields_set)
+            data, headers = await unless_disconnected(
+                service.embed(req, traffic_class), _disconnect_waiter(request)
+            )
+        except ClientGone:
+            metrics.requests.labels(traffic_class, str(CLIENT_CLOSED)).inc()
+            return Response(status_code=CLIENT_CLOSED)
+        except ApiError as e:
+            metrics.requests.labels(traffic_class, str(e.status)).inc()
+            raise
+        except Exception as e:  # a bug of ours: answer it (and count it) rather than drop the connection
+            log.exception("gateway request failed")
+            metrics.requests.labels(traffic_class, "500").inc()
+            raise ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error") from e
+        metrics.requests.labels(traffic_class, "200").inc()
+        return JSONResponse(data, headers=headers)
+
+    return app
+
+
+def _traffic_class(request: Request, body_priority: str, body_set: bool) -> str:
+    header = request.headers.get(CLASS_HEADER)
+    if header is None:
+        return body_priority
+    if header not in TRAFFIC_CLASSES:
+        raise ApiError(400, f"header {CLASS_HEADER}: expected one of {list(TRAFFIC_CLASSES)}, got {header!r}")
+    if body_set and header != body_priority:
+        raise ApiError(
+            400, f"header {CLASS_HEADER}={header!r} contradicts the body's priority={body_priority!r}"
+        )
+    return header
+
+
+def _model_card(service: GatewayService) -> dict[str, Any]:
+    card = service.upstreams.model_card()
+    if card is None:
+        raise ApiError(503, "no upstream is in rotation yet", "service_unavailable", {"Retry-After": "1"})
+    pools = service.upstreams.describe()
+    return {
+        **card,
+        "id": service.model_name,
+        "created": int(time.time()),
+        "owned_by": "embedserve-gateway",
+        # Inputs longer than this follow the request's truncate policy.
+        "max_model_len": max(p["max_tokens"] for p in pools.values()),
+        "embedding_schema": service.upstreams.schema,
+        "pools": pools,
+    }

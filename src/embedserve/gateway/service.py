@@ -1,0 +1,177 @@
+"""One client request through the gateway: count, place, split, forward, reassemble.
+
+    inputs [q0, d1, q2]  --count-->  [20, 9000, 31]  --place-->  short: [0, 2]   long: [1]
+    parts run concurrently; vectors go back to their input positions; usage is summed.
+
+All or nothing: if any part fails, the others are cancelled (their upstream requests are
+closed, which aborts the queued work there) and the client gets the error, never a partial list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from embedserve.errors import InputTooLongError, InvalidInputError
+from embedserve.gateway.config import GatewayConfig
+from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.forward import Forwarder, Part, PartResult
+from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.routing import NoPoolAvailable, group_placements, place_inputs
+from embedserve.gateway.upstreams import UpstreamSet
+from embedserve.server.protocol import ApiError, EmbeddingRequest
+
+log = logging.getLogger(__name__)
+
+POOLS_HEADER = "x-embedserve-pools"
+_METADATA = ("model_version", "dtype", "backend_profile")
+
+
+class GatewayService:
+    def __init__(
+        self, config: GatewayConfig, counter: TokenCounter, upstreams: UpstreamSet, metrics: GatewayMetrics
+    ) -> None:
+        self.config = config
+        self.counter = counter
+        self.upstreams = upstreams
+        self.metrics = metrics
+        self.forwarder = Forwarder(upstreams, metrics, config.balance)
+        self._limits = config.limits()
+
+    @property
+    def model_name(self) -> str | None:
+        card = self.upstreams.model_card()
+        return self.config.served_model_name or (str(card["id"]) if card and "id" in card else None)
+
+    async def embed(self, req: EmbeddingRequest, traffic_class: str) -> tuple[dict[str, Any], dict[str, str]]:
+        start = time.perf_counter()
+        route = self.config.route(traffic_class)
+        if route is None:
+            raise ApiError(400, f"this gateway has no route for traffic class {traffic_class!r}")
+        name = self.model_name
+        if req.model is not None and name is not None and req.model != name:
+            raise ApiError(
+                404, f"model {req.model!r} not found; this gateway serves {name!r}", "not_found_error"
+            )
+        items = req.items
+        if len(items) > self.config.max_inputs_per_request:
+            raise ApiError(
+                400, f"{len(items)} inputs in one request; the limit is {self.config.max_inputs_per_request}"
+            )
+        try:
+            prompt = self.counter.resolve_prompt(req.prompt_name, req.prompt)
+            # Tokenizing a long document takes milliseconds: keep it off the event loop.
+            counts = await asyncio.to_thread(self.counter.count, items, prompt)
+            placements = place_inputs(counts, route, self._limits, self.upstreams.available(), req.truncate)
+        except InputTooLongError as e:
+            self.metrics.rejections.labels(traffic_class, "too_long").inc()
+            raise ApiError(400, str(e)) from None
+        except InvalidInputError as e:
+            raise ApiError(400, str(e)) from None
+        except NoPoolAvailable as e:
+            self.metrics.rejections.labels(traffic_class, "unavailable").inc()
+            retry = str(max(1, round(self.config.health_interval_s)))
+            raise ApiError(503, str(e), "service_unavailable", {"Retry-After": retry}) from None
+        for p in placements:
+            if p.fallback:
+                self.metrics.fallbacks.labels(p.preferred, traffic_class, "unavailable").inc()
+        parts = [
+            Part(cands, idx, sum(counts[i] for i in idx), _payload(req, items, idx, traffic_class))
+            for cands, idx in group_placements(placements)
+        ]
+        try:
+            results = await _all_or_nothing([self.forwarder.run(p, traffic_class) for p in parts])
+        except ApiError as e:
+            if e.status in (429, 503):
+                self.metrics.rejections.labels(traffic_class, "no_capacity").inc()
+            raise
+        body = self._assemble(results, counts, name)
+        total = time.perf_counter() - start
+        upstream = max(r.elapsed for r in results)
+        self.metrics.latency.labels(traffic_class).observe(total)
+        self.metrics.overhead.labels(traffic_class).observe(max(total - upstream, 0.0))
+        return body, _headers(results, upstream, total)
+
+    def _assemble(
+        self, results: Sequence[PartResult], counts: Sequence[int], name: str | None
+    ) -> dict[str, Any]:
+        schemas = {r.body.get("embedding_schema") for r in results}
+        if len(schemas) != 1:
+            # The guard keeps mixed schemas out of rotation; this is the last line of defence.
+            found = {r.pool: r.body.get("embedding_schema") for r in results}
+            raise ApiError(
+                502,
+                f"pools answered with different embedding schemas {found}; refusing to mix them",
+                "server_error",
+            )
+        data: list[dict[str, Any]] = [{} for _ in counts]
+        prompt_tokens = total_tokens = 0
+        for r in results:
+            for item in r.body["data"]:
+                i = r.part.indices[item["index"]]
+                data[i] = {**item, "index": i, "pool": r.pool}
+                if not item.get("truncated") and item.get("num_tokens", counts[i]) != counts[i]:
+                    self.metrics.count_mismatches.labels(r.pool).inc()
+                    log.warning(
+                        "input %d: the gateway counted %d tokens, pool %r counted %s: is the gateway's "
+                        "--model the pools' model?", i, counts[i], r.pool, item.get("num_tokens"),
+                    )  # fmt: skip
+            usage = r.body.get("usage") or {}
+            prompt_tokens += int(usage.get("prompt_tokens", 0))
+            total_tokens += int(usage.get("total_tokens", 0))
+        meta = {key: ",".join(sorted({str(r.body.get(key)) for r in results})) for key in _METADATA}
+        return {
+            "object": "list",
+            "data": data,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": total_tokens},
+            "model": name or str(results[0].body.get("model")),
+            **meta,
+            "embedding_schema": schemas.pop(),
+        }
+
+
+def _payload(
+    req: EmbeddingRequest, items: Sequence[Any], indices: Sequence[int], traffic_class: str
+) -> dict[str, Any]:
+    # The client's options as sent (defaults left to the upstream); `model` is dropped because
+    # each upstream may serve the model under its own name (the schema guard vouches for it).
+    body = req.model_dump(exclude_unset=True, exclude={"model", "input", "priority"})
+    body["input"] = [items[i] for i in indices]
+    body["priority"] = traffic_class
+    return body
+
+
+async def _all_or_nothing(work: Sequence[Awaitable[PartResult]]) -> list[PartResult]:
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((t for t in tasks if t.done() and t.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()  # type: ignore[misc]
+        return [t.result() for t in tasks]
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _headers(results: Sequence[PartResult], upstream: float, total: float) -> dict[str, str]:
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1000:.2f}"
+
+    def slowest(header: str) -> str | None:
+        values = [float(v) for r in results if (v := r.headers.get(header)) is not None]
+        return f"{max(values):.2f}" if values else None
+
+    pools: dict[str, None] = {}
+    for r in sorted(results, key=lambda r: r.part.indices[0]):
+        pools[r.pool] = None
+    out = {POOLS_HEADER: ",".join(pools), "x-upstream-time": ms(upstream), "x-total-time": ms(total)}
+    for header in ("x-queue-time", "x-inference-time"):
+        value = slowest(header)
+        if value is not None:
+            out[header] = value
+    return out

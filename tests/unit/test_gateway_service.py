@@ -1,0 +1,256 @@
+"""Split, forward, fall back and reassemble, against fake upstreams (httpx.MockTransport)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from embedserve.gateway.config import GatewayConfig, parse_config
+from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.service import POOLS_HEADER, GatewayService
+from embedserve.gateway.upstreams import UpstreamSet
+from embedserve.server.protocol import ApiError, EmbeddingRequest
+from tests.helpers.server_process import words
+
+SHORT, LONG, SHORT2 = "http://short:1", "http://long:2", "http://short2:3"
+SCHEMA = "es1-test"
+
+
+class FakeUpstream:
+    """Answers like `embedserve serve`; `status` / `raises` make it refuse or fail."""
+
+    def __init__(self, url: str, schema: str = SCHEMA) -> None:
+        self.url = url
+        self.schema = schema
+        self.status = 200
+        self.retry_after = "1"
+        self.raises: Exception | None = None
+        self.inputs: list[list[str]] = []
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/health/ready":
+            return httpx.Response(200, json={"status": "ready"})
+        if path == "/v1/models":
+            card = {"id": "tiny", "embedding_schema": self.schema, "max_model_len": 4096}
+            return httpx.Response(200, json={"object": "list", "data": [card]})
+        if self.raises is not None:
+            raise self.raises
+        if self.status != 200:
+            body = {"error": {"message": f"status {self.status}"}}
+            return httpx.Response(self.status, json=body, headers={"Retry-After": self.retry_after})
+        texts = json.loads(request.content)["input"]
+        self.inputs.append(texts)
+        data = [
+            # The vector encodes the text and the server, so order and origin are checkable.
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": [len(t), float(self.url[-1])],
+                "num_tokens": len(t.split()) + 1,
+            }
+            for i, t in enumerate(texts)
+        ]
+        n = sum(d["num_tokens"] for d in data)
+        meta = {"model": "tiny", "model_version": "v1", "dtype": "float32", "backend_profile": "cpu-fp32"}
+        return httpx.Response(
+            200,
+            json={
+                "data": data,
+                "usage": {"prompt_tokens": n, "total_tokens": n},
+                "embedding_schema": self.schema,
+                **meta,
+            },
+            headers={"x-queue-time": "1.50", "x-inference-time": "2.00"},
+        )
+
+
+def _config(policy: str = "least_tokens") -> GatewayConfig:
+    return parse_config(
+        {
+            "balance": policy,
+            "pools": {
+                "short": {"max_tokens": 64, "upstreams": [SHORT, SHORT2]},
+                "long": {"max_tokens": 4096, "upstreams": [LONG]},
+            },
+            "routes": [
+                {"class": "online", "order": ["short", "long"]},
+                {"class": "batch", "order": ["long"]},
+            ],
+        }
+    )
+
+
+Run = Callable[..., Any]
+
+
+@pytest.fixture(scope="module")
+def counter(qwen3_dir: Path) -> TokenCounter:
+    return TokenCounter(qwen3_dir)
+
+
+@pytest.fixture
+def gateway(counter: TokenCounter) -> Any:
+    fakes = {u: FakeUpstream(u) for u in (SHORT, SHORT2, LONG)}
+
+    async def start(policy: str = "least_tokens") -> tuple[GatewayService, dict[str, FakeUpstream]]:
+        def route(request: httpx.Request) -> httpx.Response:
+            return fakes[f"{request.url.scheme}://{request.url.host}:{request.url.port}"].answer(request)
+
+        client = httpx.AsyncClient(transport=httpx.MockTransport(route))
+        config = _config(policy)
+        upstreams = UpstreamSet(config, client)
+        await upstreams.start()
+        await upstreams.close()  # no background polling in unit tests: state changes are explicit
+        return GatewayService(config, counter, upstreams, GatewayMetrics(upstreams)), fakes
+
+    return start
+
+
+def _request(*texts: str, **extra: Any) -> EmbeddingRequest:
+    return EmbeddingRequest.model_validate({"input": list(texts), **extra})
+
+
+def _metric(service: GatewayService, name: str, **labels: str) -> float:
+    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_split_across_pools_and_reassembled_in_order(gateway: Run) -> None:
+    async def go() -> None:
+        service, fakes = await gateway()
+        texts = [words(5), words(200), words(7), words(300, seed=1), words(9)]
+        body, headers = await service.embed(_request(*texts), "online")
+        assert [d["embedding"][0] for d in body["data"]] == [len(t) for t in texts]
+        assert [d["index"] for d in body["data"]] == list(range(5))
+        assert [d["pool"] for d in body["data"]] == ["short", "long", "short", "long", "short"]
+        assert body["usage"]["prompt_tokens"] == sum(len(t.split()) + 1 for t in texts)
+        assert body["embedding_schema"] == SCHEMA and body["model"] == "tiny"
+        assert headers[POOLS_HEADER] == "short,long" and headers["x-queue-time"] == "1.50"
+        assert fakes[LONG].inputs == [[texts[1], texts[3]]]
+        assert (
+            _metric(service, "embedserve_gateway_pool_inputs_total", pool="long", traffic_class="online") == 2
+        )
+
+    asyncio.run(go())
+
+
+def test_batch_class_uses_its_own_route(gateway: Run) -> None:
+    async def go() -> None:
+        service, fakes = await gateway()
+        _, headers = await service.embed(_request(words(3)), "batch")
+        assert headers[POOLS_HEADER] == "long" and fakes[SHORT].inputs == fakes[SHORT2].inputs == []
+
+    asyncio.run(go())
+
+
+def test_round_robin_spreads_over_a_pools_upstreams(gateway: Run) -> None:
+    async def go() -> None:
+        service, fakes = await gateway("round_robin")
+        for _ in range(4):
+            await service.embed(_request(words(3)), "online")
+        assert len(fakes[SHORT].inputs) == len(fakes[SHORT2].inputs) == 2
+
+    asyncio.run(go())
+
+
+def test_saturated_pool_falls_back_to_the_next_in_route_order(gateway: Run) -> None:
+    async def go() -> None:
+        service, fakes = await gateway()
+        fakes[SHORT].status = fakes[SHORT2].status = 429
+        body, headers = await service.embed(_request(words(3), words(4)), "online")
+        assert headers[POOLS_HEADER] == "long" and len(body["data"]) == 2
+        labels = {"pool": "short", "traffic_class": "online"}
+        assert _metric(service, "embedserve_gateway_fallbacks_total", reason="rejected", **labels) == 1
+        assert _metric(service, "embedserve_gateway_pool_requests_total", outcome="rejected", **labels) == 2
+
+    asyncio.run(go())
+
+
+def test_everything_saturated_gives_429_with_the_longest_retry_after(gateway: Run) -> None:
+    async def go() -> None:
+        service, fakes = await gateway()
+        for f, wait in ((fakes[SHORT], "3"), (fakes[SHORT2], "2"), (fakes[LONG], "7")):
+            f.status, f.retry_after = 429, wait
+        with pytest.raises(ApiError) as e:
+            await service.embed(_request(words(3)), "online")
+        assert e.value.status == 429 and e.value.headers == {"Retry-After": "7"}
+
+    asyncio.run(go())
+
+
+def test_unreachable_upstream_leaves_rotation_and_traffic_moves_on(gateway: Run) -> None:
+    async def go() -> None:
+        service, fakes = await gateway()
+        fakes[SHORT].raises = fakes[SHORT2].raises = httpx.ConnectError("refused")
+        _, headers = await service.embed(_request(words(3)), "online")
+        assert headers[POOLS_HEADER] == "long"
+        assert service.upstreams.available() == {"long"}
+        # Later requests skip the dead pool at routing time (counted as a fallback too).
+        await service.embed(_request(words(3)), "online")
+        labels = {"pool": "short", "traffic_class": "online"}
+        assert _metric(service, "embedserve_gateway_fallbacks_total", reason="unavailable", **labels) == 1
+        fakes[LONG].raises = httpx.ConnectError("refused")
+        with pytest.raises(ApiError) as e:
+            await service.embed(_request(words(3)), "online")
+        assert e.value.status == 503 and "Retry-After" in e.value.headers
+
+    asyncio.run(go())
+
+
+def test_one_failing_part_fails_the_whole_request(gateway: Run) -> None:
+    async def go() -> None:
+        service, fakes = await gateway()
+        fakes[LONG].status = 422
+        with pytest.raises(ApiError) as e:
+            await service.embed(_request(words(3), words(300)), "online")
+        assert (
+            e.value.status == 422
+            and "pool 'long'" in e.value.message
+            and "request inputs [1]" in e.value.message
+        )
+        fakes[LONG].status = 500
+        with pytest.raises(ApiError) as e:
+            await service.embed(_request(words(300)), "online")
+        assert e.value.status == 502
+
+    asyncio.run(go())
+
+
+def test_parts_with_different_schemas_are_never_mixed(gateway: Run) -> None:
+    async def go() -> None:
+        service, fakes = await gateway()
+        fakes[LONG].schema = "es1-other"  # changed after the guard admitted it
+        with pytest.raises(ApiError, match="different embedding schemas") as e:
+            await service.embed(_request(words(3), words(300)), "online")
+        assert e.value.status == 502
+
+    asyncio.run(go())
+
+
+def test_refusals_before_any_upstream_call(gateway: Run) -> None:
+    async def go() -> None:
+        service, fakes = await gateway()
+        cases = [
+            (_request(words(5000)), 400, "input 0: 5001 tokens exceed the limit of 4096"),
+            (_request(words(3), prompt_name="nope"), 400, "unknown prompt name 'nope'"),
+            (_request(words(3), model="other"), 404, "this gateway serves 'tiny'"),
+            (
+                EmbeddingRequest.model_validate({"input": [[1, 2], [10**9]]}),
+                400,
+                "input 1: token id 1000000000",
+            ),
+        ]
+        for req, status, message in cases:
+            with pytest.raises(ApiError) as e:
+                await service.embed(req, "online")
+            assert (e.value.status, message in e.value.message) == (status, True), e.value.message
+        assert all(not f.inputs for f in fakes.values())
+
+    asyncio.run(go())
