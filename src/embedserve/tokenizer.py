@@ -12,8 +12,10 @@ end token:
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -105,6 +107,52 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
+
+
+def resolve_prompt(
+    prompts: Mapping[str, str], default_name: str | None, prompt_name: str | None, prompt: str | None
+) -> str:
+    """Explicit prompt text, else a named prompt, else the model's default prompt, else none."""
+    if prompt_name is not None and prompt is not None:
+        raise InvalidInputError("pass either prompt_name or prompt, not both")
+    if prompt is not None:
+        return prompt
+    name = prompt_name if prompt_name is not None else default_name
+    if name is None:
+        return ""
+    if name not in prompts:
+        known = ", ".join(sorted(prompts)) or "none"
+        raise InvalidInputError(f"unknown prompt name {name!r}; this model defines: {known}")
+    return prompts[name]
+
+
+def tokenize_inputs(
+    tokenizer: Tokenizer, inputs: str | Sequence[Any], prompt: str, limit: int, truncate: Truncate
+) -> list[Tokenized]:
+    """Tokenize and validate every input (strings or token-id lists); raises naming the first bad one."""
+    items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
+    if len(items) == 0:
+        raise InvalidInputError("inputs is empty: pass at least one string or token list")
+    out: list[Tokenized] = []
+    for i, item in enumerate(items):
+        try:
+            if isinstance(item, str):
+                out.append(tokenizer.encode(item, limit, truncate, prompt))
+            elif isinstance(item, (list, tuple)):
+                if prompt:
+                    raise InvalidInputError(
+                        "a prompt cannot be combined with token-id inputs; include its tokens"
+                    )
+                out.append(tokenizer.check_ids(list(item), limit, truncate))
+            else:
+                raise InvalidInputError(
+                    f"expected a string or a list of token ids, got {type(item).__name__}"
+                )
+        except InputTooLongError as e:
+            raise InputTooLongError(e.num_tokens, e.limit, index=i) from None
+        except InvalidInputError as e:
+            raise InvalidInputError(f"input {i}: {e}") from None
+    return out
 
 
 def _leading_specials(sequence_ids: list[int | None]) -> int:

@@ -55,5 +55,5 @@ def test_bad_inputs_are_named(qwen3_dir: Path) -> None:
         counter.count(["ok", ""], "")
     with pytest.raises(InvalidInputError, match="input 0: a prompt cannot be combined with token-id inputs"):
         counter.count([[1, 2]], "Query:")
-    with pytest.raises(InvalidInputError, match="input is empty"):
+    with pytest.raises(InvalidInputError, match="inputs is empty"):
         counter.count([], "")

@@ -15,9 +15,9 @@ import numpy as np
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop
-from embedserve.errors import InputTooLongError, InvalidInputError
+from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
-from embedserve.tokenizer import Tokenized, Truncate
+from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
 
 Inputs = Sequence[str] | Sequence[Sequence[int]] | str
 
@@ -49,17 +49,7 @@ class Engine:
     # ---- input handling --------------------------------------------------------------------
 
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
-        if prompt_name is not None and prompt is not None:
-            raise InvalidInputError("pass either prompt_name or prompt, not both")
-        if prompt is not None:
-            return prompt
-        name = prompt_name if prompt_name is not None else self.config.default_prompt_name
-        if name is None:
-            return ""
-        if name not in self.config.prompts:
-            known = ", ".join(sorted(self.config.prompts)) or "none"
-            raise InvalidInputError(f"unknown prompt name {name!r}; this model defines: {known}")
-        return self.config.prompts[name]
+        return resolve_prompt(self.config.prompts, self.config.default_prompt_name, prompt_name, prompt)
 
     def check_dimensions(self, dimensions: int | None) -> None:
         hidden = self.config.model.hidden_size
@@ -71,30 +61,7 @@ class Engine:
     def tokenize(self, inputs: Inputs, prompt: str = "", truncate: str = "error") -> list[Tokenized]:
         """Tokenize and validate every input (raises naming the first bad one)."""
         policy = Truncate.parse(truncate)
-        items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
-        if len(items) == 0:
-            raise InvalidInputError("inputs is empty: pass at least one string or token list")
-        limit = self.config.scheduler.max_model_len
-        out: list[Tokenized] = []
-        for i, item in enumerate(items):
-            try:
-                if isinstance(item, str):
-                    out.append(self.tokenizer.encode(item, limit, policy, prompt))
-                elif isinstance(item, (list, tuple)):
-                    if prompt:
-                        raise InvalidInputError(
-                            "a prompt cannot be combined with token-id inputs; include its tokens"
-                        )
-                    out.append(self.tokenizer.check_ids(list(item), limit, policy))
-                else:
-                    raise InvalidInputError(
-                        f"expected a string or a list of token ids, got {type(item).__name__}"
-                    )
-            except InputTooLongError as e:
-                raise InputTooLongError(e.num_tokens, e.limit, index=i) from None
-            except InvalidInputError as e:
-                raise InvalidInputError(f"input {i}: {e}") from None
-        return out
+        return tokenize_inputs(self.tokenizer, inputs, prompt, self.config.scheduler.max_model_len, policy)
 
     def _requests(
         self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str

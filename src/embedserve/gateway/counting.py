@@ -12,9 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from embedserve.errors import InvalidInputError
 from embedserve.models.build import open_model
-from embedserve.tokenizer import Tokenizer, Truncate
+from embedserve.tokenizer import Tokenizer, Truncate, resolve_prompt, tokenize_inputs
 
 # Counting never truncates: the full length decides the pool (and the over-long policy).
 _NO_LIMIT = sys.maxsize
@@ -30,39 +29,12 @@ class TokenCounter:
         self.default_prompt_name = source.default_prompt_name
 
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
-        """The engine's rules (Engine.resolve_prompt): explicit text, else a named prompt,
-        else the model's default prompt name, else none."""
-        if prompt_name is not None and prompt is not None:
-            raise InvalidInputError("pass either prompt_name or prompt, not both")
-        if prompt is not None:
-            return prompt
-        name = prompt_name if prompt_name is not None else self.default_prompt_name
-        if name is None:
-            return ""
-        if name not in self.prompts:
-            known = ", ".join(sorted(self.prompts)) or "none"
-            raise InvalidInputError(f"unknown prompt name {name!r}; this model defines: {known}")
-        return self.prompts[name]
+        """The engine's rules, shared with it (embedserve.tokenizer.resolve_prompt)."""
+        return resolve_prompt(self.prompts, self.default_prompt_name, prompt_name, prompt)
 
     def count(self, items: Sequence[str | list[int]], prompt: str) -> list[int]:
         """Tokens per input (prompt and special tokens included); raises naming the first bad one."""
-        if not items:
-            raise InvalidInputError("input is empty: pass at least one string or token list")
-        counts = []
-        for i, item in enumerate(items):
-            try:
-                if isinstance(item, str):
-                    counts.append(
-                        len(self.tokenizer.encode(item, _NO_LIMIT, Truncate.ERROR, prompt).token_ids)
-                    )
-                elif prompt:
-                    raise InvalidInputError(
-                        "a prompt cannot be combined with token-id inputs; include its tokens"
-                    )
-                else:
-                    counts.append(
-                        len(self.tokenizer.check_ids(list(item), _NO_LIMIT, Truncate.ERROR).token_ids)
-                    )
-            except InvalidInputError as e:
-                raise InvalidInputError(f"input {i}: {e}") from None
-        return counts
+        return [
+            len(t.token_ids)
+            for t in tokenize_inputs(self.tokenizer, items, prompt, _NO_LIMIT, Truncate.ERROR)
+        ]
