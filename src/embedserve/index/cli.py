@@ -7,6 +7,7 @@ from typing import Any
 
 from embedserve.cli import add_engine_options
 from embedserve.index.store import LIVE, PREVIOUS, SHADOW
+from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
 from embedserve.server.cli import positive_int
 
 DEFAULT_STORE = "./embedserve.db"
@@ -26,7 +27,12 @@ def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -
     """--model / --endpoint (with `prefix`: --live-model / --live-endpoint for the old side)."""
     g = p.add_argument_group(f"{who or 'embedder'}")
     if prefix:
-        g.add_argument(f"--{prefix}model", default=None, help=f"local model directory of the {who}")
+        g.add_argument(
+            f"--{prefix}model",
+            default=None,
+            type=model_argument,
+            help=f"local model directory of the {who} (or {DEFAULT_MODEL_NAME}, the bundled default)",
+        )
     g.add_argument(
         f"--{prefix}endpoint",
         default=None,

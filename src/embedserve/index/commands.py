@@ -7,6 +7,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from embedserve.cli import engine_kwargs
@@ -24,15 +25,17 @@ def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
     def opt(name: str) -> Any:
         return getattr(args, (prefix + name).replace("-", "_"), None)
 
-    model, endpoint, name = opt("model"), opt("endpoint"), None
+    from embedserve.models.default import DEFAULT_MODEL_NAME, PACKAGE, default_model_path
+
+    model, endpoint = opt("model"), opt("endpoint")
     if model is not None and endpoint is not None:
         raise StoreError(f"pass --{prefix}model or --{prefix}endpoint, not both")
     if model is None and endpoint is None:
         if prefix:
             raise StoreError(f"the {prefix.rstrip('-')} side needs --{prefix}model or --{prefix}endpoint")
-        from embedserve.models.default import DEFAULT_MODEL_NAME, default_model_path
-
-        model, name = str(default_model_path()), DEFAULT_MODEL_NAME
+        model = str(default_model_path())
+    # The bundled default model's folder is just "model": name it as the server does.
+    name = DEFAULT_MODEL_NAME if model is not None and Path(model).parent.name == PACKAGE else None
     return EmbedderSpec(
         model=model,
         engine_kwargs=engine_kwargs(args),
