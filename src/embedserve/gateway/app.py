@@ -14,13 +14,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.service import GatewayService
-from embedserve.server.app import (
+from embedserve.server.http import (
     CLIENT_CLOSED,
     EMBEDDINGS_PATH,
-    _api_error,
-    _disconnect_waiter,
-    _http_error,
-    _read_body,
+    api_error_handler,
+    disconnect_waiter,
+    http_error_handler,
+    read_body,
 )
 from embedserve.server.protocol import ApiError, parse_request
 from embedserve.server.serving import ClientGone, unless_disconnected
@@ -35,8 +35,8 @@ def create_app(service: GatewayService) -> FastAPI:
     upstreams = service.upstreams
     metrics = service.metrics
     app = FastAPI(title="embedserve gateway")
-    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
-    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ApiError, api_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)  # type: ignore[arg-type]
 
     @app.get("/health/live")
     async def live() -> dict[str, str]:
@@ -76,11 +76,11 @@ def create_app(service: GatewayService) -> FastAPI:
     async def embeddings(request: Request) -> Response:
         traffic_class = "unknown"
         try:
-            body = await _read_body(request, service.config.max_body_bytes)
+            body = await read_body(request, service.config.max_body_bytes)
             req = parse_request(body)
             traffic_class = _traffic_class(request, req.priority, "priority" in req.model_fields_set)
             data, headers = await unless_disconnected(
-                service.embed(req, traffic_class), _disconnect_waiter(request)
+                service.embed(req, traffic_class), disconnect_waiter(request)
             )
         except ClientGone:
             metrics.requests.labels(traffic_class, str(CLIENT_CLOSED)).inc()

@@ -16,16 +16,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from embedserve.server.http import (
+    CLIENT_CLOSED,
+    EMBEDDINGS_PATH,
+    api_error_handler,
+    disconnect_waiter,
+    http_error_handler,
+    read_body,
+)
 from embedserve.server.metrics import ServerMetrics
-from embedserve.server.protocol import ApiError, error_body, parse_request
+from embedserve.server.protocol import ApiError, parse_request
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 from embedserve.server.serving import ClientGone, EmbeddingService
 
 log = logging.getLogger(__name__)
-
-EMBEDDINGS_PATH = "/v1/embeddings"
-# Not a real HTTP status: the nginx convention for "client closed the request", used in metrics.
-CLIENT_CLOSED = 499
 
 
 def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
@@ -48,8 +52,8 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     app = FastAPI(title="embedserve", lifespan=lifespan)
     app.state.runtime = runtime
     app.add_middleware(_CountStatuses, counter=metrics.requests, path=EMBEDDINGS_PATH)
-    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
-    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ApiError, api_error_handler)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)  # type: ignore[arg-type]
     auth = Depends(_bearer_check(settings.api_keys))
 
     @app.get("/health/live")
@@ -81,9 +85,9 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     @app.post(EMBEDDINGS_PATH, dependencies=[auth])
     async def embeddings(request: Request) -> Response:
         service = _service(runtime)
-        body = await _read_body(request, settings.max_body_bytes)
         try:
-            result = await service.embed(parse_request(body), _disconnect_waiter(request))
+            body = await read_body(request, settings.max_body_bytes)
+            result = await service.embed(parse_request(body), disconnect_waiter(request))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
         except ApiError:
@@ -123,29 +127,6 @@ def _model_card(service: EmbeddingService) -> dict[str, Any]:
     }
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    too_big = ApiError(413, f"request body exceeds the limit of {limit} bytes")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    body = bytearray()
-    async for chunk in request.stream():  # counted as it arrives: chunked bodies have no length
-        body += chunk
-        if len(body) > limit:
-            raise too_big
-    return bytes(body)
-
-
-def _disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:
-    async def wait() -> None:
-        # The body is consumed, so the next ASGI message is the disconnect (or none, if the
-        # response goes out first and this waiter is cancelled).
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    return wait
-
-
 def _bearer_check(keys: tuple[str, ...]) -> Callable[[Request], Awaitable[None]]:
     encoded = [k.encode() for k in keys]
 
@@ -165,20 +146,6 @@ def _bearer_check(keys: tuple[str, ...]) -> Callable[[Request], Awaitable[None]]
             )
 
     return check
-
-
-async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), exc.status, headers=exc.headers)
-
-
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """Routing errors (unknown path 404, wrong method 405) in the same error shape."""
-    message = f"{exc.detail}: {request.method} {request.url.path}"
-    return JSONResponse(
-        error_body(message, "invalid_request_error", exc.status_code),
-        exc.status_code,
-        headers=exc.headers,
-    )
 
 
 class _CountStatuses:

@@ -1,0 +1,57 @@
+"""HTTP plumbing shared by the server and the gateway: bodies, disconnects, error shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from embedserve.server.protocol import ApiError, error_body
+from embedserve.server.serving import ClientGone
+
+EMBEDDINGS_PATH = "/v1/embeddings"
+# Not a real HTTP status: the nginx convention for "client closed the request", used in metrics.
+CLIENT_CLOSED = 499
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    too_big = ApiError(413, f"request body exceeds the limit of {limit} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    body = bytearray()
+    try:
+        async for chunk in request.stream():  # counted as it arrives: chunked bodies have no length
+            body += chunk
+            if len(body) > limit:
+                raise too_big
+    except ClientDisconnect:
+        raise ClientGone("client disconnected while sending the body") from None
+    return bytes(body)
+
+
+def disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:
+    async def wait() -> None:
+        # The body is consumed, so the next ASGI message is the disconnect (or none, if the
+        # response goes out first and this waiter is cancelled).
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return wait
+
+
+async def api_error_handler(_: Request, exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), exc.status, headers=exc.headers)
+
+
+async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Routing errors (unknown path 404, wrong method 405) in the same error shape."""
+    message = f"{exc.detail}: {request.method} {request.url.path}"
+    return JSONResponse(
+        error_body(message, "invalid_request_error", exc.status_code),
+        exc.status_code,
+        headers=exc.headers,
+    )
