@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from embedserve.engine.engine import Engine
-from embedserve.server.metadata import ModelMetadata, fingerprint_model_dir
 from embedserve.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # torch loads only when a model runs here, not for endpoints or the store
+    from embedserve.engine.engine import Engine
 
 DOCUMENT_PROMPT, QUERY_PROMPT = "document", "query"
 
@@ -68,6 +69,8 @@ class EngineEmbedder:
     ) -> None:
         engine.check_dimensions(dimensions)
         self.engine = engine
+        from embedserve.server.metadata import ModelMetadata, fingerprint_model_dir
+
         metadata = ModelMetadata.from_engine_config(
             engine.config, name, model_version, fingerprint_model_dir(engine.config.model_path)
         )
@@ -92,6 +95,8 @@ class EngineEmbedder:
         dimensions: int | None = None,
         query_prompt_name: str | None = None,
     ) -> EngineEmbedder:
+        from embedserve.engine.engine import Engine
+
         engine = Engine.from_pretrained(model, **engine_kwargs)
         try:
             return cls(engine, name or Path(model).name, model_version, dimensions, query_prompt_name)
