@@ -9,7 +9,13 @@ import torch
 
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
 from embedserve.worker.attention import AttentionMetadata, SeqSpan, paged_attention
-from embedserve.worker.attention_select import Route, choose_route, select_attention, self_check
+from embedserve.worker.attention_select import (
+    SELF_CHECK_TOLERANCE,
+    Route,
+    choose_route,
+    select_attention,
+    self_check,
+)
 from embedserve.worker.buckets import pad_step_inputs
 from embedserve.worker.cuda_attention import (
     AttentionFn,
@@ -145,12 +151,18 @@ def test_cpu_keeps_the_cpu_route() -> None:
 
 def test_self_check_tells_a_right_route_from_a_wrong_one() -> None:
     cpu = torch.device("cpu")
-    assert self_check(lower_right_attention, cpu, torch.float32) < 1e-4
-    assert self_check(VarlenAttention(reference_varlen), cpu, torch.float32) < 1e-4
+    assert self_check(lower_right_attention, cpu, torch.float32) < 1e-5
+    assert self_check(VarlenAttention(reference_varlen), cpu, torch.float32) < 1e-5
+    assert self_check(VarlenAttention(reference_varlen), cpu, torch.bfloat16) < SELF_CHECK_TOLERANCE
 
     def no_context(q, k, v, cache, meta, scale):  # type: ignore[no-untyped-def]
         # A classic chunking bug: the continuation never reads its cached context.
         alone = [replace(s, start=0, kv_slots=None) for s in meta.seqs]
         return paged_attention(q, k, v, cache, replace(meta, seqs=alone), scale)
 
-    assert self_check(no_context, cpu, torch.float32) > 0.05
+    assert self_check(no_context, cpu, torch.float32) > 0.5
+
+    def scale_off(q, k, v, cache, meta, scale):  # type: ignore[no-untyped-def]
+        return lower_right_attention(q, k, v, cache, meta, scale * 1.05)  # a subtle 5% slip
+
+    assert self_check(scale_off, cpu, torch.bfloat16) > 2 * SELF_CHECK_TOLERANCE

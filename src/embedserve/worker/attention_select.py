@@ -30,7 +30,7 @@ from embedserve.worker.input_batch import build_step_inputs
 
 log = logging.getLogger(__name__)
 
-SELF_CHECK_TOLERANCE = 2e-2  # max |diff| vs the reference route on unit-scale bf16 inputs
+SELF_CHECK_TOLERANCE = 1e-2  # relative error vs float32: bf16 rounding is ~4e-3, a real bug 5e-2 and up
 
 
 class Route(str, enum.Enum):
@@ -102,7 +102,8 @@ def torch_varlen_kernels() -> list[tuple[str, VarlenKernel]]:
 
 
 def self_check(fn: AttentionFn, device: torch.device, dtype: torch.dtype, block_size: int = 16) -> float:
-    """Max |diff| between `fn` and `paged_attention` on a two-sequence step.
+    """max |fn - reference| / max |reference| on a two-sequence step, reference = `paged_attention`
+    in float32 on the same (dtype-rounded) inputs.
 
     Sequence 0 is a first chunk; sequence 1 continues after 50 cached tokens, so both the
     cache write and the bottom-right causal alignment are exercised. 8 query heads over
@@ -126,9 +127,9 @@ def self_check(fn: AttentionFn, device: torch.device, dtype: torch.dtype, block_
     q, k, v = rand(t, heads, d), rand(t, kv_heads, d), rand(t, kv_heads, d)
     cache = rand(2, 8 * block_size, kv_heads, d)
     scale = d**-0.5
-    want = paged_attention(q, k, v, cache.clone(), inputs.meta, scale).float()
+    want = paged_attention(q.float(), k.float(), v.float(), cache.float(), inputs.meta, scale)
     got = fn(q, k, v, cache.clone(), inputs.meta, scale).float()
-    return float((want - got).abs().max())
+    return float((want - got).abs().max() / want.abs().max())
 
 
 def _working_kernel(device: torch.device, dtype: torch.dtype) -> tuple[str, VarlenKernel] | None:
@@ -140,7 +141,7 @@ def _working_kernel(device: torch.device, dtype: torch.dtype) -> tuple[str, Varl
             continue
         if err <= SELF_CHECK_TOLERANCE:
             return name, kernel
-        log.warning("varlen kernel %s is off by %.3g on %s: not used", name, err, device)
+        log.warning("varlen kernel %s is off by %.3g (relative) on %s: not used", name, err, device)
     return None
 
 

@@ -1,0 +1,90 @@
+"""Device facts, the attention route the decoder uses, and the engine under test.
+
+Until the engine calls `select_attention` itself (the one-line hook described in
+docs/gpu.md), the route is installed here where `models/decoder.py` looks attention up.
+The route counts its calls, so the record shows whether the engine really ran it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from typing import Any
+
+import torch
+from models import RandomSource, Shape
+
+import embedserve.models.decoder as decoder
+from embedserve.engine.builder import build_engine
+from embedserve.engine.engine import Engine
+from embedserve.worker.attention import paged_attention
+from embedserve.worker.attention_select import NamedAttention, Route, select_attention
+from embedserve.worker.bucketed_runner import BucketedModelRunner
+from embedserve.worker.buckets import token_buckets
+from embedserve.worker.cuda_attention import lower_right_attention
+
+
+class CountingRoute:
+    def __init__(self, route: NamedAttention) -> None:
+        self.route = route
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> torch.Tensor:  # the AttentionFn arguments, passed through
+        self.calls += 1
+        return self.route(*args)
+
+
+def install_route(choice: str, device: torch.device) -> CountingRoute:
+    if choice == "auto":
+        route = select_attention(device, torch.bfloat16)
+    elif choice == Route.SDPA_LOWER_RIGHT.value:
+        route = NamedAttention(choice, lower_right_attention)
+    else:
+        route = NamedAttention(Route.SDPA_MASK.value, paged_attention)
+    counting = CountingRoute(route)
+    module: Any = decoder  # patched where the decoder looks its attention function up
+    module.paged_attention = counting
+    if hasattr(module, "select_attention"):  # the engine hook landed: answer through it too
+        module.select_attention = lambda *_: counting
+    return counting
+
+
+def device_facts(device: torch.device) -> dict[str, Any]:
+    import transformers
+
+    facts: dict[str, Any] = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        facts.update(
+            gpu=props.name,
+            capability=".".join(map(str, torch.cuda.get_device_capability(device))),
+            memory_gib=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+        )
+    else:
+        facts["gpu"] = "none (CPU smoke run)"
+    return facts
+
+
+def make_engine(args: argparse.Namespace, shape: Shape, device: torch.device, max_len: int) -> Engine:
+    """bf16 engine over the seeded random weights; KV cache from gpu_memory_utilization on CUDA."""
+    memory: dict[str, Any] = (
+        {"gpu_memory_utilization": args.gpu_memory_utilization} if device.type == "cuda" else {}
+    )
+    parts = build_engine(
+        RandomSource.create(shape, args.seed, device, max_len),
+        dtype="bfloat16",
+        device=str(device),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=max_len,
+        **memory,
+    )
+    if args.buckets:
+        buckets = token_buckets(args.max_num_batched_tokens)
+        parts.core.runner = BucketedModelRunner.adopt(parts.core.runner, buckets, args.compile)
+    return Engine(parts)
