@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from embedserve.config import ModelConfig
-from embedserve.worker.attention import AttentionMetadata, paged_attention
+from embedserve.worker.attention import AttentionMetadata
+from embedserve.worker.attention_select import select_attention
 
 
 class RMSNorm(nn.Module):
@@ -82,7 +83,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
         cos, sin = cos_sin
         q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
-        return self.o_proj(paged_attention(q, k, v, kv_cache, meta, self.scale))
+        # The device's attention route (CPU: masked SDPA; CUDA: flash varlen when it checks out).
+        attend = select_attention(q.device, q.dtype)
+        return self.o_proj(attend(q, k, v, kv_cache, meta, self.scale))
 
 
 class MLP(nn.Module):
