@@ -1,8 +1,7 @@
 """Device facts, the attention route the decoder uses, and the engine under test.
 
-Until the engine calls `select_attention` itself (the one-line hook described in
-docs/gpu.md), the route is installed here where `models/decoder.py` looks attention up.
-The route counts its calls, so the record shows whether the engine really ran it.
+The route is installed where `models/decoder.py` looks its attention up (`select_attention`),
+wrapped so it counts its calls: the record shows whether the engine really ran it.
 """
 
 from __future__ import annotations
@@ -43,9 +42,7 @@ def install_route(choice: str, device: torch.device) -> CountingRoute:
         route = NamedAttention(Route.SDPA_MASK.value, paged_attention)
     counting = CountingRoute(route)
     module: Any = decoder  # patched where the decoder looks its attention function up
-    module.paged_attention = counting
-    if hasattr(module, "select_attention"):  # the engine hook landed: answer through it too
-        module.select_attention = lambda *_: counting
+    module.select_attention = lambda *_: counting
     return counting
 
 

@@ -55,9 +55,9 @@ def test_pad_step_inputs() -> None:
 
 @pytest.fixture
 def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AttentionFn:
-    """Install a CUDA route where the decoder calls attention (what the engine hook will do)."""
+    """Install a CUDA route where the decoder picks its attention (as on a GPU)."""
     fn: AttentionFn = request.param
-    monkeypatch.setattr(decoder, "paged_attention", fn)
+    monkeypatch.setattr(decoder, "select_attention", lambda device, dtype: fn)
     return fn
 
 
