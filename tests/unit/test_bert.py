@@ -80,7 +80,7 @@ def test_over_long_input_is_refused_with_the_limit(bert_dir: Path) -> None:
 def test_encoder_options_that_cannot_apply_are_refused(bert_dir: Path) -> None:
     with pytest.raises(ModelLoadError, match="kv_cache_memory does not apply to encoder"):
         Engine.from_pretrained(bert_dir, kv_cache_memory=1 << 20)
-    with pytest.raises(ValueError, match="cannot be chunked"):
+    with pytest.raises(ModelLoadError, match="cannot be chunked"):
         Engine.from_pretrained(bert_dir, max_num_batched_tokens=64)
     with pytest.raises(ModelLoadError, match="exceeds max_position_embeddings"):
         Engine.from_pretrained(bert_dir, max_model_len=513)

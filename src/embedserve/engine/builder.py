@@ -63,12 +63,15 @@ def build_engine(
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device='cuda' requested but no CUDA device is available")
-    sched = SchedulerConfig(
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        allow_chunking=mcfg.is_causal,
-    )
+    try:
+        sched = SchedulerConfig(
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            allow_chunking=mcfg.is_causal,
+        )
+    except ValueError as e:  # e.g. an encoder budget below max_model_len: a configuration error
+        raise ModelLoadError(str(e)) from None
     if gpu_memory_utilization is not None:
         check_utilization(gpu_memory_utilization, dev, kv_cache_memory, mcfg.is_causal)
     if not mcfg.is_causal:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from embedserve.config import ModelConfig
+from embedserve.models.weights import Route, load_fused
 from embedserve.worker.attention import AttentionMetadata
 from embedserve.worker.attention_select import select_attention
 
@@ -157,58 +158,27 @@ class DecoderModel(nn.Module):
 
     # ---- weights ---------------------------------------------------------------------------
 
-    def fused_shard_sizes(self, fused_name: str) -> list[int]:
+    def _shard_sizes(self, param: str) -> list[int] | None:
+        """Row split of a fused parameter (q|k|v or gate|up), None for the others."""
         cfg = self.config
-        if fused_name.endswith("qkv_proj"):
+        if ".qkv_proj." in param:
             q = cfg.num_attention_heads * cfg.head_dim
             kv = cfg.num_key_value_heads * cfg.head_dim
             return [q, kv, kv]
-        return [cfg.intermediate_size, cfg.intermediate_size]
-
-    def _expected_keys(self) -> set[tuple[str, int | None]]:
-        keys: set[tuple[str, int | None]] = set()
-        for name, _ in self.named_parameters():
-            module = name.rsplit(".", 1)[0]
-            if _is_fused(module):
-                keys.update((name, i) for i in range(len(self.fused_shard_sizes(module))))
-            else:
-                keys.add((name, None))
-        return keys
+        if ".gate_up_proj." in param:
+            return [cfg.intermediate_size, cfg.intermediate_size]
+        return None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face tensors in (names with or without a `model.` prefix)."""
-        params = dict(self.named_parameters())
-        loaded: set[tuple[str, int | None]] = set()
-        for raw_name, tensor in weights:
-            name = raw_name.removeprefix("model.")
-            if name.startswith("lm_head.") or name.endswith("rotary_emb.inv_freq"):
-                continue  # generation head and cached RoPE tables are not used
-            target, shard = name, None
-            for hf, (ours, idx) in _FUSED.items():
-                if f".{hf}." in f".{name}":
-                    target, shard = name.replace(hf, ours), idx
-                    break
-            if target not in params:
-                raise KeyError(f"unexpected weight {raw_name!r} for {self.config.architecture}")
-            param = params[target]
-            with torch.no_grad():
-                if shard is None:
-                    _copy(param, tensor, raw_name)
-                else:
-                    sizes = self.fused_shard_sizes(target.rsplit(".", 1)[0])
-                    offset = sum(sizes[:shard])
-                    _copy(param.narrow(0, offset, sizes[shard]), tensor, raw_name)
-            loaded.add((target, shard))
-        missing = sorted(str(k) for k in self._expected_keys() - loaded)
-        if missing:
-            raise KeyError(f"weights missing from the checkpoint: {missing[:5]}")
+        load_fused(self, weights, _route, self._shard_sizes, self.config.architecture)
 
 
-def _is_fused(module: str) -> bool:
-    return module.endswith(("qkv_proj", "gate_up_proj"))
-
-
-def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
-    if tuple(dst.shape) != tuple(src.shape):
-        raise ValueError(f"weight {name!r} has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
-    dst.copy_(src.to(dst.dtype))
+def _route(raw_name: str) -> Route | None:
+    name = raw_name.removeprefix("model.")
+    if name.startswith("lm_head.") or name.endswith("rotary_emb.inv_freq"):
+        return None  # generation head and cached RoPE tables are not used
+    for hf, (ours, idx) in _FUSED.items():
+        if f".{hf}." in f".{name}":
+            return name.replace(hf, ours), idx
+    return name, None
