@@ -58,6 +58,7 @@ def test_failing_cells_and_targets_are_recorded_and_the_run_goes_on(qwen3_dir: P
     code = main([
         "bench", "--target", f"engine:{qwen3_dir}?max_model_len=64&name=short-engine",
         "--target", f"engine:{qwen3_dir}?kv_cache_memory=1&name=broken",
+        "--target", f"hf:{qwen3_dir}?name=hf",
         "--lengths", "40,100", "--concurrency", "2", "--token-budget", "64",
         "--requests", "2", "--out", str(out), "--no-progress", "--cosine-sample", "0",
     ])  # fmt: skip
@@ -71,6 +72,8 @@ def test_failing_cells_and_targets_are_recorded_and_the_run_goes_on(qwen3_dir: P
         broken = rows["broken", length]
         assert broken["errors"] == "2" and "ModelLoadError" in broken["error"]
     assert "ModelLoadError" in (out / "report.md").read_text()
+    for length in ("40", "100"):  # a target after the broken one still ran (no length limit there)
+        assert rows["hf", length]["errors"] == "0" and float(rows["hf", length]["tok_per_s"]) > 0
 
 
 def test_a_worker_killed_mid_run_marks_its_remaining_cells(tmp_path: Path) -> None:

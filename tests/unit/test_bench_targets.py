@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from embedserve.bench.baselines import pool_padded
 from embedserve.bench.http_target import HttpSession
 from embedserve.bench.targets import parse_target
+from embedserve.config import PoolingMethod
 from embedserve.errors import InvalidInputError
 
 
@@ -55,3 +58,13 @@ def test_http_spec_strips_our_options_and_finds_the_route() -> None:
 def test_bad_specs_name_the_problem(tmp_path: Path, spec: str, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         parse_target(spec.format(d=tmp_path))
+
+
+def test_padded_pooling_reads_the_right_rows_for_either_padding_side() -> None:
+    hidden = torch.arange(2 * 4 * 1, dtype=torch.float32).reshape(2, 4, 1)  # [batch, seq, hidden]
+    left = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    assert pool_padded(hidden, left, PoolingMethod.LAST).flatten().tolist() == [3.0, 7.0]
+    assert pool_padded(hidden, right, PoolingMethod.LAST).flatten().tolist() == [1.0, 7.0]
+    assert pool_padded(hidden, left, PoolingMethod.CLS).flatten().tolist() == [2.0, 4.0]
+    assert pool_padded(hidden, right, PoolingMethod.MEAN).flatten().tolist() == [0.5, 5.5]
