@@ -52,6 +52,7 @@ def test_metadata_prompts_and_priorities() -> None:
     assert docs.shape == (2, 4) and docs.dtype == np.float32
     probe, doc, query = seen
     assert doc["prompt_name"] == "document" and doc["priority"] == "batch" and doc["dimensions"] == 4
+    assert doc["truncate"] == "error" and query["truncate"] == "end"
     assert query["prompt_name"] == "query" and query["priority"] == "online"
     assert probe["encoding_format"] == "base64"
 

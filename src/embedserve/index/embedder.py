@@ -23,6 +23,25 @@ DOCUMENT_PROMPT, QUERY_PROMPT = "document", "query"
 
 
 @dataclass(frozen=True)
+class Traffic:
+    """How one kind of input is sent. Documents are batch-class and never truncated (chunks
+    are cut to fit, so a too-long chunk is a bug to surface); queries are online-class and
+    cut at the end when longer than the model's limit (their start still says what is asked)."""
+
+    prompt_name: str | None
+    priority: str
+    truncate: str
+
+    @classmethod
+    def documents(cls, prompt_name: str | None) -> Traffic:
+        return cls(prompt_name, "batch", "error")
+
+    @classmethod
+    def queries(cls, prompt_name: str | None) -> Traffic:
+        return cls(prompt_name, "online", "end")
+
+
+@dataclass(frozen=True)
 class VectorMeta:
     model: str
     model_version: str
@@ -80,10 +99,10 @@ class EngineEmbedder:
         self.tokenizer: Tokenizer | None = engine.tokenizer
         self.max_tokens: int | None = engine.config.scheduler.max_model_len
         prompts = engine.config.prompts
-        self._doc_prompt = pick_prompt(prompts, DOCUMENT_PROMPT, None)
-        self._query_prompt = pick_prompt(prompts, QUERY_PROMPT, query_prompt_name)
+        self._docs = Traffic.documents(pick_prompt(prompts, DOCUMENT_PROMPT, None))
+        self._queries = Traffic.queries(pick_prompt(prompts, QUERY_PROMPT, query_prompt_name))
         # The engine validates a prompt name only when it embeds: fail now, not mid-run.
-        engine.resolve_prompt(self._query_prompt, None)
+        engine.resolve_prompt(self._queries.prompt_name, None)
 
     @classmethod
     def load(
@@ -104,18 +123,22 @@ class EngineEmbedder:
             engine.close()
             raise
 
-    def _embed(self, texts: list[str], prompt_name: str | None, priority: str) -> np.ndarray:
+    def _embed(self, texts: list[str], traffic: Traffic) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         return self.engine.embed(
-            texts, prompt_name=prompt_name, dimensions=self.dimensions, priority=priority, truncate="error"
+            texts,
+            prompt_name=traffic.prompt_name,
+            dimensions=self.dimensions,
+            priority=traffic.priority,
+            truncate=traffic.truncate,
         )
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
-        return self._embed(texts, self._doc_prompt, "batch")
+        return self._embed(texts, self._docs)
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
-        return self._embed(texts, self._query_prompt, "online")
+        return self._embed(texts, self._queries)
 
     def close(self) -> None:
         self.engine.close()

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, VectorMeta, pick_prompt
+from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, Traffic, VectorMeta, pick_prompt
 from embedserve.index.errors import EndpointError
 from embedserve.tokenizer import Tokenizer
 
@@ -56,10 +56,10 @@ class HttpEmbedder:
             card = self._card()
             prompts = card.get("prompt_names", [])
             self.max_tokens: int | None = card.get("max_model_len")
-            self._doc_prompt = pick_prompt(prompts, DOCUMENT_PROMPT, None)
-            self._query_prompt = pick_prompt(prompts, QUERY_PROMPT, query_prompt_name)
+            self._docs = Traffic.documents(pick_prompt(prompts, DOCUMENT_PROMPT, None))
+            self._queries = Traffic.queries(pick_prompt(prompts, QUERY_PROMPT, query_prompt_name))
             # One tiny request tells the schema of vectors embedded with exactly these options.
-            body = self._post(["metadata probe"], self._doc_prompt, "online")
+            body = self._post(["metadata probe"], self._queries)
         except BaseException:
             self._client.close()
             raise
@@ -79,12 +79,17 @@ class HttpEmbedder:
             cards = [c for c in cards if c.get("id") == self._model]
         return cards[0] if cards else {}
 
-    def _post(self, texts: list[str], prompt_name: str | None, priority: str) -> dict[str, Any]:
-        payload: dict[str, Any] = {"input": texts, "encoding_format": "base64", "priority": priority}
+    def _post(self, texts: list[str], traffic: Traffic) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "input": texts,
+            "encoding_format": "base64",
+            "priority": traffic.priority,
+            "truncate": traffic.truncate,
+        }
         for key, value in (
             ("model", self._model),
             ("dimensions", self.dimensions),
-            ("prompt_name", prompt_name),
+            ("prompt_name", traffic.prompt_name),
         ):
             if value is not None:
                 payload[key] = value
@@ -118,18 +123,18 @@ class HttpEmbedder:
         rows = sorted(body["data"], key=lambda d: d["index"])
         return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in rows])
 
-    def _embed(self, texts: list[str], prompt_name: str | None, priority: str) -> np.ndarray:
+    def _embed(self, texts: list[str], traffic: Traffic) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         try:
-            body = self._post(texts, prompt_name, priority)
+            body = self._post(texts, traffic)
         except _TooLarge:
             # More than the server ever queues at once: send it in halves.
             half = len(texts) // 2
             return np.concatenate(
                 [
-                    self._embed(texts[:half], prompt_name, priority),
-                    self._embed(texts[half:], prompt_name, priority),
+                    self._embed(texts[:half], traffic),
+                    self._embed(texts[half:], traffic),
                 ]
             )
         if body["embedding_schema"] != self.meta.embedding_schema:
@@ -140,10 +145,10 @@ class HttpEmbedder:
         return self._vectors(body).astype(np.float32)
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
-        return self._embed(texts, self._doc_prompt, "batch")
+        return self._embed(texts, self._docs)
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
-        return self._embed(texts, self._query_prompt, "online")
+        return self._embed(texts, self._queries)
 
     def close(self) -> None:
         self._client.close()

@@ -30,7 +30,14 @@ _CHUNKS_PER_DOC = 10
 
 def _side(store: Store, embedder: Embedder, role: str) -> dict[str, Any]:
     collection = checked_collection(store, embedder, role)
-    return {"role": role, "collection": collection, "rows": store.count(collection), **embedder.meta.fields()}
+    rows = store.count(collection)
+    return {
+        "role": role,
+        "collection": collection,
+        "rows": rows,
+        "dimension": embedder.dimension,
+        **embedder.meta.fields(),
+    }
 
 
 def _rankings(

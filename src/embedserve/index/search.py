@@ -19,7 +19,8 @@ def checked_collection(store: Store, embedder: Embedder, role: str) -> str:
             f"refusing to search the '{role}' index ({collection})",
             stored,
             embedder.meta.embedding_schema,
-            f"Search with the model that built it, or migrate the store to {embedder.meta.model}.",
+            f"It was built with model {store.model_of(collection)}: query it with that model and the same "
+            "options (version, dimensions), or migrate the store (`embedserve migrate`).",
         )
     return collection
 

@@ -42,7 +42,8 @@ def load_qrels(path: str | Path) -> dict[str, dict[str, int]]:
 
 def _side_line(side: dict[str, Any]) -> str:
     return (
-        f"- **{side['role']}**: collection `{side['collection']}` ({side['rows']} rows) — model "
+        f"- **{side['role']}**: collection `{side['collection']}` ({side['rows']} rows, "
+        f"{side['dimension']}-d) — model "
         f"`{side['model']}` (version `{side['model_version']}`), dtype `{side['dtype']}`, profile "
         f"`{side['backend_profile']}`, schema `{side['embedding_schema']}`"
     )

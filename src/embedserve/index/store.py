@@ -121,6 +121,11 @@ class Store:
             raise StoreError(f"collection {collection} records no embedding_schema: not made by embedserve")
         return str(schema)
 
+    def model_of(self, collection: str) -> str:
+        """The model name recorded when the collection was made ("unknown" if none)."""
+        info = self.client.describe_collection(collection)
+        return str((info.get("properties") or {}).get("model", "unknown"))
+
     def _check_schema(self, collection: str, expected: str) -> None:
         recorded = self.schema_of(collection)
         if recorded != expected:
