@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -44,6 +45,9 @@ class _FakeOpenAI(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": "unknown model"}})
             return
         text = body["input"][0]
+        spent = time.process_time()
+        while time.process_time() - spent < 0.005:  # real CPU work, so the pid's CPU time is visible
+            pass
         vector = [float(len(text) % 7 + 1), 1.0, float(text.count(" ") % 5)]
         data = [{"object": "embedding", "index": 0, "embedding": vector}]
         self._send(200, {"object": "list", "data": data, "model": "fake-model"}, {"x-queue-time": "1.5"})
@@ -75,7 +79,7 @@ def test_http_target_runs_the_matrix(fake_server: str, qwen3_dir: Path, tmp_path
     assert len(fixed) == 1 and fixed[0]["requests"] == "6" and fixed[0]["errors"] == "0"
     assert float(fixed[0]["queue_p50_ms"]) == pytest.approx(1.5)  # from the x-queue-time header
     assert int(fixed[0]["peak_mem_bytes"]) > 0  # the server's RSS, sampled through pid=
-    assert float(fixed[0]["cpu_s"]) >= 0  # and its CPU time (psutil ticks at 10 ms)
+    assert float(fixed[0]["cpu_s"]) >= 0.01  # and its CPU time: 6 requests x 5 ms of work
     mixed_cpu = [r["tok_per_cpu_s"] for r in rows if r["length"] == "mix"]
     assert mixed_cpu[:-1] == ["", ""] and float(mixed_cpu[-1]) > 0  # whole-cell rows only
     mixed = [r for r in rows if r["length"] == "mix"]
@@ -101,8 +105,8 @@ def test_interference_reports_short_queries_idle_and_flooded(qwen3_dir: Path, tm
         idle, flood = by[target, "interference-idle"], by[target, "interference-flood"]
         assert (idle["requests"], flood["requests"], idle["errors"], flood["errors"]) == ("6", "6", "0", "0")
         assert idle["length_bucket"] == "0-1K" and flood["concurrency"] == "2"
-        docs = by[target, "interference-docs"]
-        assert docs["length_bucket"] == "1K-4K" and int(docs["requests"]) >= 1
+        assert by[target, "interference-docs"]["length_bucket"] == "1K-4K"  # present even if 0 finished
+    assert sum(int(by[t, "interference-docs"]["requests"]) for t in ("st", "engine")) >= 1
     data = json.loads((out / "results.json").read_text())
     assert len(data["latencies"]) == 4 and all(len(e["latencies_ms"]) == 6 for e in data["latencies"])
     assert "Interference" in (out / "report.md").read_text()

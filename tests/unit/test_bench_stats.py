@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from embedserve.bench.interference import DOCS, FLOOD, IDLE, interference_stats
 from embedserve.bench.stats import (
     ALL,
     Sample,
@@ -92,3 +93,14 @@ def test_per_bucket_splits_mixed_cells_and_adds_all() -> None:
 def test_samples_survive_the_worker_pipe() -> None:
     samples = [Sample(5, 0.5, None, "x", True), Sample(7, 0.25, 0.125)]
     assert samples_from_json(samples_json(samples)) == samples
+
+
+def test_interference_rows_keep_a_documents_row_when_none_finished() -> None:
+    short = [Sample(32, 0.01, None), Sample(32, 0.02, None)]
+    rows = interference_stats(short, short, [], idle_wall=1.0, flood_wall=2.0, flood_min=8192)
+    assert [(name, b.bucket, b.requests) for name, b in rows] == [
+        (IDLE, "0-1K", 2),
+        (FLOOD, "0-1K", 2),
+        (DOCS, "4K-8K", 0),
+    ]
+    assert rows[-1][1].tok_per_s == 0.0

@@ -14,7 +14,7 @@ from typing import Any
 
 from embedserve.bench.load import Flood, open_loop
 from embedserve.bench.memory import PeakMemory
-from embedserve.bench.stats import BucketStats, Sample, per_bucket, samples_json
+from embedserve.bench.stats import BucketStats, Sample, bucket_of, bucket_stats, per_bucket, samples_json
 from embedserve.bench.targets import Session
 
 IDLE, FLOOD, DOCS = "interference-idle", "interference-flood", "interference-docs"
@@ -49,8 +49,19 @@ async def run_interference(
 
 
 def interference_stats(
-    idle: list[Sample], flood: list[Sample], docs: list[Sample], idle_wall: float, flood_wall: float
+    idle: list[Sample],
+    flood: list[Sample],
+    docs: list[Sample],
+    idle_wall: float,
+    flood_wall: float,
+    flood_min: int,
 ) -> list[tuple[str, BucketStats]]:
-    """(scenario, stats) rows: the short stream idle and under flood, then the documents."""
+    """(scenario, stats) rows: the short stream idle and under flood, then the documents.
+
+    A target that finished no document during the flood still gets a documents row (0 requests):
+    that is a result, not a gap."""
     parts = ((IDLE, idle, idle_wall), (FLOOD, flood, flood_wall), (DOCS, docs, flood_wall))
-    return [(name, b) for name, samples, wall in parts for b in per_bucket(samples, wall, with_all=False)]
+    rows = [(name, b) for name, samples, wall in parts for b in per_bucket(samples, wall, with_all=False)]
+    if not docs:
+        rows.append((DOCS, bucket_stats(bucket_of(flood_min), [], flood_wall)))
+    return rows

@@ -155,6 +155,7 @@ def _interference_rows(g: Group, cfg: BenchConfig) -> list[dict[str, Any]]:
         samples_from_json(i["docs"]),
         i["idle_wall_s"],
         i["flood_wall_s"],
+        cfg.flood_min,
     )
     peaks = {IDLE: i["idle_peak"], FLOOD: i["flood_peak"], DOCS: i["flood_peak"]}
     return [
