@@ -48,6 +48,43 @@ def _causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
     return k_pos <= q_pos  # [q_len, kv_len]
 
 
+def _heads(x: torch.Tensor) -> torch.Tensor:
+    """[n, heads, d] -> [1, heads, n, d], the layout SDPA takes."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+# CPU flash attention that also returns each query's log-sum-exp (an ATen op SDPA itself
+# calls on the CPU); None where this PyTorch build lacks it.
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _prefix_then_self(
+    q: torch.Tensor,
+    k_pre: torch.Tensor,
+    v_pre: torch.Tensor,
+    k_self: torch.Tensor,
+    v_self: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of a chunk over cached context, as two mask-free flash calls.
+
+        keys:    | prefix 0 .. start-1 |  chunk start .. start+n-1 |
+        query i: |   all visible       |  causal (keys <= i)       |
+
+    Each part is exact softmax attention over its keys; their log-sum-exps weigh them back
+    into one softmax over all keys. No [n, start + n] mask is built and flash can skip the
+    chunk's upper triangle. q, k_*, v_*: [1, heads, len, d] (k/v heads already expanded).
+    """
+    assert _FLASH_LSE is not None
+    o_pre, lse_pre = _FLASH_LSE(q, k_pre, v_pre, scale=scale)[:2]  # lse: [1, heads, n] fp32
+    o_self, lse_self = _FLASH_LSE(q, k_self, v_self, is_causal=True, scale=scale)[:2]
+    top = torch.maximum(lse_pre, lse_self)
+    w_pre = torch.exp(lse_pre - top).unsqueeze(-1)
+    w_self = torch.exp(lse_self - top).unsqueeze(-1)
+    merged = (o_pre.float() * w_pre + o_self.float() * w_self) / (w_pre + w_self)
+    return merged.to(q.dtype)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -64,26 +101,44 @@ def paged_attention(
         kv_cache[0].index_copy_(0, meta.slot_mapping, k)
         kv_cache[1].index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
+    groups = q.shape[1] // k.shape[1]
+    split = _FLASH_LSE is not None and q.device.type == "cpu" and meta.causal
     for s in meta.seqs:
         rows = slice(s.q_start, s.q_start + s.q_len)
         if s.kv_slots is None:
-            ks, vs = k[rows], v[rows]
-            mask = None
-            is_causal = meta.causal
+            o = scaled_dot_product_attention(
+                _heads(q[rows]),
+                _heads(k[rows]),
+                _heads(v[rows]),
+                is_causal=meta.causal,
+                scale=scale,
+                enable_gqa=True,
+            )
+        elif split:
+            assert kv_cache is not None, "a chunk with cached context needs the KV cache"
+            pre = s.kv_slots[: s.start]
+            o = _prefix_then_self(
+                _heads(q[rows]),
+                _heads(kv_expand(kv_cache[0].index_select(0, pre), groups)),
+                _heads(kv_expand(kv_cache[1].index_select(0, pre), groups)),
+                _heads(kv_expand(k[rows], groups)),
+                _heads(kv_expand(v[rows], groups)),
+                scale,
+            )
         else:
             assert kv_cache is not None, "a chunk with cached context needs the KV cache"
-            ks = kv_cache[0].index_select(0, s.kv_slots)
-            vs = kv_cache[1].index_select(0, s.kv_slots)
-            mask = _causal_mask(s.q_len, s.kv_len, q.device)
-            is_causal = False
-        o = scaled_dot_product_attention(
-            q[rows].transpose(0, 1).unsqueeze(0),  # [1, heads, q_len, d]
-            ks.transpose(0, 1).unsqueeze(0),  # [1, kv_heads, kv_len, d]
-            vs.transpose(0, 1).unsqueeze(0),
-            attn_mask=mask,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=True,
-        )
+            o = scaled_dot_product_attention(
+                _heads(q[rows]),
+                _heads(kv_cache[0].index_select(0, s.kv_slots)),
+                _heads(kv_cache[1].index_select(0, s.kv_slots)),
+                attn_mask=_causal_mask(s.q_len, s.kv_len, q.device),
+                scale=scale,
+                enable_gqa=True,
+            )
         out[rows] = o.squeeze(0).transpose(0, 1)
     return out.flatten(1)
+
+
+def kv_expand(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[n, kv_heads, d] -> [n, kv_heads * groups, d]: each KV head serves `groups` query heads."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)

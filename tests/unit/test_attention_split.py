@@ -1,0 +1,43 @@
+"""The CPU chunk route (prefix + causal self, merged by log-sum-exp) equals masked attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+from embedserve.worker import attention
+from embedserve.worker.attention import AttentionMetadata, SeqSpan, paged_attention
+
+pytestmark = pytest.mark.skipif(attention._FLASH_LSE is None, reason="no CPU flash op in this torch")
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_split_route_equals_one_masked_softmax(dtype: torch.dtype, tol: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, d, start, n = 8, 2, 16, 45, 13
+    slots = torch.randperm(200, generator=gen)[: start + n]  # scattered cache slots
+    cache = torch.zeros(2, 200, kv_heads, d, dtype=dtype)
+    k_all = torch.randn(start + n, kv_heads, d, generator=gen).to(dtype)
+    v_all = torch.randn(start + n, kv_heads, d, generator=gen).to(dtype)
+    cache[0, slots[:start]] = k_all[:start]
+    cache[1, slots[:start]] = v_all[:start]
+    q = torch.randn(n, heads, d, generator=gen).to(dtype)
+    meta = AttentionMetadata(
+        seqs=[SeqSpan(q_start=0, q_len=n, start=start, kv_slots=slots)], slot_mapping=slots[start:]
+    )
+    got = paged_attention(q, k_all[start:], v_all[start:], cache, meta, scale=0.3)
+    mask = torch.arange(start + n)[None, :] <= torch.arange(start, start + n)[:, None]
+    want = (
+        scaled_dot_product_attention(
+            q.float().transpose(0, 1)[None],
+            k_all.float().repeat_interleave(4, 1).transpose(0, 1)[None],
+            v_all.float().repeat_interleave(4, 1).transpose(0, 1)[None],
+            attn_mask=mask,
+            scale=0.3,
+        )[0]
+        .transpose(0, 1)
+        .flatten(1)
+    )
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
