@@ -13,15 +13,14 @@ from typing import Any
 
 import torch
 
-from embedserve.scheduler.output import SchedulerOutput
 from embedserve.worker.buckets import bucket_for, pad_step_inputs
-from embedserve.worker.input_batch import build_step_inputs
+from embedserve.worker.input_batch import StepInputs
 from embedserve.worker.model_runner import ModelRunner
 
 
 class BucketedModelRunner(ModelRunner):
     buckets: tuple[int, ...]
-    forward: Callable[..., Any]
+    compiled: Callable[..., Any]  # the model, or torch.compile of it
     step_sizes: set[int]  # bucket sizes run so far: one compiled graph set each
 
     @classmethod
@@ -34,7 +33,7 @@ class BucketedModelRunner(ModelRunner):
         new = cls.__new__(cls)
         new.__dict__.update(runner.__dict__)
         new.buckets = tuple(buckets)
-        new.forward = (
+        new.compiled = (
             torch.compile(runner.model, dynamic=False, backend=compile_backend)
             if compile_backend is not None
             else runner.model
@@ -42,20 +41,11 @@ class BucketedModelRunner(ModelRunner):
         new.step_sizes = set()
         return new
 
-    @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
-        inputs = build_step_inputs(
-            out,
-            self.block_size,
-            self.device,
-            causal=self.model.config.is_causal,
-            use_cache=self.kv_caches is not None,
-        )
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
         size = bucket_for(inputs.input_ids.numel(), self.buckets)
         self.step_sizes.add(size)
         padded = pad_step_inputs(inputs, size)
-        hidden = self.forward(
+        # [R, hidden]: output_rows index real rows only
+        return self.compiled(
             padded.input_ids, padded.positions, self.kv_caches, padded.meta, padded.output_rows
-        )  # [R, hidden]: output_rows index real rows only
-        hidden = hidden.float().cpu()
-        return {rid: hidden[off : off + n] for rid, (off, n) in inputs.pooled.items()}
+        )

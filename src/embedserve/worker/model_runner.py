@@ -7,7 +7,7 @@ import torch
 from embedserve.config import ModelConfig
 from embedserve.models.build import EmbeddingModel
 from embedserve.scheduler.output import SchedulerOutput
-from embedserve.worker.input_batch import build_step_inputs
+from embedserve.worker.input_batch import StepInputs, build_step_inputs
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -53,8 +53,9 @@ class ModelRunner:
             causal=self.model.config.is_causal,
             use_cache=self.kv_caches is not None,
         )
-        hidden = self.model(
-            inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.output_rows
-        )  # [R, hidden]
-        hidden = hidden.float().cpu()
+        hidden = self.forward(inputs).float().cpu()  # [R, hidden]
         return {rid: hidden[off : off + n] for rid, (off, n) in inputs.pooled.items()}
+
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """The model on one step's packed inputs -> the pooled rows, [R, hidden]."""
+        return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.output_rows)
