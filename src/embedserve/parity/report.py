@@ -11,7 +11,7 @@ from embedserve.parity.gate import Check
 PASS, FAIL, NONE = "✅ pass", "❌ FAIL", "-"
 
 
-def _f(value: Any, digits: int = 7) -> str:
+def _f(value: Any, digits: int = 8) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else NONE
 
 

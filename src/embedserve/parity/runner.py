@@ -185,7 +185,8 @@ def _run_all(settings: Settings, gate: Gate, ref: Backend, cand: Backend) -> Out
         outcome.report["datasets"][key] = entry
         outcome.checks += checks
         for side in total:
-            total[side].add(Timing(entry["timing"][side]["seconds"], int(entry["timing"][side]["tokens"])))
+            t = entry["timing"][side]
+            total[side].add(Timing(t["seconds"], int(t["tokens"]), int(t["cached_items"])))
     outcome.report["timing"] = {side: t.as_dict() for side, t in total.items()}
     if settings.scenario == "preemption":
         length, seed = settings.scenario_length, settings.scenario_seed
