@@ -66,26 +66,21 @@ def embed_side(
         stored = cache.load(key, len(items))
         if stored is not None:
             return stored, Timing(cached=len(items))
-    vectors, timing = _embed_batches(backend, items, prompt, lengths, limit, desc, progress)
+    effective = [min(n, limit) if limit else n for n in lengths]  # tokens after truncation
+    bar = tqdm(total=sum(effective), unit="tok", unit_scale=True, desc=desc, disable=not progress)
+    with bar:
+        vectors, timing = _embed_batches(backend, items, prompt, effective, bar)
     if cache is not None and key:
         cache.store(key, vectors)
     return vectors, timing
 
 
 def _embed_batches(
-    backend: Backend,
-    items: Sequence[Item],
-    prompt: str,
-    lengths: Sequence[int],
-    limit: int | None,
-    desc: str,
-    progress: bool,
+    backend: Backend, items: Sequence[Item], prompt: str, effective: Sequence[int], bar: tqdm
 ) -> tuple[np.ndarray, Timing]:
-    effective = [min(n, limit) if limit else n for n in lengths]
     order = sorted(range(len(items)), key=lambda i: effective[i])
     rows: list[np.ndarray | None] = [None] * len(items)
     timing = Timing()
-    bar = tqdm(total=sum(effective), unit="tok", unit_scale=True, desc=desc, disable=not progress)
 
     def flush(batch: list[int]) -> None:
         start = time.perf_counter()
@@ -100,17 +95,16 @@ def _embed_batches(
         bar.update(done)
 
     batch: list[int] = []
-    with bar:
-        for i in order:
-            padded = (len(batch) + 1) * effective[i]  # sorted: the newest item is the longest
-            # Bounded padding: mixing 256- and 4096-token inputs would compute mostly padding.
-            uneven = bool(batch) and effective[i] > MAX_PAD_RATIO * effective[batch[0]]
-            if batch and (len(batch) >= backend.batch_items or padded > backend.batch_tokens or uneven):
-                flush(batch)
-                batch = []
-            batch.append(i)
-        if batch:
+    for i in order:
+        padded = (len(batch) + 1) * effective[i]  # sorted: the newest item is the longest
+        # Bounded padding: mixing 256- and 4096-token inputs would compute mostly padding.
+        uneven = bool(batch) and effective[i] > MAX_PAD_RATIO * effective[batch[0]]
+        if batch and (len(batch) >= backend.batch_items or padded > backend.batch_tokens or uneven):
             flush(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        flush(batch)
     dims = {r.shape[0] for r in rows if r is not None}
     if len(dims) != 1:
         raise ParityError(f"{backend.spec}: vectors of different sizes {sorted(dims)} in one run")

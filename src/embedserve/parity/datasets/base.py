@@ -24,6 +24,8 @@ class Dataset:
     info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not self.corpus:
+            raise ParityError(f"dataset {self.name}: no documents to embed")
         for qid, judged in self.qrels.items():
             if qid not in self.queries:
                 raise ParityError(f"dataset {self.name}: qrels name unknown query {qid!r}")
