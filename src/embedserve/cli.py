@@ -27,6 +27,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu", help="cpu or cuda")
     g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per-step token budget")
     g.add_argument("--max-num-seqs", type=int, default=256, help="requests in flight at once")
+    g.add_argument(
+        "--batch-tokens-with-online",
+        type=int,
+        default=None,
+        help="while online requests are queued, batch requests share at most this many tokens "
+        "of a step (default: an eighth of --max-num-batched-tokens)",
+    )
     g.add_argument("--max-model-len", type=int, default=None, help="longest input in tokens")
     g.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache budget in bytes")
     g.add_argument(
@@ -47,6 +54,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "device": args.device,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_num_seqs": args.max_num_seqs,
+        "batch_tokens_with_online": args.batch_tokens_with_online,
         "max_model_len": args.max_model_len,
         "kv_cache_memory": args.kv_cache_memory,
         "gpu_memory_utilization": args.gpu_memory_utilization,

@@ -78,6 +78,14 @@ class SchedulerConfig:
     allow_chunking: bool = True
     # A batch request waiting this many steps is scheduled as if it were online.
     batch_aging_steps: int = 64
+    # While online work is queued, batch requests share at most this many tokens of a step
+    # (None: an eighth of the budget), so the step an online query rides in stays short.
+    batch_tokens_with_online: int | None = None
+
+    @property
+    def batch_cap_with_online(self) -> int:
+        cap = self.batch_tokens_with_online
+        return max(1, self.max_num_batched_tokens // 8) if cap is None else cap
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -86,6 +94,8 @@ class SchedulerConfig:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_model_len < 1:
             raise ValueError("max_model_len must be >= 1")
+        if self.batch_tokens_with_online is not None and self.batch_tokens_with_online < 1:
+            raise ValueError("batch_tokens_with_online must be >= 1")
         if not self.allow_chunking and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "this model cannot be chunked: max_num_batched_tokens "

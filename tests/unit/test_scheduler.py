@@ -145,3 +145,21 @@ def test_abort_frees_blocks() -> None:
     assert s.kv.pool.num_used > 0
     s.abort(r)
     assert s.kv.pool.num_used == 0 and not s.has_work and r.status is RequestStatus.ABORTED
+
+
+def test_batch_shares_only_a_small_part_of_steps_that_carry_online_work() -> None:
+    s = make(max_num_batched_tokens=64, max_model_len=256, batch_tokens_with_online=8)
+    doc = req(1, 200, Priority.BATCH)
+    s.add_request(doc)
+    reqs = {1: doc}
+    out = s.schedule()  # batch alone: the whole budget
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, 64)]
+    complete(s, out, reqs)
+    query = req(2, 5)
+    s.add_request(query)
+    reqs[2] = query
+    out = s.schedule()  # the online query's step: batch capped, so the step stays short
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(2, 5), (1, 8)]
+    complete(s, out, reqs)
+    out = s.schedule()  # online work done: full budget again
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, 64)]

@@ -35,6 +35,7 @@ def build_engine(
     device: str = "cpu",
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 256,
+    batch_tokens_with_online: int | None = None,
     max_model_len: int | None = None,
     kv_cache_memory: int | None = None,
     block_size: int = 16,
@@ -67,6 +68,7 @@ def build_engine(
         sched = SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
+            batch_tokens_with_online=batch_tokens_with_online,
             max_model_len=max_model_len,
             allow_chunking=mcfg.is_causal,
         )

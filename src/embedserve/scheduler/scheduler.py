@@ -3,9 +3,11 @@
 Every request orders by key = (class, arrival): `online` before `batch` (a batch request
 that waited `batch_aging_steps` steps counts as online), then first come, first served.
 Each step walks requests in key order and gives each the largest chunk that the budget and
-the KV cache allow. A request may take blocks from requests with a *larger* key (preemption
-by recompute). The smallest key can take every block and admission guaranteed its prompt
-fits the whole cache, so it always advances: nothing livelocks and nothing starves.
+the KV cache allow; while online work is queued, batch requests share only a small part of
+the step (`batch_tokens_with_online`), so an online query never rides in a long step.
+A request may take blocks from requests with a *larger* key (preemption by recompute).
+The smallest key can take every block and admission guaranteed its prompt fits the whole
+cache, so it always advances: nothing livelocks and nothing starves.
 """
 
 from __future__ import annotations
@@ -77,14 +79,18 @@ class Scheduler:
         chunks: list[ScheduledChunk] = []
         preempted: list[int] = []
         scheduled: set[int] = set()
-        for req in sorted(self.running + self.waiting, key=self._key):
+        candidates = sorted(self.running + self.waiting, key=self._key)
+        online_queued = any(self._key(r)[0] == 0 for r in candidates)
+        batch_left = self.config.batch_cap_with_online if online_queued else budget
+        for req in candidates:
             if budget == 0:
                 break
+            is_batch = self._key(req)[0] == 1
             if req.request_id in preempted:
                 continue  # just lost its blocks to a more urgent request; retry next step
             if req.status is RequestStatus.WAITING and len(self.running) >= self.config.max_num_seqs:
                 continue
-            n = self._fit(req, budget, scheduled)
+            n = self._fit(req, min(budget, batch_left) if is_batch else budget, scheduled)
             if n == 0:
                 continue
             preempted += self._make_room(req, n, scheduled)
@@ -106,6 +112,8 @@ class Scheduler:
             )
             scheduled.add(req.request_id)
             budget -= n
+            if is_batch:
+                batch_left -= n
         return SchedulerOutput(step=self.step_count, chunks=chunks, preempted_ids=preempted)
 
     def _victims(self, req: Request, scheduled: set[int]) -> list[Request]:
