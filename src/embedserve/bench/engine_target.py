@@ -28,7 +28,14 @@ def open_engine(spec: TargetSpec, token_budget: int | None) -> EngineSession:
     if token_budget is None:
         raise ValueError("an engine target needs a token budget")
     kwargs: dict[str, Any] = {
-        k: spec.int_option(k) for k in ("max_num_seqs", "max_model_len", "kv_cache_memory", "block_size")
+        k: spec.int_option(k)
+        for k in (
+            "max_num_seqs",
+            "max_model_len",
+            "kv_cache_memory",
+            "block_size",
+            "batch_tokens_with_online",
+        )
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     for key in ("dtype", "device", "pooling"):

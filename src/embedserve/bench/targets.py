@@ -29,13 +29,22 @@ _OPTIONS: dict[str, set[str]] = {
         "max_model_len",
         "kv_cache_memory",
         "block_size",
+        "batch_tokens_with_online",
         "pooling",
     },
     "sentence-transformers": {"dtype", "device", "batch_size"},
     "hf": {"dtype", "device", "batch_size"},
     "http": {"model", "pid", "priority", "queue_header", "timeout"},
 }
-_INT_OPTIONS = {"max_num_seqs", "max_model_len", "kv_cache_memory", "block_size", "batch_size", "pid"}
+_INT_OPTIONS = {
+    "max_num_seqs",
+    "max_model_len",
+    "kv_cache_memory",
+    "block_size",
+    "batch_tokens_with_online",
+    "batch_size",
+    "pid",
+}
 
 
 @dataclass(frozen=True)
