@@ -33,10 +33,6 @@ class RequestStatus(enum.Enum):
     FAILED = "failed"
     ABORTED = "aborted"
 
-    @property
-    def is_done(self) -> bool:
-        return self in (RequestStatus.FINISHED, RequestStatus.FAILED, RequestStatus.ABORTED)
-
 
 @dataclass(frozen=True)
 class EmbedParams:

@@ -105,9 +105,6 @@ class Tokenizer:
         body = body[:keep] if truncate is Truncate.END else body[len(body) - keep :]
         return Tokenized(token_ids=ids[:lead] + body + ids[len(ids) - trail :], truncated=True)
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=False)
-
 
 def resolve_prompt(
     prompts: Mapping[str, str], default_name: str | None, prompt_name: str | None, prompt: str | None

@@ -26,9 +26,6 @@ class KVCacheManager:
     def block_table(self, request_id: int) -> list[int]:
         return self._tables.get(request_id, [])
 
-    def holds_blocks(self, request_id: int) -> bool:
-        return bool(self._tables.get(request_id))
-
     def num_placeable_tokens(self, request_id: int, num_computed: int) -> int:
         """How many more tokens of this request fit without taking anyone's blocks."""
         held = len(self._tables.get(request_id, []))
