@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from embedserve.worker.gemm_attention import gemm_attention
+
 
 @dataclass(frozen=True)
 class SeqSpan:
@@ -56,6 +58,10 @@ def _heads(x: torch.Tensor) -> torch.Tensor:
 # CPU flash attention that also returns each query's log-sum-exp (an ATen op SDPA itself
 # calls on the CPU); None where this PyTorch build lacks it.
 _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+# bf16 on the CPU: tiled bf16 matmuls beat the flash kernel 1.8-2.8x (worker/gemm_attention.py).
+# Set False to measure or debug with flash instead.
+CPU_BF16_GEMM = True
 
 
 def _prefix_then_self(
@@ -102,9 +108,20 @@ def paged_attention(
         kv_cache[1].index_copy_(0, meta.slot_mapping, v)
     out = torch.empty_like(q)
     groups = q.shape[1] // k.shape[1]
-    split = _FLASH_LSE is not None and q.device.type == "cpu" and meta.causal
+    cpu_causal = q.device.type == "cpu" and meta.causal
+    gemm = cpu_causal and CPU_BF16_GEMM and q.dtype == torch.bfloat16
+    split = cpu_causal and _FLASH_LSE is not None
     for s in meta.seqs:
         rows = slice(s.q_start, s.q_start + s.q_len)
+        if gemm:
+            if s.kv_slots is None:
+                keys, values = k[rows], v[rows]
+            else:  # the cache already holds this chunk's K/V (written above)
+                assert kv_cache is not None, "a chunk with cached context needs the KV cache"
+                keys = kv_cache[0].index_select(0, s.kv_slots)
+                values = kv_cache[1].index_select(0, s.kv_slots)
+            out[rows] = gemm_attention(q[rows], keys, values, scale).view(s.q_len, *q.shape[1:])
+            continue
         if s.kv_slots is None:
             o = scaled_dot_product_attention(
                 _heads(q[rows]),
