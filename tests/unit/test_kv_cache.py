@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from embedserve.kv_cache.block_pool import BlockPool
 from embedserve.kv_cache.manager import KVCacheManager
 
 
@@ -21,3 +22,14 @@ def test_returns_none_and_takes_nothing_when_full() -> None:
     assert kv.pool.num_free == 1 and kv.block_table(2) == []
     assert kv.num_placeable_tokens(2, 0) == 4
     assert kv.num_placeable_tokens(1, 6) == 6  # 2 held blocks + 1 free, 6 tokens in
+
+
+def test_pool_hands_out_most_recently_freed_blocks_first() -> None:
+    """LIFO reuse keeps the touched (resident) part of an untouched cache at peak use."""
+    pool = BlockPool(8)
+    first = pool.take(3)
+    assert first == [0, 1, 2]
+    pool.give_back(first)
+    assert pool.take(2) == [0, 1]  # warm blocks again, not 3 and 4
+    assert pool.take(2) == [2, 3]
+    assert pool.num_free == 4
