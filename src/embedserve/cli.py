@@ -34,6 +34,14 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="while online requests are queued, batch requests share at most this many tokens "
         "of a step (default: an eighth of --max-num-batched-tokens)",
     )
+    g.add_argument(
+        "--layer-major-tokens",
+        type=int,
+        default=None,
+        help="inputs of at least this many tokens run layer-major outside the KV cache, holding "
+        "one layer's K/V instead of all layers' (default on CPU: 8192 or two token budgets; "
+        "0 turns it off)",
+    )
     g.add_argument("--max-model-len", type=int, default=None, help="longest input in tokens")
     g.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache budget in bytes")
     g.add_argument(
@@ -55,6 +63,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "max_num_seqs": args.max_num_seqs,
         "batch_tokens_with_online": args.batch_tokens_with_online,
+        "layer_major_tokens": args.layer_major_tokens,
         "max_model_len": args.max_model_len,
         "kv_cache_memory": args.kv_cache_memory,
         "gpu_memory_utilization": args.gpu_memory_utilization,

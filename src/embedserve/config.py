@@ -81,6 +81,9 @@ class SchedulerConfig:
     # While online work is queued, batch requests share at most this many tokens of a step
     # (None: an eighth of the budget), so the step an online query rides in stays short.
     batch_tokens_with_online: int | None = None
+    # Prompts of at least this many tokens run layer-major outside the KV cache
+    # (engine/layer_major_lane.py); None: every prompt goes through the scheduler.
+    layer_major_tokens: int | None = None
 
     @property
     def batch_cap_with_online(self) -> int:
@@ -96,6 +99,10 @@ class SchedulerConfig:
             raise ValueError("max_model_len must be >= 1")
         if self.batch_tokens_with_online is not None and self.batch_tokens_with_online < 1:
             raise ValueError("batch_tokens_with_online must be >= 1")
+        if self.layer_major_tokens is not None and self.layer_major_tokens < 1:
+            raise ValueError("layer_major_tokens must be >= 1 (0 at the engine option turns it off)")
+        if self.layer_major_tokens is not None and not self.allow_chunking:
+            raise ValueError("layer_major_tokens applies to decoder models only")
         if not self.allow_chunking and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "this model cannot be chunked: max_num_batched_tokens "

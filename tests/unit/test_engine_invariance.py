@@ -71,7 +71,11 @@ def test_long_prompt_among_64_concurrent_survives_preemption(qwen3_dir: Path) ->
         assert engine.stats()["steps"] == 1  # the baseline is one unchunked pass
     # 970 blocks = 15,520 cached tokens: the long document barely fits alone.
     core = build_engine(
-        qwen3_dir, max_num_batched_tokens=2048, max_model_len=16_384, kv_cache_memory=970 * BLOCK_BYTES
+        qwen3_dir,
+        max_num_batched_tokens=2048,
+        max_model_len=16_384,
+        kv_cache_memory=970 * BLOCK_BYTES,
+        layer_major_tokens=0,  # the chunked path under preemption (the lane holds no blocks)
     ).core
     long_req = _request(0, big, Priority.BATCH)
     core.add(long_req)

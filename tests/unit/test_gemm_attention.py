@@ -44,7 +44,7 @@ def test_equals_float64_causal_attention(
     monkeypatch: pytest.MonkeyPatch, heads: int, kv_heads: int, start: int, n: int
 ) -> None:
     # tiles of 16 rows: a 70-row chunk spans five tiles, the last one partial
-    monkeypatch.setattr(gemm_attention, "MAX_TILE_ROWS", 16)
+    monkeypatch.setattr(gemm_attention, "TILE_ROWS", 16)
     q, k, v = _qkv(n, start + n, heads, kv_heads, 16, seed=start + n + heads)
     got = gemm_attention.gemm_attention(q, k, v, scale=0.4)
     want = _reference(q, k, v, 0.4)
@@ -65,8 +65,8 @@ def test_bf16_within_bf16_rounding_of_float64() -> None:
 
 
 def test_tile_rows_bounds_the_score_tile() -> None:
-    assert gemm_attention.tile_rows(16, 4096) == gemm_attention.MAX_TILE_ROWS
-    assert gemm_attention.tile_rows(16, 16384) == 64  # 16 heads x 64 rows x 16K keys = 2^24
+    assert gemm_attention.tile_rows(2, 16384) == gemm_attention.TILE_ROWS
+    assert gemm_attention.tile_rows(8, 16384) == 128  # 8 groups x 128 rows x 16K keys = 2^24
     assert gemm_attention.tile_rows(16, 1 << 22) == gemm_attention.MIN_TILE_ROWS
 
 

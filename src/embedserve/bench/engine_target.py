@@ -35,6 +35,7 @@ def open_engine(spec: TargetSpec, token_budget: int | None) -> EngineSession:
             "kv_cache_memory",
             "block_size",
             "batch_tokens_with_online",
+            "layer_major_tokens",
         )
     }
     kwargs = {k: v for k, v in kwargs.items() if v is not None}

@@ -30,6 +30,7 @@ _OPTIONS: dict[str, set[str]] = {
         "kv_cache_memory",
         "block_size",
         "batch_tokens_with_online",
+        "layer_major_tokens",
         "pooling",
     },
     "sentence-transformers": {"dtype", "device", "batch_size"},
@@ -42,6 +43,7 @@ _INT_OPTIONS = {
     "kv_cache_memory",
     "block_size",
     "batch_tokens_with_online",
+    "layer_major_tokens",
     "batch_size",
     "pid",
 }

@@ -9,9 +9,11 @@ import torch
 
 from embedserve.config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
 from embedserve.engine.core import EngineCore
+from embedserve.engine.layer_major_lane import LayerMajorLane
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager, blocks_for
 from embedserve.models.build import build_model, open_model
+from embedserve.models.decoder import DecoderModel
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.tokenizer import Tokenizer
@@ -19,6 +21,20 @@ from embedserve.worker.gpu_memory import check_utilization, gpu_kv_cache_memory
 from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 
 _DEFAULT_KV_CAP = 4 << 30  # default KV budget cap (bytes) unless one full prompt needs more
+# Decoders on the CPU run prompts of at least this many tokens (and two token budgets)
+# layer-major by default: 8K tokens of KV are 0.9 GB for a 0.6B model in bf16.
+_LAYER_MAJOR_DEFAULT = 8192
+
+
+def _layer_major_tokens(option: int | None, device: torch.device, causal: bool, budget: int) -> int | None:
+    """The lane threshold: explicit (0 = off), else a CPU decoder default; None = no lane."""
+    if option is None:
+        return max(_LAYER_MAJOR_DEFAULT, 2 * budget) if causal and device.type == "cpu" else None
+    if isinstance(option, bool) or not isinstance(option, int) or option < 0:
+        raise ModelLoadError(f"layer_major_tokens must be an integer >= 0 (0 turns it off), got {option!r}")
+    if option and not causal:
+        raise ModelLoadError("layer_major_tokens applies to decoder models only (encoders run inputs whole)")
+    return option or None
 
 
 @dataclass
@@ -36,6 +52,7 @@ def build_engine(
     max_num_batched_tokens: int = 2048,
     max_num_seqs: int = 256,
     batch_tokens_with_online: int | None = None,
+    layer_major_tokens: int | None = None,
     max_model_len: int | None = None,
     kv_cache_memory: int | None = None,
     block_size: int = 16,
@@ -69,6 +86,9 @@ def build_engine(
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             batch_tokens_with_online=batch_tokens_with_online,
+            layer_major_tokens=_layer_major_tokens(
+                layer_major_tokens, dev, mcfg.is_causal, max_num_batched_tokens
+            ),
             max_model_len=max_model_len,
             allow_chunking=mcfg.is_causal,
         )
@@ -86,9 +106,12 @@ def build_engine(
         num_blocks = blocks_for(max_num_batched_tokens, block_size) + max_num_seqs
     else:
         per_block = kv_bytes_per_block(mcfg, block_size, torch_dtype)
+        # the longest prompt the KV cache must hold: longer ones run in the layer-major lane
+        lane_from = sched.layer_major_tokens
+        longest = max_model_len if lane_from is None else min(max_model_len, lane_from - 1)
         if kv_cache_memory is None and gpu_memory_utilization is None:
-            wanted = max(2 * max_model_len, max_num_batched_tokens)
-            floor = blocks_for(max_model_len, block_size) * per_block
+            wanted = max(2 * longest, max_num_batched_tokens)
+            floor = blocks_for(max(longest, 1), block_size) * per_block
             kv_cache_memory = max(min(blocks_for(wanted, block_size) * per_block, _DEFAULT_KV_CAP), floor)
         # With gpu_memory_utilization the cache is sized below, once weights are on the GPU.
         num_blocks = (kv_cache_memory or 0) // per_block
@@ -114,5 +137,11 @@ def build_engine(
     )
     kv = KVCacheManager(num_blocks, block_size)
     runner = ModelRunner(model, num_blocks, block_size, torch_dtype, dev)
-    core = EngineCore(Scheduler(sched, kv), runner)
+    lane = None
+    if sched.layer_major_tokens is not None:
+        assert isinstance(model, DecoderModel)
+        lane = LayerMajorLane(
+            model, sched.layer_major_tokens, max_num_batched_tokens, dev, sched.batch_aging_steps
+        )
+    core = EngineCore(Scheduler(sched, kv), runner, lane)
     return EngineParts(config, core, Tokenizer(files.tokenizer(), mcfg.vocab_size))

@@ -1,4 +1,10 @@
-"""EngineCore: one synchronous step = schedule -> execute -> update. Single-threaded."""
+"""EngineCore: one synchronous step = schedule -> execute -> update. Single-threaded.
+
+Long prompts (at least `layer_major_tokens`) bypass the scheduler and the KV cache: they run
+layer-major in `LayerMajorLane`, which gets a slice of every step (the same token budget,
+counted per layer; only the online share while online work waits and the lane's next prompt
+is batch work).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from embedserve.errors import InternalEngineError
+from embedserve.engine.layer_major_lane import LayerMajorLane
+from embedserve.errors import InternalEngineError, InvalidInputError
 from embedserve.pooling.head import apply_head
 from embedserve.request import Request
 from embedserve.scheduler.scheduler import Scheduler
@@ -26,27 +33,74 @@ class Finished:
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner) -> None:
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, lane: LayerMajorLane | None = None) -> None:
         self.scheduler = scheduler
         self.runner = runner
+        self.lane = lane
         self.requests: dict[int, Request] = {}
         self.num_steps = 0
         self.tokens_computed = 0
 
+    def _in_lane(self, num_tokens: int) -> bool:
+        return self.lane is not None and self.lane.accepts(num_tokens)
+
+    def check_admissible(self, num_tokens: int) -> None:
+        """Raise if a prompt of this length could never run."""
+        if not self._in_lane(num_tokens):
+            self.scheduler.check_admissible(num_tokens)
+        elif num_tokens > self.scheduler.config.max_model_len:  # no KV limit in the lane
+            raise InvalidInputError(
+                f"{num_tokens} tokens exceed max_model_len ({self.scheduler.config.max_model_len})"
+            )
+
     def add(self, req: Request) -> None:
-        self.scheduler.add_request(req)
+        if self.lane is not None and self._in_lane(req.num_prompt_tokens):
+            self.check_admissible(req.num_prompt_tokens)
+            self.lane.add(req)
+        else:
+            self.scheduler.add_request(req)
         self.requests[req.request_id] = req
 
     def abort(self, request_id: int) -> None:
         req = self.requests.pop(request_id, None)
-        if req is not None:
+        if req is not None and not (self.lane is not None and self.lane.drop(request_id)):
             self.scheduler.abort(req)
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or (self.lane is not None and self.lane.has_work)
 
     def step(self) -> list[Finished]:
+        steps = self.num_steps
+        done = self._scheduler_step()
+        if self.lane is not None and self.lane.has_work:
+            done += self._lane_step(self.lane)
+            self.num_steps = steps + 1  # one step, whichever part ran
+        return done
+
+    def _lane_step(self, lane: LayerMajorLane) -> list[Finished]:
+        cfg = self.scheduler.config
+        tokens = cfg.max_num_batched_tokens
+        if self.scheduler.has_online_work() and not lane.next_is_online():
+            tokens = cfg.batch_cap_with_online  # batch work stays a small part of the step
+        req = lane.peek()
+        assert req is not None
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = time.monotonic()
+        try:
+            finished = lane.step(tokens * lane.num_layers)
+        except Exception as e:  # fails this prompt only
+            log.exception("layer-major forward failed for request %d", req.request_id)
+            lane.drop(req.request_id)
+            self.requests.pop(req.request_id, None)
+            return [Finished(req, None, _forward_error(e), time.monotonic())]
+        if not finished:
+            return []
+        self.requests.pop(req.request_id, None)
+        self.tokens_computed += req.num_prompt_tokens
+        return [self._finish(req, time.monotonic())]
+
+    def _scheduler_step(self) -> list[Finished]:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
@@ -71,33 +125,39 @@ class EngineCore:
         end = time.monotonic()
         for req in finished:
             self.requests.pop(req.request_id, None)
-            try:
-                pooled = req.pooling.finish()
-            except InternalEngineError as e:
-                done.append(Finished(req, None, e, end))
-                continue
-            vector = apply_head(pooled, req.params.dimensions, req.params.normalize)
-            done.append(Finished(req, vector, None, end))
+            done.append(self._finish(req, end))
         return done
+
+    @staticmethod
+    def _finish(req: Request, end: float) -> Finished:
+        try:
+            pooled = req.pooling.finish()
+        except InternalEngineError as e:
+            return Finished(req, None, e, end)
+        vector = apply_head(pooled, req.params.dimensions, req.params.normalize)
+        return Finished(req, vector, None, end)
 
     def _fail(self, request_id: int, error: Exception) -> Finished:
         req = self.requests.pop(request_id)
         self.scheduler.fail(req)
-        wrapped = (
-            error
-            if isinstance(error, InternalEngineError)
-            else InternalEngineError(f"forward pass failed: {type(error).__name__}: {error}")
-        )
-        return Finished(req, None, wrapped, time.monotonic())
+        return Finished(req, None, _forward_error(error), time.monotonic())
 
     def stats(self) -> dict[str, int]:
         kv = self.scheduler.kv
-        return {
+        lane = self.lane.stats() if self.lane is not None else {}
+        return lane | {
             "steps": self.num_steps,
             "preemptions": self.scheduler.num_preemptions,
             "kv_blocks_used": kv.pool.num_used,
             "kv_blocks_total": kv.num_blocks,
             "tokens_computed": self.tokens_computed,
-            "num_running": len(self.scheduler.running),
-            "num_waiting": len(self.scheduler.waiting),
+            # both paths: started layer-major inputs count as running
+            "num_running": len(self.scheduler.running) + lane.get("layer_major_started", 0),
+            "num_waiting": len(self.scheduler.waiting) + lane.get("layer_major_waiting", 0),
         }
+
+
+def _forward_error(error: Exception) -> InternalEngineError:
+    if isinstance(error, InternalEngineError):
+        return error
+    return InternalEngineError(f"forward pass failed: {type(error).__name__}: {error}")

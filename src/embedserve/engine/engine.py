@@ -72,9 +72,9 @@ class Engine:
         params = EmbedParams(
             dimensions=dimensions, normalize=pool.normalize if normalize is None else normalize
         )
-        sched = self._loop.core.scheduler
+        core = self._loop.core
         for t in tokenized:
-            sched.check_admissible(len(t.token_ids))
+            core.check_admissible(len(t.token_ids))
         return [
             Request(
                 next(self._ids),

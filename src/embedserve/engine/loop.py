@@ -87,12 +87,13 @@ class EngineLoop:
         try:
             while self._drain(block=not self.core.has_work):
                 self._reap_cancelled()
-                for fin in self.core.step():
+                finished = self.core.step()
+                with self._lock:  # before waking callers: they may read stats right away
+                    self._stats = self.core.stats()
+                for fin in finished:
                     fut = self._futures.pop(fin.request.request_id, None)
                     if fut is not None:
                         _settle(fut, result=fin, error=fin.error)
-                with self._lock:
-                    self._stats = self.core.stats()
         except BaseException as e:  # the loop itself broke: fail everyone, loudly
             log.exception("engine loop died")
             self._error = e

@@ -8,13 +8,14 @@ nothing about pooling: it returns final hidden states for the rows it is asked f
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 from torch import nn
 
 from embedserve.config import ModelConfig
 from embedserve.models.weights import Route, load_fused
-from embedserve.worker.attention import AttentionMetadata
+from embedserve.worker.attention import AttentionMetadata, causal_attention
 from embedserve.worker.attention_select import select_attention
 
 
@@ -68,14 +69,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: torch.Tensor | None,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        # x: [T, hidden]
+    def project(
+        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: [T, hidden] -> q [T, heads, d], k and v [T, kv_heads, d], RoPE applied."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -83,10 +80,32 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # per head, before RoPE (Qwen3)
         cos, sin = cos_sin
-        q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
-        # The device's attention route (CPU: masked SDPA; CUDA: flash varlen when it checks out).
+        return Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: torch.Tensor | None,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        q, k, v = self.project(x, cos_sin)
+        # The device's attention route (CPU: tuned SDPA / bf16 matmuls; CUDA: flash varlen).
         attend = select_attention(q.device, q.dtype)
         return self.o_proj(attend(q, k, v, kv_cache, meta, self.scale))
+
+    def forward_buffered(
+        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """One chunk of a sequence whose earlier keys sit in a contiguous buffer.
+
+        kv: [2, prompt_len, kv_heads, d], positions 0 .. start-1 already filled at this layer;
+        the chunk's own K/V are written at start .. start+T-1 and it attends causally.
+        """
+        q, k, v = self.project(x, cos_sin)
+        end = start + q.shape[0]
+        kv[0, start:end], kv[1, start:end] = k, v
+        return self.o_proj(causal_attention(q, kv[0, :end], kv[1, :end], self.scale))
 
 
 class MLP(nn.Module):
@@ -117,6 +136,12 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_buffered(
+        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        x = x + self.self_attn.forward_buffered(self.input_layernorm(x), cos_sin, kv, start)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -155,6 +180,19 @@ class DecoderModel(nn.Module):
         if output_rows is not None:
             x = x.index_select(0, output_rows)
         return self.norm(x)
+
+    # ---- layer-major execution (worker/layer_major.py) -------------------------------------
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def run_layer(
+        self, index: int, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """Layer `index` on one chunk [start, start+T) of a sequence; see `forward_buffered`."""
+        cos_sin = self.rotary.cos_sin(positions, x.dtype)
+        layer = cast(DecoderLayer, self.layers[index])
+        return layer.forward_buffered(x, cos_sin, kv, start)
 
     # ---- weights ---------------------------------------------------------------------------
 

@@ -94,7 +94,13 @@ def run_preemption(
     assert cache.kv_cache_memory is not None
     per_block = cache.kv_cache_memory // base.stats()["kv_blocks_total"]
     blocks = -(-length // cache.block_size)
-    options = {**candidate.options, "kv_cache_memory": blocks * per_block, "max_num_batched_tokens": budget}
+    # Chunked prefill only: a layer-major input holds no KV blocks, so nothing would preempt it.
+    options = {
+        **candidate.options,
+        "kv_cache_memory": blocks * per_block,
+        "max_num_batched_tokens": budget,
+        "layer_major_tokens": 0,
+    }
     threshold = length - WINDOW_STEPS * budget
     with Engine.from_pretrained(base.config.model_path, **options) as engine:
         kv_blocks = engine.stats()["kv_blocks_total"]

@@ -66,6 +66,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_online_work(self) -> bool:
+        """Any request left that schedules as online (including aged batch requests)."""
+        return any(self._key(r)[0] == 0 for r in self.running + self.waiting)
+
     # ---- one step --------------------------------------------------------------------------
 
     def _key(self, req: Request) -> tuple[int, int]:

@@ -91,6 +91,41 @@ def _prefix_then_self(
     return merged.to(q.dtype)
 
 
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """One sequence's chunk: q [n, heads, d] at positions kv-n .. kv-1; keys, values
+    [kv, kv_heads, d], every key up to the chunk's last position. Returns [n, heads * d].
+    """
+    n, kv = q.shape[0], keys.shape[0]
+    start = kv - n
+    cpu = q.device.type == "cpu"
+    if cpu and q.dtype == torch.bfloat16 and CPU_BF16_GEMM:
+        return gemm_attention(q, keys, values, scale)
+    if start == 0:  # no earlier context: plain causal attention over its own keys
+        o = scaled_dot_product_attention(
+            _heads(q), _heads(keys), _heads(values), is_causal=True, scale=scale, enable_gqa=True
+        )
+    elif cpu and _FLASH_LSE is not None:
+        groups = q.shape[1] // keys.shape[1]
+        o = _prefix_then_self(
+            _heads(q),
+            _heads(kv_expand(keys[:start], groups)),
+            _heads(kv_expand(values[:start], groups)),
+            _heads(kv_expand(keys[start:], groups)),
+            _heads(kv_expand(values[start:], groups)),
+            scale,
+        )
+    else:
+        o = scaled_dot_product_attention(
+            _heads(q),
+            _heads(keys),
+            _heads(values),
+            attn_mask=_causal_mask(n, kv, q.device),
+            scale=scale,
+            enable_gqa=True,
+        )
+    return o.squeeze(0).transpose(0, 1).flatten(1)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -106,54 +141,22 @@ def paged_attention(
     if kv_cache is not None and meta.slot_mapping is not None:
         kv_cache[0].index_copy_(0, meta.slot_mapping, k)
         kv_cache[1].index_copy_(0, meta.slot_mapping, v)
-    out = torch.empty_like(q)
-    groups = q.shape[1] // k.shape[1]
-    cpu_causal = q.device.type == "cpu" and meta.causal
-    gemm = cpu_causal and CPU_BF16_GEMM and q.dtype == torch.bfloat16
-    split = cpu_causal and _FLASH_LSE is not None
+    out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
     for s in meta.seqs:
         rows = slice(s.q_start, s.q_start + s.q_len)
-        if gemm:
-            if s.kv_slots is None:
-                keys, values = k[rows], v[rows]
-            else:  # the cache already holds this chunk's K/V (written above)
-                assert kv_cache is not None, "a chunk with cached context needs the KV cache"
-                keys = kv_cache[0].index_select(0, s.kv_slots)
-                values = kv_cache[1].index_select(0, s.kv_slots)
-            out[rows] = gemm_attention(q[rows], keys, values, scale).view(s.q_len, *q.shape[1:])
-            continue
-        if s.kv_slots is None:
+        if not meta.causal:  # an encoder: whole sequences, every token sees every token
             o = scaled_dot_product_attention(
-                _heads(q[rows]),
-                _heads(k[rows]),
-                _heads(v[rows]),
-                is_causal=meta.causal,
-                scale=scale,
-                enable_gqa=True,
+                _heads(q[rows]), _heads(k[rows]), _heads(v[rows]), scale=scale, enable_gqa=True
             )
-        elif split:
+            out[rows] = o.squeeze(0).transpose(0, 1).flatten(1)
+        elif s.kv_slots is None:
+            out[rows] = causal_attention(q[rows], k[rows], v[rows], scale)
+        else:  # the cache already holds this chunk's K/V (written above) after its context
             assert kv_cache is not None, "a chunk with cached context needs the KV cache"
-            pre = s.kv_slots[: s.start]
-            o = _prefix_then_self(
-                _heads(q[rows]),
-                _heads(kv_expand(kv_cache[0].index_select(0, pre), groups)),
-                _heads(kv_expand(kv_cache[1].index_select(0, pre), groups)),
-                _heads(kv_expand(k[rows], groups)),
-                _heads(kv_expand(v[rows], groups)),
-                scale,
-            )
-        else:
-            assert kv_cache is not None, "a chunk with cached context needs the KV cache"
-            o = scaled_dot_product_attention(
-                _heads(q[rows]),
-                _heads(kv_cache[0].index_select(0, s.kv_slots)),
-                _heads(kv_cache[1].index_select(0, s.kv_slots)),
-                attn_mask=_causal_mask(s.q_len, s.kv_len, q.device),
-                scale=scale,
-                enable_gqa=True,
-            )
-        out[rows] = o.squeeze(0).transpose(0, 1)
-    return out.flatten(1)
+            keys = kv_cache[0].index_select(0, s.kv_slots)
+            values = kv_cache[1].index_select(0, s.kv_slots)
+            out[rows] = causal_attention(q[rows], keys, values, scale)
+    return out
 
 
 def kv_expand(x: torch.Tensor, groups: int) -> torch.Tensor:

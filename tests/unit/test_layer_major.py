@@ -1,0 +1,169 @@
+"""Layer-major prefill of long prompts (engine/layer_major_lane.py) vs the HF reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embedserve import Engine
+from embedserve.config import PoolingMethod
+from embedserve.engine.builder import build_engine
+from embedserve.errors import InternalEngineError, InvalidInputError, ModelLoadError
+from embedserve.models.decoder import DecoderModel
+from embedserve.request import EmbedParams, Priority, Request
+from embedserve.worker.model_runner import kv_bytes_per_block
+from tests.helpers.reference import cosine, hf_embed_ids, random_ids
+
+FP32_MIN_COSINE = 0.99999
+
+
+def _request(rid: int, ids: list[int], priority: Priority = Priority.ONLINE) -> Request:
+    return Request(rid, ids, EmbedParams(normalize=True), PoolingMethod.LAST, priority)
+
+
+def test_long_prompts_match_reference_and_skip_the_kv_cache(qwen3_dir: Path) -> None:
+    seqs = [random_ids(n, seed=n + 3) for n in (5, 99, 100, 700, 3001)]
+    ref = hf_embed_ids(qwen3_dir, seqs)
+    with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=64, layer_major_tokens=100) as engine:
+        got = engine.embed(seqs)
+        stats = engine.stats()
+    assert cosine(got, ref).min() >= FP32_MIN_COSINE
+    assert stats["layer_major_finished"] == 3  # 100, 700 and 3001 tokens; 5 and 99 were chunked
+    assert stats["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize(
+    ("fixture", "pooling", "normalize"), [("qwen2_dir", "mean", True), ("llama_dir", "cls", False)]
+)
+def test_mean_and_cls_pooling_through_the_lane(
+    request: pytest.FixtureRequest, fixture: str, pooling: str, normalize: bool
+) -> None:
+    path: Path = request.getfixturevalue(fixture)
+    seqs = [random_ids(n, seed=5 * n) for n in (40, 1000, 2100)]
+    ref = hf_embed_ids(path, seqs, pooling=pooling, normalize=normalize)
+    with Engine.from_pretrained(path, max_num_batched_tokens=256, layer_major_tokens=1) as engine:
+        got = engine.embed(seqs)
+        assert engine.stats()["layer_major_finished"] == 3
+    assert cosine(got, ref).min() >= FP32_MIN_COSINE
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), np.linalg.norm(ref, axis=1), rtol=1e-4)
+
+
+def test_bf16_lane_matches_fp32_reference(qwen3_dir: Path) -> None:
+    seqs = [random_ids(n, seed=n + 11) for n in (300, 4096)]
+    ref = hf_embed_ids(qwen3_dir, seqs)
+    with Engine.from_pretrained(
+        qwen3_dir, dtype="bfloat16", max_num_batched_tokens=512, layer_major_tokens=1
+    ) as engine:
+        got = engine.embed(seqs)
+    cos = cosine(got, ref)
+    assert 0.999 <= cos.min() < 0.9999999, cos
+
+
+def test_lane_equals_chunked_path_for_the_same_prompts(qwen3_dir: Path) -> None:
+    seqs = [random_ids(n, seed=n) for n in (17, 600, 2048, 2500)]
+    with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=128, layer_major_tokens=0) as engine:
+        chunked = engine.embed(seqs)
+        assert "layer_major_finished" not in engine.stats()  # 0 turns the lane off
+    with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=128, layer_major_tokens=500) as engine:
+        mixed = engine.embed(seqs)
+    np.testing.assert_allclose(mixed, chunked, atol=2e-6)
+
+
+def test_online_prompt_overtakes_a_started_batch_prompt(qwen3_dir: Path) -> None:
+    core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1000).core
+    lane = core.lane
+    assert lane is not None
+    doc, query = _request(0, random_ids(3000, seed=1), Priority.BATCH), _request(1, random_ids(1200, seed=2))
+    core.add(doc)
+    assert core.step() == []
+    assert lane.stats()["layer_major_started"] == 1
+    core.add(query)
+    stats = core.stats()  # what /metrics reports as running and waiting covers the lane too
+    assert (stats["num_running"], stats["num_waiting"], stats["kv_blocks_used"]) == (1, 1, 0)
+    finished: list[int] = []
+    while core.has_work:
+        finished += [f.request.request_id for f in core.step()]
+    assert finished == [1, 0]  # the online prompt ran first; the paused document resumed after
+
+
+def test_batch_prompt_gets_the_online_share_while_online_work_waits(qwen3_dir: Path) -> None:
+    core = build_engine(
+        qwen3_dir, max_num_batched_tokens=256, batch_tokens_with_online=32, layer_major_tokens=1000
+    ).core
+    assert core.lane is not None
+    doc = _request(0, random_ids(2000, seed=3), Priority.BATCH)
+    core.add(doc)
+    core.add(_request(1, random_ids(900, seed=4)))  # online, chunked: 256, 256, 256, 132
+    layers = core.lane.num_layers
+    total = layers * 2000
+    core.step()
+    job = core.lane.started[0]
+    share = 32 * layers  # token-layers while online work waits: a 64-token unit at one layer
+    assert total - job.tokens_left == share
+    core.step()
+    core.step()
+    assert total - job.tokens_left == 3 * share
+    (fin,) = core.step()  # the online prompt's last chunk: the lane's share is full again
+    assert fin.request.request_id == 1 and not core.scheduler.has_work
+    assert total - job.tokens_left == 3 * share + 256 * layers
+
+
+def test_aborted_prompt_frees_the_lane(qwen3_dir: Path) -> None:
+    core = build_engine(qwen3_dir, max_num_batched_tokens=128, layer_major_tokens=500).core
+    core.add(_request(0, random_ids(2000, seed=5)))
+    core.step()
+    core.abort(0)
+    assert not core.has_work and core.stats()["layer_major_started"] == 0
+    core.add(_request(1, random_ids(600, seed=6)))
+    out: list[np.ndarray] = []
+    while core.has_work:
+        out += [f.vector.numpy() for f in core.step() if f.vector is not None]
+    ref = hf_embed_ids(qwen3_dir, [random_ids(600, seed=6)])
+    assert cosine(np.stack(out), ref).min() >= FP32_MIN_COSINE
+
+
+def test_failed_forward_fails_that_prompt_only(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=128, layer_major_tokens=500) as engine:
+        real = DecoderModel.run_layer
+
+        def broken(self: DecoderModel, index: int, x: torch.Tensor, *args: object) -> torch.Tensor:
+            if x.shape[0] == 128 and index == 1:
+                raise RuntimeError("simulated kernel failure")
+            return real(self, index, x, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(DecoderModel, "run_layer", broken)
+        with pytest.raises(InternalEngineError, match="simulated kernel failure"):
+            engine.embed([random_ids(1000, seed=7)])
+        monkeypatch.setattr(DecoderModel, "run_layer", real)
+        got = engine.embed([random_ids(700, seed=8), random_ids(20, seed=9)])
+        assert engine.stats()["layer_major_started"] == 0
+    ref = hf_embed_ids(qwen3_dir, [random_ids(700, seed=8), random_ids(20, seed=9)])
+    assert cosine(got, ref).min() >= FP32_MIN_COSINE
+
+
+def test_lane_prompts_need_no_kv_room_but_respect_max_model_len(qwen3_dir: Path) -> None:
+    block_bytes = kv_bytes_per_block(build_engine(qwen3_dir).config.model, 16, torch.float32)
+    with Engine.from_pretrained(
+        qwen3_dir, max_model_len=3000, kv_cache_memory=40 * block_bytes, layer_major_tokens=1000
+    ) as engine:
+        with pytest.raises(InvalidInputError, match="exceed the whole KV cache"):
+            engine.embed([random_ids(900, seed=1)])  # chunked path: 900 tokens > 640 cached
+        got = engine.embed([random_ids(2900, seed=2)])  # lane: no KV blocks at all
+        with pytest.raises(InvalidInputError, match="3001 tokens exceed the limit of 3000"):
+            engine.embed([random_ids(3001, seed=3)])
+    assert cosine(got, hf_embed_ids(qwen3_dir, [random_ids(2900, seed=2)]))[0] >= FP32_MIN_COSINE
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "8192"])
+def test_bad_threshold_is_refused(qwen3_dir: Path, bad: object) -> None:
+    with pytest.raises(ModelLoadError, match="layer_major_tokens must be an integer"):
+        build_engine(qwen3_dir, layer_major_tokens=bad)  # type: ignore[arg-type]
+
+
+def test_default_threshold_on_cpu(qwen3_dir: Path) -> None:
+    assert build_engine(qwen3_dir).config.scheduler.layer_major_tokens == 8192
+    big = build_engine(qwen3_dir, max_num_batched_tokens=8192).config.scheduler
+    assert big.layer_major_tokens == 16384  # never below two token budgets
