@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from embedserve.config import ModelConfig
+from embedserve.models.linear import Linear
 from embedserve.models.weights import Route, load_fused
 from embedserve.worker.attention import AttentionMetadata, paged_attention
 
@@ -42,11 +43,11 @@ class EncoderLayer(nn.Module):
         self.num_heads = cfg.num_attention_heads
         self.head_dim = cfg.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(hidden, 3 * hidden)  # fused query | key | value
-        self.attn_out = nn.Linear(hidden, hidden)
+        self.qkv = Linear(hidden, 3 * hidden)  # fused query | key | value
+        self.attn_out = Linear(hidden, hidden)
         self.attn_norm = nn.LayerNorm(hidden, eps=cfg.layer_norm_eps)
-        self.ffn_in = nn.Linear(hidden, cfg.intermediate_size)
-        self.ffn_out = nn.Linear(cfg.intermediate_size, hidden)
+        self.ffn_in = Linear(hidden, cfg.intermediate_size)
+        self.ffn_out = Linear(cfg.intermediate_size, hidden)
         self.ffn_norm = nn.LayerNorm(hidden, eps=cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
