@@ -2,8 +2,9 @@
 
     .venv/bin/python benchmarks/gflops.py --model /tmp/embedserve-bench-models/q06 --length 4096
 
-Peak: torch's linear (MKL sgemm for fp32, oneDNN for bf16) on the model's own projection shapes
-at 2,048 rows, the best of three. Engine: one input of --length tokens, timed after a warm-up,
+Peak: the best of torch's `F.linear` (MKL sgemm for fp32, oneDNN for bf16) and the engine's
+`Linear` (oneDNN for fp32 too) on the model's own projection shapes at 2,048 rows, best of three.
+Engine: one input of --length tokens, timed after a warm-up,
 counting 2 FLOPs per weight per token for every projection plus causal attention
 (QK^T and PV: 4 * heads * head_dim FLOPs per visible key, (L+1)/2 keys per token on average).
 The LM head and the embedding lookup are not FLOPs (pooling reads hidden states).
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from embedserve import Engine
+from embedserve.models.linear import Linear
 
 
 def model_flops_per_token(cfg: dict[str, int], length: int) -> float:
@@ -46,13 +48,16 @@ def matmul_peak(cfg: dict[str, int], dtype: torch.dtype, rows: int = 2048) -> fl
     ]
     best = 0.0
     for k, n in shapes:
-        x, w = torch.randn(rows, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
-        torch.nn.functional.linear(x, w)
-        for _ in range(3):
-            t = time.perf_counter()
+        x = torch.randn(rows, k, dtype=dtype)
+        layer = Linear(k, n, bias=False).to(dtype)
+        weight = layer.weight
+        for fn in (layer, lambda x, w=weight: torch.nn.functional.linear(x, w)):
+            fn(x)
             for _ in range(3):
-                torch.nn.functional.linear(x, w)
-            best = max(best, 3 * 2 * rows * k * n / (time.perf_counter() - t) / 1e9)
+                t = time.perf_counter()
+                for _ in range(3):
+                    fn(x)
+                best = max(best, 3 * 2 * rows * k * n / (time.perf_counter() - t) / 1e9)
     return best
 
 
