@@ -72,16 +72,19 @@ class EngineCore:
 
     def step(self) -> list[Finished]:
         steps = self.num_steps
+        # Decided before the scheduler's part runs: an online request finished by it is still
+        # answered only after the whole step, so the lane must stay small in that step too.
+        online = self.scheduler.has_online_work()
         done = self._scheduler_step()
         if self.lane is not None and self.lane.has_work:
-            done += self._lane_step(self.lane)
+            done += self._lane_step(self.lane, online)
             self.num_steps = steps + 1  # one step, whichever part ran
         return done
 
-    def _lane_step(self, lane: LayerMajorLane) -> list[Finished]:
+    def _lane_step(self, lane: LayerMajorLane, online_waiting: bool) -> list[Finished]:
         cfg = self.scheduler.config
         tokens = cfg.max_num_batched_tokens
-        if self.scheduler.has_online_work() and not lane.next_is_online():
+        if online_waiting and not lane.next_is_online():
             tokens = cfg.batch_cap_with_online  # batch work stays a small part of the step
         req = lane.peek()
         assert req is not None
