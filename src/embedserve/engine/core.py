@@ -1,9 +1,10 @@
 """EngineCore: one synchronous step = schedule -> execute -> update. Single-threaded.
 
 Long prompts (at least `layer_major_tokens`) bypass the scheduler and the KV cache: they run
-layer-major in `LayerMajorLane`, which gets a slice of every step (the same token budget,
+layer-major in `LayerMajorLane`, which gets a slice of every step: the same token budget
 counted per layer; only the online share while online work waits and the lane's next prompt
-is batch work).
+is batch work; one (layer, chunk) unit when the scheduler has nothing, so a request arriving
+then waits for one layer of one chunk.
 """
 
 from __future__ import annotations
@@ -75,23 +76,28 @@ class EngineCore:
         # Decided before the scheduler's part runs: an online request finished by it is still
         # answered only after the whole step, so the lane must stay small in that step too.
         online = self.scheduler.has_online_work()
+        alone = not self.scheduler.has_work
         done = self._scheduler_step()
         if self.lane is not None and self.lane.has_work:
-            done += self._lane_step(self.lane, online)
+            done += self._lane_step(self.lane, online, alone)
             self.num_steps = steps + 1  # one step, whichever part ran
         return done
 
-    def _lane_step(self, lane: LayerMajorLane, online_waiting: bool) -> list[Finished]:
+    def _lane_step(self, lane: LayerMajorLane, online_waiting: bool, alone: bool) -> list[Finished]:
         cfg = self.scheduler.config
-        tokens = cfg.max_num_batched_tokens
-        if online_waiting and not lane.next_is_online():
-            tokens = cfg.batch_cap_with_online  # batch work stays a small part of the step
+        token_layers = cfg.max_num_batched_tokens * lane.num_layers
+        if alone:
+            # Nothing else to batch with: one (layer, chunk) unit per step, so a request that
+            # arrives meanwhile waits for one layer of one chunk, not for all layers of it.
+            token_layers = lane.chunk
+        elif online_waiting and not lane.next_is_online():
+            token_layers = cfg.batch_cap_with_online * lane.num_layers  # a small part of the step
         req = lane.peek()
         assert req is not None
         if req.first_scheduled_time is None:
             req.first_scheduled_time = time.monotonic()
         try:
-            finished = lane.step(tokens * lane.num_layers)
+            finished = lane.step(token_layers)
         except Exception as e:  # fails this prompt only
             log.exception("layer-major forward failed for request %d", req.request_id)
             lane.drop(req.request_id)
