@@ -68,3 +68,15 @@ def test_padded_pooling_reads_the_right_rows_for_either_padding_side() -> None:
     assert pool_padded(hidden, right, PoolingMethod.LAST).flatten().tolist() == [1.0, 7.0]
     assert pool_padded(hidden, left, PoolingMethod.CLS).flatten().tolist() == [2.0, 4.0]
     assert pool_padded(hidden, right, PoolingMethod.MEAN).flatten().tolist() == [0.5, 5.5]
+
+
+def test_engine_target_opens_with_every_option_typed(qwen3_dir: Path) -> None:
+    spec = parse_target(f"engine:{qwen3_dir}?dtype=bfloat16&max_num_seqs=3&layer_major_tokens=0&name=e")
+    assert spec.typed_options() == {"dtype": "bfloat16", "max_num_seqs": 3, "layer_major_tokens": 0}
+    session = spec.open(token_budget=128)
+    cfg = session.engine.config  # type: ignore[attr-defined]
+    try:
+        assert (cfg.dtype, cfg.scheduler.max_num_seqs) == (torch.bfloat16, 3)
+        assert (cfg.scheduler.max_num_batched_tokens, cfg.scheduler.layer_major_tokens) == (128, None)
+    finally:
+        session.engine.close()  # type: ignore[attr-defined]

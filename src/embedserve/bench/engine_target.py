@@ -27,19 +27,6 @@ class EngineSession:
 def open_engine(spec: TargetSpec, token_budget: int | None) -> EngineSession:
     if token_budget is None:
         raise ValueError("an engine target needs a token budget")
-    kwargs: dict[str, Any] = {
-        k: spec.int_option(k)
-        for k in (
-            "max_num_seqs",
-            "max_model_len",
-            "kv_cache_memory",
-            "block_size",
-            "batch_tokens_with_online",
-            "layer_major_tokens",
-        )
-    }
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    for key in ("dtype", "device", "pooling"):
-        if key in spec.options:
-            kwargs[key] = spec.options[key]
+    # parse_target admits only Engine.from_pretrained options for an engine target
+    kwargs: dict[str, Any] = spec.typed_options()
     return EngineSession(Engine.from_pretrained(spec.location, max_num_batched_tokens=token_budget, **kwargs))

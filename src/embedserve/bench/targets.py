@@ -86,6 +86,10 @@ class TargetSpec:
     def int_option(self, key: str, default: int | None = None) -> int | None:
         return int(self.options[key]) if key in self.options else default
 
+    def typed_options(self) -> dict[str, str | int]:
+        """Every option given, integer ones as int (`parse_target` validated both)."""
+        return {k: int(v) if k in _INT_OPTIONS else v for k, v in self.options.items()}
+
     def open(self, token_budget: int | None) -> Session:
         opener = _openers()[self.kind]
         return opener(self, token_budget)
