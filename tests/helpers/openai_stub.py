@@ -22,6 +22,7 @@ class StubState:
     refusals: list[int] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every embeddings reply
 
 
 def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
@@ -65,7 +66,7 @@ def _handler(state: StubState) -> type[BaseHTTPRequestHandler]:
             data.reverse()  # clients must order by `index`, not by position
             usage = {"prompt_tokens": len(vectors), "total_tokens": len(vectors)}
             reply = {"object": "list", "data": data, "model": state.model, "usage": usage}
-            self._reply(200, {**reply, **state.metadata})
+            self._reply(200, {**reply, **state.metadata}, state.headers)
 
     return Handler
 

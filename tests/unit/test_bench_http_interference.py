@@ -5,66 +5,38 @@ from __future__ import annotations
 import csv
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
 from embedserve.cli import main
+from tests.helpers.openai_stub import StubState, serve_stub
 
 
-class _FakeOpenAI(BaseHTTPRequestHandler):
-    """GET /v1/models and POST /v1/embeddings in the OpenAI shape; vectors depend on the text."""
-
-    bodies: ClassVar[list[dict[str, object]]] = []
-
-    def log_message(self, *args: object) -> None:  # keep pytest output clean
+def _embed_with_cpu_work(texts: list[str]) -> list[list[float]]:
+    """Vectors that depend on the text, after 5 ms of real CPU work (so the pid's CPU time shows)."""
+    spent = time.process_time()
+    while time.process_time() - spent < 0.005:
         pass
-
-    def _send(self, code: int, payload: dict[str, object], headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._send(200, {"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        type(self).bodies.append(body)
-        if body.get("model") != "fake-model":
-            self._send(404, {"error": {"message": "unknown model"}})
-            return
-        text = body["input"][0]
-        spent = time.process_time()
-        while time.process_time() - spent < 0.005:  # real CPU work, so the pid's CPU time is visible
-            pass
-        vector = [float(len(text) % 7 + 1), 1.0, float(text.count(" ") % 5)]
-        data = [{"object": "embedding", "index": 0, "embedding": vector}]
-        self._send(200, {"object": "list", "data": data, "model": "fake-model"}, {"x-queue-time": "1.5"})
+    return [[float(len(t) % 7 + 1), 1.0, float(t.count(" ") % 5)] for t in texts]
 
 
 @pytest.fixture
-def fake_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _FakeOpenAI.bodies = []
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+def fake_state() -> StubState:
+    return StubState(_embed_with_cpu_work, model="fake-model", headers={"x-queue-time": "1.5"})
 
 
-def test_http_target_runs_the_matrix(fake_server: str, qwen3_dir: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def fake_server(fake_state: StubState) -> Iterator[str]:
+    with serve_stub(fake_state) as url:
+        yield f"{url}/v1"
+
+
+def test_http_target_runs_the_matrix(
+    fake_server: str, fake_state: StubState, qwen3_dir: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "bench"
     target = f"{fake_server}?name=served&pid={os.getpid()}"
     argv = ["bench", "--target", target, "--tokenizer", str(qwen3_dir), "--lengths", "20", "--mix",
@@ -86,8 +58,8 @@ def test_http_target_runs_the_matrix(fake_server: str, qwen3_dir: Path, tmp_path
     assert [r["length_bucket"] for r in mixed][-1] == "all"
     assert sum(int(r["requests"]) for r in mixed[:-1]) == int(mixed[-1]["requests"]) == 6
     # 3 warm-ups + cosine sample + 12 matrix requests; model name discovered from /v1/models; no priority
-    assert len(_FakeOpenAI.bodies) == 3 + 2 + 12
-    assert all(b["model"] == "fake-model" and "priority" not in b for b in _FakeOpenAI.bodies)
+    assert len(fake_state.requests) == 3 + 2 + 12
+    assert all(b["model"] == "fake-model" and "priority" not in b for b in fake_state.requests)
 
 
 def test_interference_reports_short_queries_idle_and_flooded(qwen3_dir: Path, tmp_path: Path) -> None:
