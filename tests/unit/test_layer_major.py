@@ -11,9 +11,11 @@ import torch
 from embedserve import Engine
 from embedserve.config import PoolingMethod
 from embedserve.engine.builder import build_engine
+from embedserve.engine.core import RESPONSIVE_WINDOW_S
 from embedserve.errors import InternalEngineError, InvalidInputError, ModelLoadError
 from embedserve.models.decoder import DecoderModel
 from embedserve.request import EmbedParams, Priority, Request
+from embedserve.worker.layer_major import LayerMajorJob
 from embedserve.worker.model_runner import kv_bytes_per_block
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
 
@@ -89,28 +91,77 @@ def test_online_prompt_overtakes_a_started_batch_prompt(qwen3_dir: Path) -> None
     assert finished == [1, 0]  # the online prompt ran first; the paused document resumed after
 
 
-def test_batch_prompt_gets_the_online_share_while_online_work_waits(qwen3_dir: Path) -> None:
-    core = build_engine(
-        qwen3_dir, max_num_batched_tokens=256, batch_tokens_with_online=32, layer_major_tokens=1000
-    ).core
-    assert core.lane is not None
-    doc = _request(0, random_ids(2000, seed=3), Priority.BATCH)
-    core.add(doc)
+def test_batch_prompt_waits_while_online_work_waits(qwen3_dir: Path) -> None:
+    core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1000).core
+    lane = core.lane
+    assert lane is not None
+    core.add(_request(0, random_ids(2000, seed=3), Priority.BATCH))
     core.add(_request(1, random_ids(900, seed=4)))  # online, chunked: 256, 256, 256, 132
-    layers = core.lane.num_layers
-    total = layers * 2000
+    for _ in range(3):
+        assert core.step() == []
+    assert not lane.started and lane.step_count == 3  # untouched, but aging
+    (fin,) = core.step()  # the online prompt's last chunk: answered without a lane slice
+    assert fin.request.request_id == 1 and not lane.started
+    core.online_step_s = 1e9  # a slow online step: the lane's unit may be a whole chunk
     core.step()
-    job = core.lane.started[0]
-    share = 32 * layers  # token-layers while online work waits: a 64-token unit at one layer
-    assert total - job.tokens_left == share
+    job = lane.started[0]
+    assert job.tokens_left == lane.num_layers * 2000 - 256  # alone: one 256-token unit
+
+
+def test_batch_prompt_ages_past_continuous_online_work(qwen3_dir: Path) -> None:
+    core = build_engine(qwen3_dir, max_num_batched_tokens=64, layer_major_tokens=1000).core
+    assert core.lane is not None
+    core.lane.aging_steps = 3
+    core.add(_request(0, random_ids(1000, seed=5), Priority.BATCH))
+    core.add(_request(1, random_ids(640, seed=6)))  # ten steps of online work
+    for _ in range(3):
+        core.step()
+    assert not core.lane.started
+    core.step()  # aged into the online class: it runs beside the online prompt
+    assert core.lane.started[0].tokens_left < core.lane.num_layers * 1000
+
+
+def test_lane_units_shrink_to_the_online_step_time(qwen3_dir: Path) -> None:
+    core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1000).core
+    lane = core.lane
+    assert lane is not None
+    core.add(_request(0, random_ids(3000, seed=7), Priority.BATCH))
+    core.step()  # no online traffic yet: whole chunks
+    job = lane.started[0]
+    done = lane.num_layers * 3000 - job.tokens_left
+    assert done == 256 and lane.flops_per_s is not None
+    core.add(_request(1, random_ids(20, seed=8)))
+    (fin,) = core.step()
+    assert fin.request.request_id == 1 and core.online_step_s is not None
+    core.online_step_s = 1e-9  # queries answered in no time: units of one row
     core.step()
+    assert lane.num_layers * 3000 - job.tokens_left == done + 1
+    core.online_step_s = 1e9
     core.step()
-    assert total - job.tokens_left == 3 * share
-    (fin,) = core.step()  # the online prompt's last chunk: it is answered after this step,
-    assert fin.request.request_id == 1 and not core.scheduler.has_work
-    assert total - job.tokens_left == 4 * share  # so the lane kept to its share here too
+    assert lane.num_layers * 3000 - job.tokens_left == done + 1 + 256
+    core.online_step_s = 1e-9
+    assert core.last_online_s is not None
+    core.last_online_s -= RESPONSIVE_WINDOW_S + 1  # no online request lately: whole chunks again
     core.step()
-    assert total - job.tokens_left == 4 * share + 256  # the lane alone: one 256-token unit per step
+    assert lane.num_layers * 3000 - job.tokens_left == done + 1 + 2 * 256
+
+
+def test_unit_rows_follow_the_flop_model(qwen3_dir: Path) -> None:
+    core = build_engine(qwen3_dir, max_num_batched_tokens=128, layer_major_tokens=500).core
+    assert core.lane is not None
+    req = _request(0, random_ids(600, seed=9))
+    job = LayerMajorJob(core.lane.model, req, 128, torch.device("cpu"))
+    cfg = core.lane.model.config
+    assert job.flops_per_key == 4 * cfg.num_attention_heads * cfg.head_dim
+    assert job.unit_flops(2) == 2 * job.flops_per_row + job.flops_per_key * (1 + 2)
+    for rows in (1, 7, 128):
+        assert job.rows_within(job.unit_flops(rows)) == rows
+        assert job.rows_within(job.unit_flops(rows) - 1) == max(1, rows - 1)
+    budget = job.unit_flops(50)
+    job.run(512)  # later rows see more keys: the same FLOPs buy fewer rows
+    assert job.pos == 512 and job.rows_within(job.unit_flops(50)) == 50
+    assert job.rows_within(budget) < 50
+    assert job.rows_within(1e30) == 600 - 512  # never past the end of the layer
 
 
 def test_aborted_prompt_frees_the_lane(qwen3_dir: Path) -> None:
@@ -166,6 +217,6 @@ def test_bad_threshold_is_refused(qwen3_dir: Path, bad: object) -> None:
 
 
 def test_default_threshold_on_cpu(qwen3_dir: Path) -> None:
-    assert build_engine(qwen3_dir).config.scheduler.layer_major_tokens == 8192
+    assert build_engine(qwen3_dir).config.scheduler.layer_major_tokens == 4096
     big = build_engine(qwen3_dir, max_num_batched_tokens=8192).config.scheduler
     assert big.layer_major_tokens == 16384  # never below two token budgets

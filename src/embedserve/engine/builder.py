@@ -22,8 +22,11 @@ from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 
 _DEFAULT_KV_CAP = 4 << 30  # default KV budget cap (bytes) unless one full prompt needs more
 # Decoders on the CPU run prompts of at least this many tokens (and two token budgets)
-# layer-major by default: 8K tokens of KV are 0.9 GB for a 0.6B model in bf16.
-_LAYER_MAJOR_DEFAULT = 8192
+# layer-major by default from 4K tokens: chunk-major would keep every layer's K/V (0.45 GB at
+# 4K for a 0.6B model in bf16) and gather it back from the paged cache for every later chunk;
+# layer-major reads one contiguous layer of K/V, reuses each layer's weights while they are
+# hot, and ran 4K inputs 1.18x (fp32) / 1.06x (bf16) faster at the 0.6B shape on the CPU.
+_LAYER_MAJOR_DEFAULT = 4096
 
 
 def _layer_major_tokens(option: int | None, device: torch.device, causal: bool, budget: int) -> int | None:

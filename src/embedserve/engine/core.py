@@ -1,16 +1,23 @@
 """EngineCore: one synchronous step = schedule -> execute -> update. Single-threaded.
 
 Long prompts (at least `layer_major_tokens`) bypass the scheduler and the KV cache: they run
-layer-major in `LayerMajorLane`, which gets a slice of every step: the same token budget
-counted per layer; only the online share while online work waits and the lane's next prompt
-is batch work; one (layer, chunk) unit when the scheduler has nothing, so a request arriving
-then waits for one layer of one chunk.
+layer-major in `LayerMajorLane`, which gets a slice of every step after the scheduler's batch,
+counted in token-layers (one token through one layer):
+
+- online work waited and the lane's next prompt is batch work: nothing. The lane goes on
+  next step; each step it is passed over ages its prompts toward the online class.
+- online work waited, or came in the last `RESPONSIVE_WINDOW_S`: one unit cut to about the
+  time an online step took (`online_step_s`). Online requests the step finished are answered
+  before it runs, and one arriving meanwhile waits for at most that unit.
+- the scheduler had nothing: one (layer, chunk) unit.
+- otherwise: the step's token budget, counted per layer.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +30,8 @@ from embedserve.scheduler.scheduler import Scheduler
 from embedserve.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
+
+RESPONSIVE_WINDOW_S = 10.0  # online requests this recent keep the lane's units short
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,8 @@ class EngineCore:
         self.requests: dict[int, Request] = {}
         self.num_steps = 0
         self.tokens_computed = 0
+        self.last_online_s: float | None = None  # when online work last waited at a step
+        self.online_step_s: float | None = None  # how long such steps took, moving average
 
     def _in_lane(self, num_tokens: int) -> bool:
         return self.lane is not None and self.lane.accepts(num_tokens)
@@ -71,27 +82,41 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.scheduler.has_work or (self.lane is not None and self.lane.has_work)
 
-    def step(self) -> list[Finished]:
+    def step(self, publish: Callable[[list[Finished]], None] | None = None) -> list[Finished]:
+        """One step: the scheduler's batch, then the lane's slice. With `publish`, requests the
+        scheduler's part finished are handed to it before the lane's slice runs (the loop
+        answers them then); the rest are returned."""
         steps = self.num_steps
-        # Decided before the scheduler's part runs: an online request finished by it is still
-        # answered only after the whole step, so the lane must stay small in that step too.
         online = self.scheduler.has_online_work()
         alone = not self.scheduler.has_work
+        start = time.monotonic()
         done = self._scheduler_step()
+        if online:
+            self.last_online_s = end = time.monotonic()
+            took = end - start
+            self.online_step_s = took if self.online_step_s is None else 0.8 * self.online_step_s + 0.2 * took
+        if publish is not None and done:
+            publish(done)
+            done = []
         if self.lane is not None and self.lane.has_work:
-            done += self._lane_step(self.lane, online, alone)
+            if online and not self.lane.next_is_online():
+                self.lane.skip()  # online requests first; the lane goes on in the next step
+            else:
+                done += self._lane_step(self.lane, self._lane_slice(self.lane, online, alone))
             self.num_steps = steps + 1  # one step, whichever part ran
         return done
 
-    def _lane_step(self, lane: LayerMajorLane, online_waiting: bool, alone: bool) -> list[Finished]:
-        cfg = self.scheduler.config
-        token_layers = cfg.max_num_batched_tokens * lane.num_layers
-        if alone:
-            # Nothing else to batch with: one (layer, chunk) unit per step, so a request that
-            # arrives meanwhile waits for one layer of one chunk, not for all layers of it.
-            token_layers = lane.chunk
-        elif online_waiting and not lane.next_is_online():
-            token_layers = cfg.batch_cap_with_online * lane.num_layers  # a small part of the step
+    def _lane_slice(self, lane: LayerMajorLane, online: bool, alone: bool) -> int:
+        """Token-layers for the lane this step (see the module docstring)."""
+        last = self.last_online_s
+        recent = last is not None and time.monotonic() - last <= RESPONSIVE_WINDOW_S
+        if (online or recent) and self.online_step_s is not None:
+            return lane.rows_within(self.online_step_s)  # one unit, about an online step long
+        if online or alone:
+            return lane.chunk  # one (layer, chunk) unit
+        return self.scheduler.config.max_num_batched_tokens * lane.num_layers
+
+    def _lane_step(self, lane: LayerMajorLane, token_layers: int) -> list[Finished]:
         req = lane.peek()
         assert req is not None
         if req.first_scheduled_time is None:

@@ -1,14 +1,20 @@
 """The lane for long prompts: layer-major prefill, outside the KV cache.
 
 Prompts of at least `min_tokens` tokens never take KV blocks. They queue here by the
-scheduler's key (online before batch, a batch prompt aging into online after
-`aging_steps` lane steps, then arrival) and the engine gives the lane a slice of work each
+scheduler's key (online before batch, a batch prompt aging into online after online work
+was served before it in `aging_steps` steps, then arrival) and the engine gives the lane a slice of work each
 step, counted in token-layers (one token through one layer), so a step that also runs the
 scheduler's batch stays bounded. A more urgent prompt may start while another is part-way:
 the paused one keeps its buffers (hidden states and one layer's K/V) and resumes after.
+
+A request that arrives while a unit runs waits for it. `rows_within(seconds)` sizes the
+next unit to a time, from the FLOPs each unit cost and the FLOP/s units achieved so far,
+so the engine can keep units as short as an online query's own step while queries come.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -34,6 +40,7 @@ class LayerMajorLane:
         self.step_count = 0
         self.num_finished = 0
         self._next_seq = 0
+        self.flops_per_s: float | None = None  # achieved by lane units, moving average
 
     def accepts(self, num_tokens: int) -> bool:
         return num_tokens >= self.min_tokens
@@ -81,6 +88,18 @@ class LayerMajorLane:
         req = self.peek()
         return req is not None and self._key(req)[0] == 0
 
+    def skip(self) -> None:
+        """A step gave online work outside the lane precedence: batch prompts age."""
+        self.step_count += 1
+
+    def rows_within(self, seconds: float) -> int:
+        """Rows for the next unit of the most urgent prompt to take about `seconds` (at least
+        one row; a full chunk until a unit has been timed)."""
+        job = self.next_job()
+        if job is None or self.flops_per_s is None:
+            return self.chunk
+        return job.rows_within(seconds * self.flops_per_s)
+
     def step(self, token_layers: int) -> bool:
         """Give the most urgent prompt (`peek()`) `token_layers` of work; True when it is done.
 
@@ -88,10 +107,16 @@ class LayerMajorLane:
         leaves the request started: the caller fails it and calls `drop`.
         """
         job = self.next_job()
-        self.step_count += 1
         if job is None:
             return False
+        if self._key(job.request)[0] == 0:  # online work ran before any batch prompt here
+            self.step_count += 1
+        flops, start = job.flops_done, time.perf_counter()
         job.run(token_layers)
+        elapsed = time.perf_counter() - start
+        if elapsed > 0 and job.flops_done > flops:
+            rate = (job.flops_done - flops) / elapsed
+            self.flops_per_s = rate if self.flops_per_s is None else 0.8 * self.flops_per_s + 0.2 * rate
         if not job.done:
             return False
         job.pool()

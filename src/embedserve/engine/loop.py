@@ -83,17 +83,19 @@ class EngineLoop:
             self.core.abort(rid)
             del self._futures[rid]
 
+    def _publish(self, finished: list[Finished]) -> None:
+        with self._lock:  # before waking callers: they may read stats right away
+            self._stats = self.core.stats()
+        for fin in finished:
+            fut = self._futures.pop(fin.request.request_id, None)
+            if fut is not None:
+                _settle(fut, result=fin, error=fin.error)
+
     def _run(self) -> None:
         try:
             while self._drain(block=not self.core.has_work):
                 self._reap_cancelled()
-                finished = self.core.step()
-                with self._lock:  # before waking callers: they may read stats right away
-                    self._stats = self.core.stats()
-                for fin in finished:
-                    fut = self._futures.pop(fin.request.request_id, None)
-                    if fut is not None:
-                        _settle(fut, result=fin, error=fin.error)
+                self._publish(self.core.step(self._publish))
         except BaseException as e:  # the loop itself broke: fail everyone, loudly
             log.exception("engine loop died")
             self._error = e

@@ -42,6 +42,10 @@ class LayerMajorJob:
         self._kv_shape = (2, self.length, cfg.num_key_value_heads, cfg.head_dim)
         self.layer = 0
         self.pos = 0  # next chunk start at `layer`
+        # FLOPs of one row through one layer: 2 per weight, plus QK^T and PV per visible key
+        self.flops_per_row = 2 * sum(p.numel() for p in model.layers[0].parameters() if p.dim() == 2)
+        self.flops_per_key = 4 * cfg.num_attention_heads * cfg.head_dim
+        self.flops_done = 0.0
 
     @property
     def done(self) -> bool:
@@ -51,6 +55,19 @@ class LayerMajorJob:
     def tokens_left(self) -> int:
         """Token-layers of work remaining (a chunked step of T tokens costs T * num_layers)."""
         return (self.num_layers - self.layer) * self.length - self.pos
+
+    def unit_flops(self, rows: int) -> float:
+        """FLOPs of the next unit if it ran `rows` rows (row i sees pos + i + 1 keys)."""
+        rows = min(rows, self.length - self.pos)
+        return rows * (self.flops_per_row + self.flops_per_key * (self.pos + (rows + 1) / 2))
+
+    def rows_within(self, flops: float) -> int:
+        """The most rows (at least 1, at most `chunk`) whose next unit costs <= `flops`."""
+        lo, hi = 1, min(self.chunk, self.length - self.pos)
+        while lo < hi:  # unit_flops grows with rows
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.unit_flops(mid) <= flops else (lo, mid - 1)
+        return lo
 
     @torch.inference_mode()
     def run(self, token_layers: int) -> int:
@@ -64,6 +81,7 @@ class LayerMajorJob:
             assert self.kv is not None
             end = min(self.length, self.pos + self.chunk, self.pos + token_layers - spent)
             rows = slice(self.pos, end)
+            self.flops_done += self.unit_flops(end - self.pos)
             positions = torch.arange(self.pos, end, device=self.device)
             x = self.model.run_layer(self.layer, self.hidden[rows], positions, self.kv, self.pos)
             self.hidden[rows] = x
