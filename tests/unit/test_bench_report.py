@@ -31,7 +31,7 @@ def _ratios(report: str, target: str, budget: str) -> tuple[str, str]:
     for line in report.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if cells[0] == target and cells[3] == budget:
-            return cells[-3], cells[-1]
+            return cells[-4], cells[-2]
     raise AssertionError(f"no row for {target} budget {budget}")
 
 
@@ -46,6 +46,19 @@ def test_ratios_use_the_same_budget_else_the_first_targets_best() -> None:
     assert _ratios(report, "engine", "2048") == ("1.00x", "1.00x")
     assert _ratios(report, "engine-bf16", "2048") == ("1.50x", "0.50x")  # same budget: engine@2048
     assert _ratios(report, "st", "n/a") == ("0.25x", "2.00x")  # no budget: engine's best (2048)
+
+
+def test_added_memory_column_and_its_ratio() -> None:
+    rows = [_row("st", "n/a", 50.0, 4000) | {"added_mem_bytes": 2 << 20}]
+    rows.append(_row("engine", 2048, 100.0, 3000) | {"added_mem_bytes": 1 << 20})
+    rows.append(_row("other", 2048, 100.0, 3000))  # no start measure: no added memory
+    lines = render(META, rows, []).splitlines()
+    header = next(line for line in lines if line.startswith("| target | length"))
+    assert header.rstrip(" |").endswith("mem vs first | added vs first")
+    cells = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines)}
+    added = header.strip("|").split("|").index(" added MB ")
+    assert (cells["st"][added], cells["engine"][added], cells["other"][added]) == ("2", "1", "-")
+    assert (cells["engine"][-1], cells["other"][-1]) == ("0.50x", "-")
 
 
 def test_first_target_without_budget_is_the_reference_for_every_budget() -> None:

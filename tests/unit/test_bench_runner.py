@@ -41,6 +41,7 @@ def test_matrix_2x2_writes_every_output(qwen3_dir: Path, tmp_path: Path) -> None
         assert (r["length_bucket"], r["requests"], r["errors"], r["oom"]) == ("0-1K", "3", "0", "0")
         assert float(r["tok_per_s"]) > 0 and float(r["p50_ms"]) <= float(r["p95_ms"]) <= float(r["p99_ms"])
         assert int(r["peak_mem_bytes"]) > 50 << 20  # a process with torch loaded
+        assert 0 <= int(r["added_mem_bytes"]) < int(r["peak_mem_bytes"])  # the cell's own share
         assert float(r["cpu_s"]) > 0 and float(r["tok_per_cpu_s"]) > 0
         # same inputs, same fp32 numerics: the engine's vectors equal the baseline's
         assert float(r["cosine_min"]) > 0.9999

@@ -64,6 +64,7 @@ def _matrix(rows: list[dict[str, Any]], first: str) -> list[str]:
         "p99 ms",
         "queue p50 ms",
         "peak MB",
+        "added MB",
         "tok/CPU-s",
         "err",
         "oom",
@@ -71,6 +72,7 @@ def _matrix(rows: list[dict[str, Any]], first: str) -> list[str]:
         f"tok/s vs {first}",
         "tok/CPU-s vs first",
         "mem vs first",
+        "added vs first",
     ]
     lines: list[str] = []
     for bucket in (*BUCKET_NAMES, ALL):
@@ -93,6 +95,7 @@ def _matrix(rows: list[dict[str, Any]], first: str) -> list[str]:
                     _num(r["p99_ms"]),
                     _num(r["queue_p50_ms"]),
                     _mb(r["peak_mem_bytes"]),
+                    _mb(r.get("added_mem_bytes")),
                     _num(r.get("tok_per_cpu_s"), 0),
                     str(r["errors"]),
                     str(r["oom"]),
@@ -100,6 +103,7 @@ def _matrix(rows: list[dict[str, Any]], first: str) -> list[str]:
                     _ratio(r["tok_per_s"], ref["tok_per_s"]) if ref else "-",
                     _ratio(r.get("tok_per_cpu_s"), ref.get("tok_per_cpu_s")) if ref else "-",
                     _ratio(r["peak_mem_bytes"], ref["peak_mem_bytes"]) if ref else "-",
+                    _ratio(r.get("added_mem_bytes"), ref.get("added_mem_bytes")) if ref else "-",
                 ]
             )
         lines += ["", f"### Bucket {bucket}", "", *_table(header, body)]

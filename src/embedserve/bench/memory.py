@@ -8,6 +8,10 @@
 - a served target with `pid=`: RSS of that process and its children, sampled every 20 ms
   (vLLM runs its engine core in a child process).
 - a served target without a pid: unknown (None).
+
+`start` is the same measure when the cell began (the loaded, warmed-up target), so
+`peak - start` is the memory the cell's own work added: for a one-input cell, what that input
+cost beyond the resident weights.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class _Sampler:
         self._pid = os.getpid() if pid is None else pid
         self._interval = interval
         self._stop = threading.Event()
-        self.peak = _tree_rss(self._pid)
+        self.start = self.peak = _tree_rss(self._pid)
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self._thread.start()
 
@@ -70,12 +74,13 @@ class _Sampler:
 
 
 class PeakMemory:
-    """`with PeakMemory(device, pid) as m: ...` then `m.peak` (bytes or None) and `m.method`."""
+    """`with PeakMemory(device, pid) as m: ...` then `m.peak`, `m.start` (bytes or None) and `m.method`."""
 
     def __init__(self, device: str, pid: int | None = None) -> None:
         self.device = device
         self.pid = pid
         self.peak: int | None = None
+        self.start: int | None = None
         self._sampler: _Sampler | None = None
         if device == "cuda":
             self.method = "torch.cuda.max_memory_allocated"
@@ -90,11 +95,16 @@ class PeakMemory:
 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            self.start = int(torch.cuda.memory_allocated())
         elif self.device == "remote":
             if self.pid:
                 self._sampler = _Sampler(self.pid, 0.02)
-        elif not _reset_hwm():
+        elif _reset_hwm():
+            self.start = _own_hwm()  # just reset: the RSS now
+        else:
             self._sampler = _Sampler(None, 0.005)
+        if self._sampler is not None:
+            self.start = self._sampler.start
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -36,6 +36,7 @@ COLUMNS = [
     "p99_ms",
     "queue_p50_ms",
     "peak_mem_bytes",
+    "added_mem_bytes",
     "cpu_s",
     "tok_per_cpu_s",
     "errors",
@@ -49,6 +50,13 @@ COLUMNS = [
     "cores",
     "torch_version",
 ]
+
+
+def _added(res: CellResult) -> int | None:
+    """Peak memory over the cell minus the memory at its start: what the cell's work added."""
+    if res.peak_mem is None or res.start_mem is None:
+        return None
+    return max(0, res.peak_mem - res.start_mem)
 
 
 def _cos(a: list[float] | None, b: list[float] | None) -> float | None:
@@ -116,6 +124,7 @@ def _cell_rows(
             | _stats_row(b)
             | {
                 "peak_mem_bytes": res.peak_mem,
+                "added_mem_bytes": _added(res),
                 "cpu_s": res.cpu_s,
                 # CPU time is only known for the whole cell: per-bucket rows of a mix get none
                 "tok_per_cpu_s": _per_cpu(b, res) if b.bucket == ALL or len(buckets) == 1 else None,

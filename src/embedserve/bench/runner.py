@@ -47,6 +47,7 @@ class CellResult:
     samples: list[Sample] = field(default_factory=list)
     wall_s: float = 0.0
     peak_mem: int | None = None
+    start_mem: int | None = None  # the same measure as the cell began (see bench/memory.py)
     cpu_s: float | None = None  # CPU seconds the target used during the cell
     counters: dict[str, int] = field(default_factory=dict)
     error: str | None = None  # why the cell did not run at all
@@ -150,7 +151,12 @@ def _handle(group: Group, msg: dict[str, Any]) -> bool:
         group.vectors[msg["key"]] = msg["vectors"]
     elif kind == "cell":
         group.results[msg["id"]] = CellResult(
-            samples_from_json(msg["samples"]), msg["wall_s"], msg["peak_mem"], msg["cpu_s"], msg["counters"]
+            samples_from_json(msg["samples"]),
+            msg["wall_s"],
+            msg["peak_mem"],
+            msg.get("start_mem"),
+            msg["cpu_s"],
+            msg["counters"],
         )
         return True
     elif kind == "interference":

@@ -57,6 +57,7 @@ async def _run_cells(session: Session, job: dict[str, Any], inputs: dict[str, An
             wall_s=wall,
             samples=samples_json(samples),
             peak_mem=mem.peak,
+            start_mem=mem.start,
             cpu_s=cpu.seconds,
             counters=counters,
         )
