@@ -108,6 +108,25 @@ def test_batch_prompt_waits_while_online_work_waits(qwen3_dir: Path) -> None:
     assert job.tokens_left == lane.num_layers * 2000 - 256  # alone: one 256-token unit
 
 
+def test_finished_requests_are_published_before_the_lane_slice(qwen3_dir: Path) -> None:
+    core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1000).core
+    lane = core.lane
+    assert lane is not None
+    core.add(_request(0, random_ids(3000, seed=1)))  # an online document: the lane runs this step
+    core.add(_request(1, random_ids(20, seed=2)))
+    events: list[object] = []
+    run = lane.step
+
+    def step(token_layers: int) -> bool:
+        events.append("lane")
+        return run(token_layers)
+
+    lane.step = step  # type: ignore[method-assign]
+    done = core.step(lambda fins: events.append([f.request.request_id for f in fins]))
+    assert events == [[1], "lane"] and done == []  # the query was answered before the lane ran
+    assert lane.started[0].tokens_left < lane.num_layers * 3000
+
+
 def test_batch_prompt_ages_past_continuous_online_work(qwen3_dir: Path) -> None:
     core = build_engine(qwen3_dir, max_num_batched_tokens=64, layer_major_tokens=1000).core
     assert core.lane is not None
