@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from embedserve.engine.layer_major_lane import LayerMajorLane
+from embedserve.engine.layer_major_lane import LayerMajorLane, moving_average
 from embedserve.errors import InternalEngineError, InvalidInputError
 from embedserve.pooling.head import apply_head
 from embedserve.request import Request
@@ -93,8 +93,7 @@ class EngineCore:
         done = self._scheduler_step()
         if online:
             self.last_online_s = end = time.monotonic()
-            took = end - start
-            self.online_step_s = took if self.online_step_s is None else 0.8 * self.online_step_s + 0.2 * took
+            self.online_step_s = moving_average(self.online_step_s, end - start)
         if publish is not None and done:
             publish(done)
             done = []
@@ -110,9 +109,9 @@ class EngineCore:
         """Token-layers for the lane this step (see the module docstring)."""
         last = self.last_online_s
         recent = last is not None and time.monotonic() - last <= RESPONSIVE_WINDOW_S
-        if (online or recent) and self.online_step_s is not None:
+        if (online or recent) and self.online_step_s is not None:  # set whenever `online`
             return lane.rows_within(self.online_step_s)  # one unit, about an online step long
-        if online or alone:
+        if alone:
             return lane.chunk  # one (layer, chunk) unit
         return self.scheduler.config.max_num_batched_tokens * lane.num_layers
 

@@ -1,9 +1,9 @@
 """The lane for long prompts: layer-major prefill, outside the KV cache.
 
 Prompts of at least `min_tokens` tokens never take KV blocks. They queue here by the
-scheduler's key (online before batch, a batch prompt aging into online after online work
-was served before it in `aging_steps` steps, then arrival) and the engine gives the lane a slice of work each
-step, counted in token-layers (one token through one layer), so a step that also runs the
+scheduler's key (online before batch, a batch prompt aging into online once online work went
+before it in `aging_steps` steps, then arrival) and the engine gives the lane a slice of work
+each step, counted in token-layers (one token through one layer), so a step that also runs the
 scheduler's batch stays bounded. A more urgent prompt may start while another is part-way:
 the paused one keeps its buffers (hidden states and one layer's K/V) and resumes after.
 
@@ -21,6 +21,11 @@ import torch
 from embedserve.models.decoder import DecoderModel
 from embedserve.request import Priority, Request
 from embedserve.worker.layer_major import LayerMajorJob
+
+
+def moving_average(previous: float | None, value: float, weight: float = 0.2) -> float:
+    """Exponential moving average; the first value stands alone."""
+    return value if previous is None else (1 - weight) * previous + weight * value
 
 
 class LayerMajorLane:
@@ -89,7 +94,7 @@ class LayerMajorLane:
         return req is not None and self._key(req)[0] == 0
 
     def skip(self) -> None:
-        """A step gave online work outside the lane precedence: batch prompts age."""
+        """A step ran online work outside the lane instead of it: batch prompts age."""
         self.step_count += 1
 
     def rows_within(self, seconds: float) -> int:
@@ -115,8 +120,7 @@ class LayerMajorLane:
         job.run(token_layers)
         elapsed = time.perf_counter() - start
         if elapsed > 0 and job.flops_done > flops:
-            rate = (job.flops_done - flops) / elapsed
-            self.flops_per_s = rate if self.flops_per_s is None else 0.8 * self.flops_per_s + 0.2 * rate
+            self.flops_per_s = moving_average(self.flops_per_s, (job.flops_done - flops) / elapsed)
         if not job.done:
             return False
         job.pool()

@@ -72,12 +72,12 @@ def _flash_broadcasts_kv_heads() -> bool:
     chunk: 25 MB per (layer, chunk) at 12K tokens of a small model, more than its math."""
     assert _FLASH_LSE is not None
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, h, 5, 8, generator=gen) for h in (4, 2, 2))
+    q, k, v = (torch.randn(5, h, 8, generator=gen) for h in (4, 2, 2))  # [n, heads, d]
     try:
-        got = _FLASH_LSE(q, k, v, scale=0.5)[0]
+        got = _FLASH_LSE(_heads(q), _heads(k), _heads(v), scale=0.5)[0]
     except RuntimeError:
         return False
-    want = _FLASH_LSE(q, kv_expand(k, 2, dim=1), kv_expand(v, 2, dim=1), scale=0.5)[0]
+    want = _FLASH_LSE(_heads(q), _heads(kv_expand(k, 2)), _heads(kv_expand(v, 2)), scale=0.5)[0]
     return bool(torch.allclose(got, want))
 
 
@@ -176,6 +176,6 @@ def paged_attention(
     return out
 
 
-def kv_expand(x: torch.Tensor, groups: int, dim: int = 1) -> torch.Tensor:
+def kv_expand(x: torch.Tensor, groups: int) -> torch.Tensor:
     """[n, kv_heads, d] -> [n, kv_heads * groups, d]: each KV head serves `groups` query heads."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
