@@ -38,15 +38,23 @@ def _qkv(n: int, kv: int, heads: int, kv_heads: int, d: int, seed: int) -> tuple
     )
 
 
+def _head_major(x: torch.Tensor, dense: bool) -> torch.Tensor:
+    """[kv, kv_heads, d] -> [kv_heads, kv, d]: a dense copy (read in place) or a strided view
+    (copied into the kept buffers)."""
+    x = x.transpose(0, 1)
+    return x.contiguous() if dense else x
+
+
+@pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (8, 2), (9, 3)])
 @pytest.mark.parametrize(("start", "n"), [(0, 1), (0, 70), (37, 1), (37, 70), (200, 33)])
 def test_equals_float64_causal_attention(
-    monkeypatch: pytest.MonkeyPatch, heads: int, kv_heads: int, start: int, n: int
+    monkeypatch: pytest.MonkeyPatch, heads: int, kv_heads: int, start: int, n: int, dense: bool
 ) -> None:
     # tiles of 16 rows: a 70-row chunk spans five tiles, the last one partial
     monkeypatch.setattr(gemm_attention, "TILE_ROWS", 16)
     q, k, v = _qkv(n, start + n, heads, kv_heads, 16, seed=start + n + heads)
-    got = gemm_attention.gemm_attention(q, k, v, scale=0.4)
+    got = gemm_attention.gemm_attention(q, _head_major(k, dense), _head_major(v, dense), scale=0.4)
     want = _reference(q, k, v, 0.4)
     assert got.shape == (n, heads * 16)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
@@ -55,7 +63,7 @@ def test_equals_float64_causal_attention(
 def test_bf16_within_bf16_rounding_of_float64() -> None:
     q, k, v = _qkv(300, 700, 8, 2, 64, seed=3)
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    got = gemm_attention.gemm_attention(q, k, v, scale=64**-0.5)
+    got = gemm_attention.gemm_attention(q, _head_major(k, True), _head_major(v, False), scale=64**-0.5)
     want = _reference(q, k, v, 64**-0.5)
     assert got.dtype == torch.bfloat16
     rel = ((got.double() - want).norm() / want.norm()).item()

@@ -46,9 +46,7 @@ def chunker() -> Chunker:
 
 def _expected(chunker: Chunker, docs: list[Document], schema: str) -> set[tuple[str, int, str]]:
     return {
-        (chunk_id(schema, d.doc_id, i), i, d.doc_id)
-        for d in docs
-        for i in range(len(chunker.split(d.text)))
+        (chunk_id(schema, d.doc_id, i), i, d.doc_id) for d in docs for i in range(len(chunker.split(d.text)))
     }
 
 

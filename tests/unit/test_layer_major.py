@@ -14,8 +14,9 @@ from embedserve.engine.builder import build_engine
 from embedserve.engine.core import RESPONSIVE_WINDOW_S
 from embedserve.errors import InternalEngineError, InvalidInputError, ModelLoadError
 from embedserve.models.decoder import DecoderModel
+from embedserve.pooling.head import apply_head
 from embedserve.request import EmbedParams, Priority, Request
-from embedserve.worker.layer_major import LayerMajorJob
+from embedserve.worker.layer_major import GRANULE, LayerMajorJob
 from embedserve.worker.model_runner import kv_bytes_per_block
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
 
@@ -147,40 +148,80 @@ def test_lane_units_shrink_to_the_online_step_time(qwen3_dir: Path) -> None:
     core.add(_request(0, random_ids(3000, seed=7), Priority.BATCH))
     core.step()  # no online traffic yet: whole chunks
     job = lane.started[0]
-    done = lane.num_layers * 3000 - job.tokens_left
-    assert done == 256 and lane.flops_per_s is not None
+    assert (job.layer, job.pos) == (0, 256) and lane.flops_per_s is not None
     core.add(_request(1, random_ids(20, seed=8)))
     (fin,) = core.step()
     assert fin.request.request_id == 1 and core.online_step_s is not None
-    core.online_step_s = 1e-9  # queries answered in no time: units of one row
+    core.online_step_s = 1e-9  # queries answered in no time: units of one granule
     core.step()
-    assert lane.num_layers * 3000 - job.tokens_left == done + 1
-    core.online_step_s = 1e9
+    assert job.pos == 256 + GRANULE
+    core.online_step_s = 1e9  # all the time in the world: up to the chunk boundary, no further
     core.step()
-    assert lane.num_layers * 3000 - job.tokens_left == done + 1 + 256
+    assert job.pos == 512
     core.online_step_s = 1e-9
     assert core.last_online_s is not None
     core.last_online_s -= RESPONSIVE_WINDOW_S + 1  # no online request lately: whole chunks again
     core.step()
-    assert lane.num_layers * 3000 - job.tokens_left == done + 1 + 2 * 256
+    assert job.pos == 768
 
 
 def test_unit_rows_follow_the_flop_model(qwen3_dir: Path) -> None:
     core = build_engine(qwen3_dir, max_num_batched_tokens=128, layer_major_tokens=500).core
     assert core.lane is not None
-    req = _request(0, random_ids(600, seed=9))
-    job = LayerMajorJob(core.lane.model, req, 128, torch.device("cpu"))
+    req = _request(0, random_ids(1000, seed=9))
+    job = LayerMajorJob(core.lane.model, req, 512, torch.device("cpu"))
     cfg = core.lane.model.config
     assert job.flops_per_key == 4 * cfg.num_attention_heads * cfg.head_dim
     assert job.unit_flops(2) == 2 * job.flops_per_row + job.flops_per_key * (1 + 2)
-    for rows in (1, 7, 128):
+    g = GRANULE
+    for rows in (g, 3 * g, 512):  # whole granules
         assert job.rows_within(job.unit_flops(rows)) == rows
-        assert job.rows_within(job.unit_flops(rows) - 1) == max(1, rows - 1)
-    budget = job.unit_flops(50)
+        assert job.rows_within(job.unit_flops(rows) - 1) == max(g, rows - g)
+    assert job.rows_within(0) == g  # at least one granule
+    budget = job.unit_flops(2 * g)
     job.run(512)  # later rows see more keys: the same FLOPs buy fewer rows
-    assert job.pos == 512 and job.rows_within(job.unit_flops(50)) == 50
-    assert job.rows_within(budget) < 50
-    assert job.rows_within(1e30) == 600 - 512  # never past the end of the layer
+    assert job.pos == 512 and job.rows_within(job.unit_flops(2 * g)) == 2 * g
+    assert job.rows_within(budget) == g
+    assert job.rows_within(1e30) == 1000 - 512  # never past the end of the layer
+
+
+def test_units_keep_to_granules_and_chunk_boundaries(
+    qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slices of any size cut units on granule multiples and never across a chunk boundary
+    (each new unit size or key count costs a oneDNN kernel kept for good); the vector is the
+    one whole chunks give."""
+    ids = random_ids(700, seed=10)
+    with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1) as engine:
+        (want,) = engine.embed([ids])
+    core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1).core
+    assert core.lane is not None
+    req = _request(0, ids)
+    job = LayerMajorJob(core.lane.model, req, 256, torch.device("cpu"))
+    units: list[tuple[int, int]] = []
+    run_layer = job.model.run_layer
+
+    def record(
+        index: int, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        units.append((start, start + x.shape[0]))
+        return run_layer(index, x, positions, kv, start)
+
+    monkeypatch.setattr(job.model, "run_layer", record)
+    rng = np.random.default_rng(0)
+    slices = []
+    while not job.done:
+        slices.append(int(rng.integers(1, 700)))
+        ran = job.run(slices[-1])
+        assert ran >= 1 and (ran <= slices[-1] or ran == GRANULE)
+    job.pool()
+    for start, end in units:
+        assert start % GRANULE == 0 and (end % GRANULE == 0 or end == 700), (start, end)
+        assert start // 256 == (end - 1) // 256, (start, end)  # inside one chunk
+    tails = -(-(700 % 256) // GRANULE)  # units that end the layer: 188, 124 or 60 rows
+    assert len({end - start for start, end in units}) <= 256 // GRANULE + tails
+    got = apply_head(req.pooling.finish(), None, True)
+    np.testing.assert_allclose(got, want, atol=2e-6)
 
 
 def test_aborted_prompt_frees_the_lane(qwen3_dir: Path) -> None:

@@ -20,6 +20,7 @@ import torch
 
 from embedserve.models.decoder import DecoderModel
 from embedserve.request import Priority, Request
+from embedserve.worker.host_memory import release_free_heap
 from embedserve.worker.layer_major import LayerMajorJob
 
 
@@ -99,7 +100,7 @@ class LayerMajorLane:
 
     def rows_within(self, seconds: float) -> int:
         """Rows for the next unit of the most urgent prompt to take about `seconds` (at least
-        one row; a full chunk until a unit has been timed)."""
+        one granule; a full chunk until a unit has been timed)."""
         job = self.next_job()
         if job is None or self.flops_per_s is None:
             return self.chunk
@@ -126,6 +127,7 @@ class LayerMajorLane:
         job.pool()
         del self.started[job.request.request_id]
         self.num_finished += 1
+        release_free_heap()  # its buffers and activations, now free, back to the OS
         return True
 
     def stats(self) -> dict[str, int]:

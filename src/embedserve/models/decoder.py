@@ -100,13 +100,14 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """One chunk of a sequence whose earlier keys sit in a contiguous buffer.
 
-        kv: [2, prompt_len, kv_heads, d], positions 0 .. start-1 already filled at this layer;
-        the chunk's own K/V are written at start .. start+T-1 and it attends causally.
+        kv: [2, kv_heads, prompt_len, d] (head-major: attention reads each head's keys as one
+        dense block), positions 0 .. start-1 already filled at this layer; the chunk's own K/V
+        are written at start .. start+T-1 and it attends causally.
         """
         q, k, v = self.project(x, cos_sin)
         end = start + q.shape[0]
-        kv[0, start:end], kv[1, start:end] = k, v
-        return self.o_proj(causal_attention(q, kv[0, :end], kv[1, :end], self.scale))
+        kv[0, :, start:end], kv[1, :, start:end] = k.transpose(0, 1), v.transpose(0, 1)
+        return self.o_proj(causal_attention(q, kv[0, :, :end], kv[1, :, :end], self.scale))
 
 
 class MLP(nn.Module):

@@ -72,12 +72,12 @@ def _flash_broadcasts_kv_heads() -> bool:
     chunk: 25 MB per (layer, chunk) at 12K tokens of a small model, more than its math."""
     assert _FLASH_LSE is not None
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(5, h, 8, generator=gen) for h in (4, 2, 2))  # [n, heads, d]
+    q, k, v = (torch.randn(1, h, 5, 8, generator=gen) for h in (4, 2, 2))  # [1, heads, n, d]
     try:
-        got = _FLASH_LSE(_heads(q), _heads(k), _heads(v), scale=0.5)[0]
+        got = _FLASH_LSE(q, k, v, scale=0.5)[0]
     except RuntimeError:
         return False
-    want = _FLASH_LSE(_heads(q), _heads(kv_expand(k, 2)), _heads(kv_expand(v, 2)), scale=0.5)[0]
+    want = _FLASH_LSE(q, kv_expand(k[0], 2)[None], kv_expand(v[0], 2)[None], scale=0.5)[0]
     return bool(torch.allclose(got, want))
 
 
@@ -110,36 +110,30 @@ def _prefix_then_self(
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
     """One sequence's chunk: q [n, heads, d] at positions kv-n .. kv-1; keys, values
-    [kv, kv_heads, d], every key up to the chunk's last position. Returns [n, heads * d].
+    [kv_heads, kv, d] (head-major: each head's keys one contiguous run when the caller keeps
+    them so), every key up to the chunk's last position. Returns [n, heads * d].
     """
-    n, kv = q.shape[0], keys.shape[0]
+    n, kv = q.shape[0], keys.shape[1]
     start = kv - n
     cpu = q.device.type == "cpu"
     if cpu and q.dtype == torch.bfloat16 and CPU_BF16_GEMM:
         return gemm_attention(q, keys, values, scale)
+    k4, v4 = keys.unsqueeze(0), values.unsqueeze(0)  # [1, kv_heads, kv, d], SDPA's layout
     if start == 0:  # no earlier context: plain causal attention over its own keys
-        o = scaled_dot_product_attention(
-            _heads(q), _heads(keys), _heads(values), is_causal=True, scale=scale, enable_gqa=True
-        )
+        o = scaled_dot_product_attention(_heads(q), k4, v4, is_causal=True, scale=scale, enable_gqa=True)
     elif cpu and _FLASH_LSE is not None:
-        groups = 1 if _flash_broadcasts_kv_heads() else q.shape[1] // keys.shape[1]
+        groups = 1 if _flash_broadcasts_kv_heads() else q.shape[1] // keys.shape[0]
         o = _prefix_then_self(
             _heads(q),
-            _heads(kv_expand(keys[:start], groups)),
-            _heads(kv_expand(values[:start], groups)),
-            _heads(kv_expand(keys[start:], groups)),
-            _heads(kv_expand(values[start:], groups)),
+            kv_expand(keys[:, :start], groups)[None],
+            kv_expand(values[:, :start], groups)[None],
+            kv_expand(keys[:, start:], groups)[None],
+            kv_expand(values[:, start:], groups)[None],
             scale,
         )
     else:
-        o = scaled_dot_product_attention(
-            _heads(q),
-            _heads(keys),
-            _heads(values),
-            attn_mask=_causal_mask(n, kv, q.device),
-            scale=scale,
-            enable_gqa=True,
-        )
+        mask = _causal_mask(n, kv, q.device)
+        o = scaled_dot_product_attention(_heads(q), k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1).flatten(1)
 
 
@@ -167,15 +161,15 @@ def paged_attention(
             )
             out[rows] = o.squeeze(0).transpose(0, 1).flatten(1)
         elif s.kv_slots is None:
-            out[rows] = causal_attention(q[rows], k[rows], v[rows], scale)
+            out[rows] = causal_attention(q[rows], k[rows].transpose(0, 1), v[rows].transpose(0, 1), scale)
         else:  # the cache already holds this chunk's K/V (written above) after its context
             assert kv_cache is not None, "a chunk with cached context needs the KV cache"
-            keys = kv_cache[0].index_select(0, s.kv_slots)
-            values = kv_cache[1].index_select(0, s.kv_slots)
+            keys = kv_cache[0].index_select(0, s.kv_slots).transpose(0, 1)
+            values = kv_cache[1].index_select(0, s.kv_slots).transpose(0, 1)
             out[rows] = causal_attention(q[rows], keys, values, scale)
     return out
 
 
 def kv_expand(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[n, kv_heads, d] -> [n, kv_heads * groups, d]: each KV head serves `groups` query heads."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+    """[kv_heads, n, d] -> [kv_heads * groups, n, d]: each KV head serves `groups` query heads."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=0)

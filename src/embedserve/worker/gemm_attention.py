@@ -52,20 +52,29 @@ def tile_rows(groups: int, num_keys: int) -> int:
     return max(MIN_TILE_ROWS, rows)
 
 
+def _rows_contiguous(x: torch.Tensor) -> torch.Tensor | None:
+    """x [heads, n, d] itself when each head's [n, d] is one dense block, else None."""
+    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else None
+
+
 def gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [n, heads, d] at prompt positions kv-n .. kv-1; k, v: [kv, kv_heads, d], every key
+    """q: [n, heads, d] at prompt positions kv-n .. kv-1; k, v: [kv_heads, kv, d], every key
     up to the last query. Query i sees keys 0 .. kv-n+i. Returns [n, heads * d] in q's dtype.
+    K/V already dense per head (the layer-major lane's buffer) are read in place; others are
+    copied once per call into kept buffers.
     """
     n, heads, d = q.shape
-    kv, kv_heads, _ = k.shape
+    kv_heads, kv, _ = k.shape
     groups = heads // kv_heads
     start = kv - n
     # [kv_heads, n, groups, d]: query head h*groups+g uses KV head h (repeat_interleave order)
     qg = (q * scale).view(n, kv_heads, groups, d).transpose(0, 1)
-    k_h = _workspace("k", kv_heads * kv * d, q).view(kv_heads, kv, d)
-    k_h.copy_(k.transpose(0, 1))
-    v_h = _workspace("v", kv_heads * kv * d, q).view(kv_heads, kv, d)
-    v_h.copy_(v.transpose(0, 1))
+    k_h = _rows_contiguous(k)
+    if k_h is None:
+        k_h = _workspace("k", kv_heads * kv * d, q).view(kv_heads, kv, d).copy_(k)
+    v_h = _rows_contiguous(v)
+    if v_h is None:
+        v_h = _workspace("v", kv_heads * kv * d, q).view(kv_heads, kv, d).copy_(v)
     out = torch.empty(n, kv_heads, groups, d, dtype=q.dtype, device=q.device)
     step = min(n, tile_rows(groups, kv))
     scores_buf = _workspace("scores", step * groups * kv, q)

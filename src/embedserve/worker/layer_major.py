@@ -5,7 +5,7 @@ until the last chunk: 16K tokens of a Qwen3-Embedding-0.6B-shaped model hold 1.9
 bf16. Walking the layers in the outer loop instead needs, per prompt,
 
     hidden  [prompt_len, hidden]            the residual stream at the current layer
-    kv      [2, prompt_len, kv_heads, d]     the current layer's K/V, overwritten per layer
+    kv      [2, kv_heads, prompt_len, d]     the current layer's K/V, overwritten per layer
 
 about 0.1 GB for the same prompt (18x less), and each layer's weights are reused by all
 chunks while they are hot in cache. The work is cut into (layer, chunk) units so the engine
@@ -15,6 +15,12 @@ can interleave it with its other requests step by step.
     layer 1:  c0 c1 c2 ... ck      chunk c at layer l attends to K/V of chunks 0..c at layer l
     ...                            (written by this layer's earlier units: causal order holds)
     final norm on the pooled rows only -> PoolingState, as the chunked path does
+
+Units never cross a chunk boundary (multiples of `chunk`) and otherwise start and end on
+multiples of `GRANULE` rows. oneDNN builds and keeps a kernel (about 0.55 MB) for every
+matmul shape it meets, and the allocator keeps holes of every size it served: units cut
+anywhere (a slice that ran into the next layer by a few rows, a unit sized to a time) gave
+every layer new shapes, and one 16K bf16 input grew the process by 1.9 GB.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ import torch
 
 from embedserve.models.decoder import DecoderModel
 from embedserve.request import Request
+from embedserve.worker.host_memory import release_free_heap
+
+GRANULE = 64  # unit rows are a multiple of this (or of `chunk`, when smaller)
 
 
 class LayerMajorJob:
@@ -33,13 +42,14 @@ class LayerMajorJob:
         self.model = model
         self.request = request
         self.chunk = chunk
+        self.granule = min(GRANULE, chunk)
         self.num_layers = cfg.num_hidden_layers
         self.length = request.num_prompt_tokens
         self.device = device
         self.ids = torch.tensor(request.token_ids, dtype=torch.int64, device=device)
         self.hidden: torch.Tensor | None = None  # allocated by the first unit, not while queued
         self.kv: torch.Tensor | None = None
-        self._kv_shape = (2, self.length, cfg.num_key_value_heads, cfg.head_dim)
+        self._kv_shape = (2, cfg.num_key_value_heads, self.length, cfg.head_dim)  # head-major
         self.layer = 0
         self.pos = 0  # next chunk start at `layer`
         # FLOPs of one row through one layer: 2 per weight, plus QK^T and PV per visible key
@@ -61,25 +71,42 @@ class LayerMajorJob:
         rows = min(rows, self.length - self.pos)
         return rows * (self.flops_per_row + self.flops_per_key * (self.pos + (rows + 1) / 2))
 
+    def _chunk_left(self) -> int:
+        """Rows from `pos` to the next chunk boundary (or the prompt's end)."""
+        return min(self.length, (self.pos // self.chunk + 1) * self.chunk) - self.pos
+
+    def unit_rows(self, want: int) -> int:
+        """Rows of the next unit for a wish of `want`: up to the chunk boundary, else a
+        multiple of the granule (at least one)."""
+        left = self._chunk_left()
+        rows = min(want, left)
+        return rows if rows == left else max(self.granule, rows - rows % self.granule)
+
     def rows_within(self, flops: float) -> int:
-        """The most rows (at least 1, at most `chunk`) whose next unit costs <= `flops`."""
-        lo, hi = 1, min(self.chunk, self.length - self.pos)
+        """The most rows (at least one granule, at most to the chunk boundary) whose next
+        unit costs <= `flops`."""
+        g, left = self.granule, self._chunk_left()
+        lo, hi = 1, -(-left // g)  # in granules; the last may be partial
         while lo < hi:  # unit_flops grows with rows
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self.unit_flops(mid) <= flops else (lo, mid - 1)
-        return lo
+            lo, hi = (mid, hi) if self.unit_flops(min(mid * g, left)) <= flops else (lo, mid - 1)
+        return self.unit_rows(lo * g)
 
     @torch.inference_mode()
     def run(self, token_layers: int) -> int:
-        """Run (layer, chunk) units worth exactly `token_layers` (or what is left); returns
-        those run. A unit is at most `chunk` tokens, fewer when the slice ends sooner."""
+        """Run (layer, chunk) units worth about `token_layers` (or what is left); returns those
+        run. The first unit is `unit_rows` of the slice; after it the slice runs only whole
+        units to the next chunk boundary, so whole-chunk slices stay on chunk boundaries."""
         spent = 0
         while spent < token_layers and not self.done:
+            want = token_layers - spent
+            if spent and want < self._chunk_left():
+                break
             if self.hidden is None:
                 self.hidden = self.model.embed(self.ids)
                 self.kv = self.hidden.new_empty(self._kv_shape)
             assert self.kv is not None
-            end = min(self.length, self.pos + self.chunk, self.pos + token_layers - spent)
+            end = self.pos + self.unit_rows(want)
             rows = slice(self.pos, end)
             self.flops_done += self.unit_flops(end - self.pos)
             positions = torch.arange(self.pos, end, device=self.device)
@@ -89,6 +116,7 @@ class LayerMajorJob:
             self.pos = end
             if self.pos == self.length:
                 self.layer, self.pos = self.layer + 1, 0
+                release_free_heap()  # this layer's freed activations, before the next one's
         if self.done:
             self.kv = None  # nothing reads it any more
         return spent
