@@ -39,10 +39,13 @@ def _qkv(n: int, kv: int, heads: int, kv_heads: int, d: int, seed: int) -> tuple
 
 
 def _head_major(x: torch.Tensor, dense: bool) -> torch.Tensor:
-    """[kv, kv_heads, d] -> [kv_heads, kv, d]: a dense copy (read in place) or a strided view
-    (copied into the kept buffers)."""
-    x = x.transpose(0, 1)
-    return x.contiguous() if dense else x
+    """[kv, kv_heads, d] -> [kv_heads, kv, d]: the first rows of a longer head-major buffer,
+    as the layer-major lane keeps K/V (read in place), or a strided view (copied)."""
+    if not dense:
+        return x.transpose(0, 1)
+    buf = torch.full((x.shape[1], x.shape[0] + 7, x.shape[2]), float("nan"), dtype=x.dtype)
+    buf[:, : x.shape[0]] = x.transpose(0, 1)
+    return buf[:, : x.shape[0]]
 
 
 @pytest.mark.parametrize("dense", [False, True])
@@ -54,7 +57,13 @@ def test_equals_float64_causal_attention(
     # tiles of 16 rows: a 70-row chunk spans five tiles, the last one partial
     monkeypatch.setattr(gemm_attention, "TILE_ROWS", 16)
     q, k, v = _qkv(n, start + n, heads, kv_heads, 16, seed=start + n + heads)
+    buffers: list[str] = []
+    workspace = gemm_attention._workspace
+    monkeypatch.setattr(
+        gemm_attention, "_workspace", lambda name, *a: buffers.append(name) or workspace(name, *a)
+    )
     got = gemm_attention.gemm_attention(q, _head_major(k, dense), _head_major(v, dense), scale=0.4)
+    assert ("k" in buffers, "v" in buffers) == (not dense, not dense)  # dense heads: no copy
     want = _reference(q, k, v, 0.4)
     assert got.shape == (n, heads * 16)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)

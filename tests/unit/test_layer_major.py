@@ -152,9 +152,9 @@ def test_lane_units_shrink_to_the_online_step_time(qwen3_dir: Path) -> None:
     core.add(_request(1, random_ids(20, seed=8)))
     (fin,) = core.step()
     assert fin.request.request_id == 1 and core.online_step_s is not None
-    core.online_step_s = 1e-9  # queries answered in no time: units of one granule
+    core.online_step_s = 1e-9  # queries answered in no time: units of one row
     core.step()
-    assert job.pos == 256 + GRANULE
+    assert job.pos == 257
     core.online_step_s = 1e9  # all the time in the world: up to the chunk boundary, no further
     core.step()
     assert job.pos == 512
@@ -176,28 +176,43 @@ def test_unit_rows_follow_the_flop_model(qwen3_dir: Path) -> None:
     g = GRANULE
     for rows in (g, 3 * g, 512):  # whole granules
         assert job.rows_within(job.unit_flops(rows)) == rows
-        assert job.rows_within(job.unit_flops(rows) - 1) == max(g, rows - g)
-    assert job.rows_within(0) == g  # at least one granule
+        assert job.rows_within(job.unit_flops(rows) - 1) == (rows - g if rows > g else g // 2)
+    for rows in (1, 2, 8, 32):  # below a granule: powers of two
+        assert job.rows_within(job.unit_flops(rows)) == rows
+        assert job.rows_within(job.unit_flops(2 * rows) - 1) == rows
+    assert job.rows_within(0) == 1  # at least one row
     budget = job.unit_flops(2 * g)
     job.run(512)  # later rows see more keys: the same FLOPs buy fewer rows
     assert job.pos == 512 and job.rows_within(job.unit_flops(2 * g)) == 2 * g
-    assert job.rows_within(budget) == g
+    assert job.rows_within(budget) < 2 * g
     assert job.rows_within(1e30) == 1000 - 512  # never past the end of the layer
 
 
+def _unit_is_aligned(start: int, end: int, chunk: int, length: int) -> bool:
+    """Ends at the chunk boundary (or the prompt's end), or whole granules from a granule,
+    or a power of two below a granule starting on a multiple of itself."""
+    size = end - start
+    if end == min(length, (start // chunk + 1) * chunk):
+        return True
+    if start % GRANULE == 0 and size % GRANULE == 0:
+        return True
+    return size < GRANULE and size & (size - 1) == 0 and start % size == 0
+
+
+@pytest.mark.parametrize(("length", "chunk"), [(700, 256), (120, 100)])
 def test_units_keep_to_granules_and_chunk_boundaries(
-    qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
+    qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, length: int, chunk: int
 ) -> None:
-    """Slices of any size cut units on granule multiples and never across a chunk boundary
-    (each new unit size or key count costs a oneDNN kernel kept for good); the vector is the
-    one whole chunks give."""
-    ids = random_ids(700, seed=10)
-    with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1) as engine:
+    """Slices of any size cut units that never cross a chunk boundary and stay on the granule
+    or a power of two (each new unit size or key count costs a oneDNN kernel kept for good);
+    the vector is the one whole chunks give."""
+    ids = random_ids(length, seed=10)
+    with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=chunk, layer_major_tokens=1) as engine:
         (want,) = engine.embed([ids])
-    core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1).core
+    core = build_engine(qwen3_dir, max_num_batched_tokens=chunk, layer_major_tokens=1).core
     assert core.lane is not None
     req = _request(0, ids)
-    job = LayerMajorJob(core.lane.model, req, 256, torch.device("cpu"))
+    job = LayerMajorJob(core.lane.model, req, chunk, torch.device("cpu"))
     units: list[tuple[int, int]] = []
     run_layer = job.model.run_layer
 
@@ -209,19 +224,28 @@ def test_units_keep_to_granules_and_chunk_boundaries(
 
     monkeypatch.setattr(job.model, "run_layer", record)
     rng = np.random.default_rng(0)
-    slices = []
     while not job.done:
-        slices.append(int(rng.integers(1, 700)))
-        ran = job.run(slices[-1])
-        assert ran >= 1 and (ran <= slices[-1] or ran == GRANULE)
+        asked = int(rng.integers(1, 150))
+        assert 1 <= job.run(asked) <= max(asked, 1)
     job.pool()
     for start, end in units:
-        assert start % GRANULE == 0 and (end % GRANULE == 0 or end == 700), (start, end)
-        assert start // 256 == (end - 1) // 256, (start, end)  # inside one chunk
-    tails = -(-(700 % 256) // GRANULE)  # units that end the layer: 188, 124 or 60 rows
-    assert len({end - start for start, end in units}) <= 256 // GRANULE + tails
+        assert start // chunk == (end - 1) // chunk, (start, end)  # inside one chunk
+        assert _unit_is_aligned(start, end, chunk, length), (start, end)
+    assert any(end - start < GRANULE and end % chunk for start, end in units)  # cuts below a granule
     got = apply_head(req.pooling.finish(), None, True)
     np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+def test_small_slices_at_the_prompt_tail_stay_inside_it(qwen3_dir: Path) -> None:
+    core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1).core
+    assert core.lane is not None
+    job = LayerMajorJob(core.lane.model, _request(0, random_ids(700, seed=11)), 256, torch.device("cpu"))
+    assert job.run(640) == 512  # two whole chunks; 128 more would not reach the boundary
+    assert job.run(128) == 128 and job.pos == 640
+    assert job.run(10) == 8 and job.pos == 648  # a power of two, 640 + 8 still inside 700
+    assert job.run(20) == 8 and job.pos == 656  # 648 is a multiple of 8, not of 16
+    assert job.run(20) == 16 and job.pos == 672  # 656 is a multiple of 16
+    assert job.run(28) == 28 and (job.layer, job.pos) == (1, 0)  # to the prompt's end, 700
 
 
 def test_aborted_prompt_frees_the_lane(qwen3_dir: Path) -> None:

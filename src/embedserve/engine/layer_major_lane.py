@@ -100,7 +100,7 @@ class LayerMajorLane:
 
     def rows_within(self, seconds: float) -> int:
         """Rows for the next unit of the most urgent prompt to take about `seconds` (at least
-        one granule; a full chunk until a unit has been timed)."""
+        one row; a full chunk until a unit has been timed)."""
         job = self.next_job()
         if job is None or self.flops_per_s is None:
             return self.chunk

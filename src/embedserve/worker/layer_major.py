@@ -16,11 +16,14 @@ can interleave it with its other requests step by step.
     ...                            (written by this layer's earlier units: causal order holds)
     final norm on the pooled rows only -> PoolingState, as the chunked path does
 
-Units never cross a chunk boundary (multiples of `chunk`) and otherwise start and end on
-multiples of `GRANULE` rows. oneDNN builds and keeps a kernel (about 0.55 MB) for every
-matmul shape it meets, and the allocator keeps holes of every size it served: units cut
-anywhere (a slice that ran into the next layer by a few rows, a unit sized to a time) gave
-every layer new shapes, and one 16K bf16 input grew the process by 1.9 GB.
+Units never cross a chunk boundary (multiples of `chunk`). Inside a chunk, from a position
+on the granule (64 rows) a unit is whole granules; a unit shorter than a granule (a query's
+step left less time) is a power of two that starts on a multiple of itself, so positions come
+back to the granule in a few steps (64, 72, 80, 96, 128). oneDNN builds and keeps a kernel
+(about 0.55 MB) for every matmul shape it meets, and the allocator keeps holes of every size
+it served: units cut anywhere (a slice that ran into the next layer by a few rows, a unit
+sized to a time) gave every layer new shapes, and one 16K bf16 input grew the process by
+1.9 GB.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from embedserve.models.decoder import DecoderModel
 from embedserve.request import Request
 from embedserve.worker.host_memory import release_free_heap
 
-GRANULE = 64  # unit rows are a multiple of this (or of `chunk`, when smaller)
+GRANULE = 64  # rows; a power of two (see unit_rows)
 
 
 class LayerMajorJob:
@@ -42,7 +45,7 @@ class LayerMajorJob:
         self.model = model
         self.request = request
         self.chunk = chunk
-        self.granule = min(GRANULE, chunk)
+        self.granule = min(GRANULE, 1 << (chunk.bit_length() - 1))  # a power of two <= chunk
         self.num_layers = cfg.num_hidden_layers
         self.length = request.num_prompt_tokens
         self.device = device
@@ -76,21 +79,26 @@ class LayerMajorJob:
         return min(self.length, (self.pos // self.chunk + 1) * self.chunk) - self.pos
 
     def unit_rows(self, want: int) -> int:
-        """Rows of the next unit for a wish of `want`: up to the chunk boundary, else a
-        multiple of the granule (at least one)."""
+        """Rows of the next unit for a wish of `want` (>= 1): up to the chunk boundary if the
+        wish reaches it; else whole granules from a position on the granule; else the largest
+        power of two <= `want` that `pos` is a multiple of."""
         left = self._chunk_left()
-        rows = min(want, left)
-        return rows if rows == left else max(self.granule, rows - rows % self.granule)
+        if want >= left:
+            return left
+        g = self.granule
+        if want >= g and self.pos % g == 0:
+            return want - want % g
+        aligned = g if self.pos % g == 0 else self.pos & -self.pos
+        return min(aligned, 1 << (want.bit_length() - 1))
 
     def rows_within(self, flops: float) -> int:
-        """The most rows (at least one granule, at most to the chunk boundary) whose next
+        """The largest `unit_rows` (at least one row, at most to the chunk boundary) whose
         unit costs <= `flops`."""
-        g, left = self.granule, self._chunk_left()
-        lo, hi = 1, -(-left // g)  # in granules; the last may be partial
-        while lo < hi:  # unit_flops grows with rows
+        lo, hi = 1, self._chunk_left()  # over wishes: unit_rows and unit_flops both grow
+        while lo < hi:
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self.unit_flops(min(mid * g, left)) <= flops else (lo, mid - 1)
-        return self.unit_rows(lo * g)
+            lo, hi = (mid, hi) if self.unit_flops(self.unit_rows(mid)) <= flops else (lo, mid - 1)
+        return self.unit_rows(lo)
 
     @torch.inference_mode()
     def run(self, token_layers: int) -> int:
@@ -107,6 +115,7 @@ class LayerMajorJob:
                 self.kv = self.hidden.new_empty(self._kv_shape)
             assert self.kv is not None
             end = self.pos + self.unit_rows(want)
+            assert self.pos < end <= min(self.length, (self.pos // self.chunk + 1) * self.chunk)
             rows = slice(self.pos, end)
             self.flops_done += self.unit_flops(end - self.pos)
             positions = torch.arange(self.pos, end, device=self.device)
