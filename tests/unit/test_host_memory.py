@@ -7,6 +7,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import torch
 from embedserve.config import PoolingMethod
 from embedserve.engine import layer_major_lane
 from embedserve.engine.builder import build_engine
+from embedserve.engine.core import EngineCore
 from embedserve.request import EmbedParams, Request
 from embedserve.worker import layer_major
 from tests.helpers.reference import random_ids
@@ -42,6 +44,18 @@ print((before - anon()) >> 20)
 """
 
 
+def _count_trims(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> list[int]:
+    """Replace `module.release_free_heap` with a counter; one entry per call."""
+    calls: list[int] = []
+    monkeypatch.setattr(module, "release_free_heap", lambda: calls.append(1) or True)
+    return calls
+
+
+def _lane_core(model_dir: Path) -> EngineCore:
+    """Every prompt through the layer-major lane, chunks of 128 tokens."""
+    return build_engine(model_dir, max_num_batched_tokens=128, layer_major_tokens=1).core
+
+
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's (and no other allocator preloaded)")
 def test_freed_heap_pages_return_to_the_os() -> None:
     out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120)
@@ -52,9 +66,8 @@ def test_freed_heap_pages_return_to_the_os() -> None:
 def test_a_lane_job_releases_free_heap_after_every_layer(
     qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[int] = []
-    monkeypatch.setattr(layer_major, "release_free_heap", lambda: calls.append(1) or True)
-    core = build_engine(qwen3_dir, max_num_batched_tokens=128, layer_major_tokens=1).core
+    calls = _count_trims(monkeypatch, layer_major)
+    core = _lane_core(qwen3_dir)
     assert core.lane is not None
     req = Request(0, random_ids(300, seed=1), EmbedParams(), PoolingMethod.LAST)
     job = layer_major.LayerMajorJob(core.lane.model, req, 128, torch.device("cpu"))
@@ -66,9 +79,8 @@ def test_a_lane_job_releases_free_heap_after_every_layer(
 def test_the_lane_releases_free_heap_when_a_prompt_finishes(
     qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[int] = []
-    monkeypatch.setattr(layer_major_lane, "release_free_heap", lambda: calls.append(1) or True)
-    core = build_engine(qwen3_dir, max_num_batched_tokens=128, layer_major_tokens=1).core
+    calls = _count_trims(monkeypatch, layer_major_lane)
+    core = _lane_core(qwen3_dir)
     core.add(Request(0, random_ids(300, seed=2), EmbedParams(), PoolingMethod.LAST))
     finished = []
     while core.has_work:

@@ -52,9 +52,12 @@ def tile_rows(groups: int, num_keys: int) -> int:
     return max(MIN_TILE_ROWS, rows)
 
 
-def _rows_contiguous(x: torch.Tensor) -> torch.Tensor | None:
-    """x [heads, n, d] itself when each head's [n, d] is one dense block, else None."""
-    return x if x.stride(2) == 1 and x.stride(1) == x.shape[2] else None
+def _dense_heads(name: str, x: torch.Tensor) -> torch.Tensor:
+    """x [heads, n, d] itself when each head's [n, d] is one dense block (read in place),
+    else a copy in the kept buffer `name`."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x
+    return _workspace(name, x.numel(), x).view(x.shape).copy_(x)
 
 
 def gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -69,12 +72,7 @@ def gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     start = kv - n
     # [kv_heads, n, groups, d]: query head h*groups+g uses KV head h (repeat_interleave order)
     qg = (q * scale).view(n, kv_heads, groups, d).transpose(0, 1)
-    k_h = _rows_contiguous(k)
-    if k_h is None:
-        k_h = _workspace("k", kv_heads * kv * d, q).view(kv_heads, kv, d).copy_(k)
-    v_h = _rows_contiguous(v)
-    if v_h is None:
-        v_h = _workspace("v", kv_heads * kv * d, q).view(kv_heads, kv, d).copy_(v)
+    k_h, v_h = _dense_heads("k", k), _dense_heads("v", v)
     out = torch.empty(n, kv_heads, groups, d, dtype=q.dtype, device=q.device)
     step = min(n, tile_rows(groups, kv))
     scores_buf = _workspace("scores", step * groups * kv, q)

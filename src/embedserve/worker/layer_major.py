@@ -115,7 +115,7 @@ class LayerMajorJob:
                 self.kv = self.hidden.new_empty(self._kv_shape)
             assert self.kv is not None
             end = self.pos + self.unit_rows(want)
-            assert self.pos < end <= min(self.length, (self.pos // self.chunk + 1) * self.chunk)
+            assert 0 < end - self.pos <= self._chunk_left()
             rows = slice(self.pos, end)
             self.flops_done += self.unit_flops(end - self.pos)
             positions = torch.arange(self.pos, end, device=self.device)
