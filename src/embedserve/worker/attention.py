@@ -18,6 +18,7 @@ from functools import cache
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from embedserve.kernels import flash_attention as native_flash
 from embedserve.worker.gemm_attention import gemm_attention
 
 
@@ -64,6 +65,12 @@ _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 # Set False to measure or debug with flash instead.
 CPU_BF16_GEMM = True
 
+# fp32 on the CPU: the native flash kernel (kernels/flash_attention.cpp, oneDNN brgemm, GQA
+# heads as rows) where it built and passed its self-check. Below NATIVE_MIN_ROWS queries its
+# per-head K transposition costs more than it saves. Set False to measure PyTorch's flash.
+CPU_FP32_NATIVE = True
+NATIVE_MIN_ROWS = 16
+
 
 @cache
 def _flash_broadcasts_kv_heads() -> bool:
@@ -79,6 +86,10 @@ def _flash_broadcasts_kv_heads() -> bool:
         return False
     want = _FLASH_LSE(q, kv_expand(k[0], 2)[None], kv_expand(v[0], 2)[None], scale=0.5)[0]
     return bool(torch.allclose(got, want))
+
+
+def _native_fp32() -> bool:
+    return CPU_FP32_NATIVE and native_flash.available()
 
 
 def _prefix_then_self(
@@ -118,6 +129,8 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     cpu = q.device.type == "cpu"
     if cpu and q.dtype == torch.bfloat16 and CPU_BF16_GEMM:
         return gemm_attention(q, keys, values, scale)
+    if cpu and q.dtype == torch.float32 and n >= NATIVE_MIN_ROWS and _native_fp32():
+        return native_flash.flash_attention_f32(q, keys, values, scale)
     k4, v4 = keys.unsqueeze(0), values.unsqueeze(0)  # [1, kv_heads, kv, d], SDPA's layout
     if start == 0:  # no earlier context: plain causal attention over its own keys
         o = scaled_dot_product_attention(_heads(q), k4, v4, is_causal=True, scale=scale, enable_gqa=True)

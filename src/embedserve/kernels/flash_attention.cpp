@@ -1,0 +1,182 @@
+// Causal flash attention in float32 on the CPU, its matmuls on oneDNN's brgemm.
+//
+// PyTorch's CPU flash kernel computes its score and output blocks with the BLAS sgemm
+// (MKL's, which runs at about half speed on AMD Zen), and it reads every KV head once per
+// query head. This kernel keeps flash's shape (online softmax over key blocks, nothing of
+// size [queries, keys] in memory) and changes the two:
+//
+//   * both matmuls of a block go through at::native::cpublas::brgemm, which runs float32
+//     at the machine's matmul speed (about 100 GFLOP/s per Zen 4 core, as torch.mm);
+//   * the query heads that share a KV head are rows of one tile (GQA without expansion),
+//     so each K/V block is read once per tile for all of them.
+//
+// Per KV head h and tile of R query rows (tasks run in parallel; rows i*groups + g of a
+// tile belong to query head h*groups + g):
+//   kt      = K_h^T                [d, keys]   built once per head by each thread (in key blocks)
+//     for each key block [k0, k1) up to the tile's last visible key:
+//       s    = (scale * q) @ kt[:, k0:k1]                brgemm
+//       row r at position p sees keys <= p: the rest of its block is zeroed after exp
+//       m, l = running max and sum; o *= exp(m_old - m_new)
+//       o   += exp(s - m) @ V_h[k0:k1]                   brgemm, accumulating
+//     out = o / l
+//
+// Query i of n sits at prompt position start + i with start = kv - n (the chunk's keys
+// are the last n), and sees keys 0 .. start + i. Built by embedserve/kernels/native.py
+// for the machine it runs on (-march=native) and called through ctypes.
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define CPU_CAPABILITY AVX512
+#define CPU_CAPABILITY_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CPU_CAPABILITY AVX2
+#define CPU_CAPABILITY_AVX2
+#endif
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+struct Shape {
+  int64_t n, heads, d, kv_heads, kv;
+  int64_t q_row, q_head;    // q strides (elements): per query, per head; last dim dense
+  int64_t k_head, k_row;    // k strides: per KV head, per key
+  int64_t v_head, v_row;    // v strides
+  float scale;
+};
+
+// Rows of one tile and keys of one block: a tile's scores (R * groups x KEY_BLOCK floats,
+// 512 KB at groups 2) stay in a Zen 4 core's 1 MB L2 next to its K/V block.
+constexpr int64_t TILE_QUERY_ROWS = 256;
+constexpr int64_t KEY_BLOCK = 256;
+
+// exp(s - top) over the first `valid` of `len` floats, zero after them; returns the sum.
+float exp_and_sum(float* s, int64_t valid, int64_t len, float top) {
+  const Vec vtop(top);
+  Vec acc(0.f);
+  int64_t j = 0;
+  for (; j + Vec::size() <= valid; j += Vec::size()) {
+    Vec e = (Vec::loadu(s + j) - vtop).exp_u20();
+    e.store(s + j);
+    acc = acc + e;
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
+  for (; j < valid; ++j) {
+    s[j] = std::exp(s[j] - top);
+    sum += s[j];
+  }
+  std::fill(s + valid, s + len, 0.f);
+  return sum;
+}
+
+float row_max(const float* s, int64_t valid) {
+  return at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, s, valid);
+}
+
+void scale_row(float* o, int64_t d, float alpha) {
+  at::vec::map([alpha](Vec x) { return x * Vec(alpha); }, o, o, d);
+}
+
+struct Tile {
+  std::vector<float> q, s, o, m, l;
+  explicit Tile(int64_t rows, int64_t d)
+      : q(rows * d), s(rows * KEY_BLOCK), o(rows * d), m(rows), l(rows) {}
+};
+
+// One tile: query rows [i0, i1) of KV head h. kt is K_h^T in key blocks: block b is
+// [d, KEY_BLOCK] at kt + b * d * KEY_BLOCK (one leading dimension for every call, so
+// brgemm meets few shapes: it builds and keeps a kernel for each).
+void attend_tile(const Shape& sh, const float* q, const float* kt, const float* v_h,
+                 float* out, int64_t h, int64_t i0, int64_t i1, Tile& t) {
+  const int64_t groups = sh.heads / sh.kv_heads, d = sh.d, start = sh.kv - sh.n;
+  const int64_t rows = (i1 - i0) * groups;
+  for (int64_t i = i0; i < i1; ++i) {  // pack scale * q: row (i - i0) * groups + g
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* src = q + i * sh.q_row + (h * groups + g) * sh.q_head;
+      float* dst = t.q.data() + ((i - i0) * groups + g) * d;
+      at::vec::map([&](Vec x) { return x * Vec(sh.scale); }, dst, src, d);
+    }
+  }
+  std::fill(t.m.begin(), t.m.begin() + rows, -std::numeric_limits<float>::infinity());
+  std::fill(t.l.begin(), t.l.begin() + rows, 0.f);
+  const int64_t last_key = start + i1;  // keys [0, last_key) are visible to some row
+  for (int64_t k0 = 0; k0 < last_key; k0 += KEY_BLOCK) {
+    const int64_t len = std::min(KEY_BLOCK, last_key - k0);
+    at::native::cpublas::brgemm(rows, len, d, d, KEY_BLOCK, KEY_BLOCK, false, t.q.data(), kt + k0 * d,
+                                t.s.data(), false);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* s = t.s.data() + r * KEY_BLOCK;
+      const int64_t pos = start + i0 + r / groups;
+      const int64_t valid = std::min(len, pos - k0 + 1);  // >= 1 in the first block
+      if (valid <= 0) {
+        std::fill(s, s + len, 0.f);
+        continue;
+      }
+      const float top = std::max(t.m[r], row_max(s, valid));
+      const float alpha = std::exp(t.m[r] - top);  // 0 on the first block (m = -inf)
+      t.l[r] = t.l[r] * alpha + exp_and_sum(s, valid, len, top);
+      if (k0 > 0 && alpha != 1.f) scale_row(t.o.data() + r * d, d, alpha);
+      t.m[r] = top;
+    }
+    at::native::cpublas::brgemm(rows, d, len, KEY_BLOCK, sh.v_row, d, k0 > 0, t.s.data(),
+                                v_h + k0 * sh.v_row, t.o.data(), false);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r / groups, g = r % groups;
+    float* dst = out + i * sh.heads * d + (h * groups + g) * d;
+    scale_row(t.o.data() + r * d, d, 1.f / t.l[r]);
+    std::copy(t.o.data() + r * d, t.o.data() + (r + 1) * d, dst);
+  }
+}
+
+// K_h^T in key blocks (see attend_tile) into kt.
+void transpose_keys(const Shape& sh, const float* k_h, float* kt) {
+  for (int64_t j = 0; j < sh.kv; ++j) {
+    float* col = kt + (j / KEY_BLOCK) * sh.d * KEY_BLOCK + j % KEY_BLOCK;
+    const float* row = k_h + j * sh.k_row;
+    for (int64_t c = 0; c < sh.d; ++c) col[c * KEY_BLOCK] = row[c];
+  }
+}
+
+}  // namespace
+
+extern "C" int embedserve_flash_attention_f32(const float* q, const float* k, const float* v, float* out,
+                                              const int64_t* dims, const int64_t* strides, float scale) {
+  // dims: n, heads, d, kv_heads, kv; strides: q_row, q_head, k_head, k_row, v_head, v_row
+  const Shape sh{dims[0], dims[1], dims[2], dims[3], dims[4], strides[0], strides[1],
+                 strides[2], strides[3], strides[4], strides[5], scale};
+  if (sh.n < 1 || sh.kv < sh.n || sh.kv_heads < 1 || sh.heads % sh.kv_heads != 0) return 1;
+  const int64_t groups = sh.heads / sh.kv_heads;
+  const int64_t tile = std::max<int64_t>(1, TILE_QUERY_ROWS / groups);
+  const int64_t tiles = (sh.n + tile - 1) / tile;
+  const int64_t kt_size = (sh.kv + KEY_BLOCK - 1) / KEY_BLOCK * sh.d * KEY_BLOCK;
+  // Tasks are (KV head, tile), head-major; a thread's share of the range is contiguous, so
+  // it transposes each head it meets once into its own kt. Within a head later tiles see
+  // more keys: tiles run 0, T-1, 1, T-2, ... so a share cut inside a head stays balanced.
+  at::parallel_for(0, sh.kv_heads * tiles, 1, [&](int64_t a, int64_t b) {
+    Tile t(tile * groups, sh.d);
+    std::unique_ptr<float[]> kt(new float[kt_size]);  // every key written before it is read
+    int64_t have = -1;
+    for (int64_t x = a; x < b; ++x) {
+      const int64_t h = x / tiles, y = x % tiles;
+      if (h != have) transpose_keys(sh, k + h * sh.k_head, kt.get());
+      have = h;
+      const int64_t which = (y % 2 == 0) ? y / 2 : tiles - 1 - y / 2;
+      const int64_t i0 = which * tile, i1 = std::min(sh.n, i0 + tile);
+      attend_tile(sh, q, kt.get(), v + h * sh.v_head, out, h, i0, i1, t);
+    }
+    at::native::cpublas::brgemm_release(false);
+  });
+  return 0;
+}

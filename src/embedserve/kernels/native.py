@@ -1,0 +1,110 @@
+"""Build a C++ kernel of this package into a shared library and load it with ctypes.
+
+The sources include ATen's headers and call into the libtorch the process already loaded
+(oneDNN's brgemm, ATen's thread pool), so a kernel is compiled against the installed torch
+with `-march=native`, once per (source, torch, compiler, CPU), and kept in a cache folder:
+
+    $EMBEDSERVE_KERNEL_CACHE  or  ~/.cache/embedserve/kernels
+        <name>-<sha256 of source, flags, torch version, compiler, CPU flags>.so
+
+No compiler, a failed build or EMBEDSERVE_NATIVE_KERNELS=0 give None: callers keep their
+PyTorch route. Builds of one key race safely (each writes a temp file, then renames).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCES = Path(__file__).parent
+_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-w")
+
+
+def enabled() -> bool:
+    return os.environ.get("EMBEDSERVE_NATIVE_KERNELS", "1") != "0"
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("EMBEDSERVE_KERNEL_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "embedserve" / "kernels"
+
+
+def _cpu_flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    return next((line for line in text.splitlines() if line.startswith("flags")), "")
+
+
+def _command(compiler: str, source: Path, target: Path) -> list[str]:
+    torch_dir = Path(torch.__file__).parent
+    abi = int(torch.compiled_with_cxx11_abi())
+    return [
+        compiler,
+        *_FLAGS,
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{torch_dir / 'include'}",
+        str(source),
+        f"-L{torch_dir / 'lib'}",
+        f"-Wl,-rpath,{torch_dir / 'lib'}",
+        "-ltorch_cpu",
+        "-lc10",
+        "-o",
+        str(target),
+    ]
+
+
+def _key(compiler: str, source: Path) -> str:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    parts = [source.read_bytes(), " ".join(_FLAGS).encode(), torch.__version__.encode(), version.encode()]
+    parts.append(_cpu_flags().encode())
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def compiler() -> str | None:
+    """The C++ compiler kernels are built with ($CXX, else g++ or c++ on PATH); None where
+    native kernels are off or not supported (Linux only)."""
+    if not enabled() or platform.system() != "Linux":
+        return None
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+@cache
+def load(name: str) -> ctypes.CDLL | None:
+    """`<name>.cpp` of this package as a loaded library, built if not cached; None if it
+    cannot be built here (logged once)."""
+    compiler_path = compiler()
+    if compiler_path is None:
+        return None
+    source = SOURCES / f"{name}.cpp"
+    target = cache_dir() / f"{name}-{_key(compiler_path, source)}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        log.info("building native kernel %s (once per machine and torch version)", name)
+        command = _command(compiler_path, source, Path(tmp))
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            os.unlink(tmp)
+            log.warning("native kernel %s did not build; using PyTorch ops:\n%s", name, done.stderr[-2000:])
+            return None
+        os.replace(tmp, target)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as e:
+        log.warning("native kernel %s did not load (%s); using PyTorch ops", name, e)
+        return None

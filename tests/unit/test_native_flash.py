@@ -1,0 +1,161 @@
+"""The native fp32 flash kernel (kernels/flash_attention.cpp) equals float64 masked softmax
+attention, and the CPU fp32 route uses it only where it built and checked itself."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+from embedserve.kernels import flash_attention, native
+from embedserve.worker import attention
+
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler for native kernels")
+
+
+def test_kernel_builds_and_passes_its_self_check_here() -> None:
+    """With a compiler present the kernel must build and match float64 (a broken kernel
+    would otherwise switch itself off and every fp32 test would quietly run PyTorch's flash)."""
+    assert flash_attention.available()
+
+
+def _want(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """float64 SDPA with an explicit bottom-right causal mask and expanded KV heads."""
+    n, heads, d = q.shape
+    kv_heads, kv, _ = k.shape
+    groups = heads // kv_heads
+    mask = torch.arange(kv)[None, :] <= torch.arange(kv - n, kv)[:, None]
+    o = scaled_dot_product_attention(
+        q.double().transpose(0, 1)[None],
+        k.double().repeat_interleave(groups, 0)[None],
+        v.double().repeat_interleave(groups, 0)[None],
+        attn_mask=mask,
+        scale=scale,
+    )
+    return o[0].transpose(0, 1).reshape(n, heads * d)
+
+
+@pytest.mark.parametrize(
+    ("n", "kv", "heads", "kv_heads", "d"),
+    [
+        (1, 1, 2, 1, 8),  # one query, one key
+        (37, 37, 4, 2, 16),  # a first chunk inside one tile and one key block
+        (300, 1100, 4, 2, 16),  # tiles and key blocks with remainders, a prefix
+        (129, 700, 6, 3, 64),  # a tile one row past the edge
+        (70, 70, 8, 1, 32),  # 8 query heads on one KV head: tiles of 32 queries
+        (257, 2000, 2, 2, 128),  # no GQA, Qwen3's head_dim
+    ],
+)
+def test_kernel_equals_float64_masked_attention(n: int, kv: int, heads: int, kv_heads: int, d: int) -> None:
+    gen = torch.Generator().manual_seed(n * kv)
+    q = torch.randn(n, heads, d, generator=gen)
+    k, v = (torch.randn(kv_heads, kv, d, generator=gen) for _ in range(2))
+    got = flash_attention.flash_attention_f32(q, k, v, d**-0.5)
+    assert got.shape == (n, heads * d) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), _want(q, k, v, d**-0.5), rtol=1e-5, atol=2e-6)
+
+
+def test_strided_inputs_as_the_engine_passes_them() -> None:
+    """q a view of a fused QKV output; K/V transposed views of a paged cache ([kv, kv_heads, d])
+    and of the lane's buffer (a head-major prefix of a longer NaN-padded allocation)."""
+    gen = torch.Generator().manual_seed(1)
+    n, kv, heads, kv_heads, d = 90, 600, 4, 2, 32
+    qkv = torch.randn(n, heads + 2 * kv_heads, d, generator=gen)
+    q = qkv[:, :heads]
+    cache = torch.randn(2, kv, kv_heads, d, generator=gen)
+    paged_k, paged_v = cache[0].transpose(0, 1), cache[1].transpose(0, 1)
+    lane = torch.full((2, kv_heads, kv + 100, d), float("nan"))
+    lane[:, :, :kv] = cache.transpose(1, 2)
+    want = _want(q, paged_k, paged_v, 0.2)
+    for k, v in ((paged_k, paged_v), (lane[0, :, :kv], lane[1, :, :kv])):
+        got = flash_attention.flash_attention_f32(q, k, v, 0.2)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)
+
+
+def test_running_max_rises_across_key_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scores that grow with the key index to ~500 (the row max changes in every block and the
+    output is rescaled each time; a softmax without the max overflows). Rounding scores that
+    large costs fp32 ~4e-5 in any kernel: the error vs float64 is held to PyTorch flash's."""
+    gen = torch.Generator().manual_seed(2)
+    n, kv, d = 40, 1500, 16
+    q = torch.ones(n, 2, d) + 0.01 * torch.randn(n, 2, d, generator=gen)
+    ramp = torch.linspace(0, 30, kv)[:, None]
+    k = (ramp + 0.1 * torch.randn(kv, d, generator=gen))[None]
+    v = torch.randn(1, kv, d, generator=gen)
+    want = _want(q, k, v, 1.0)
+    got = flash_attention.flash_attention_f32(q, k, v, 1.0)
+    monkeypatch.setattr(attention, "CPU_FP32_NATIVE", False)
+    flash = attention.causal_attention(q, k, v, 1.0)
+    error, flash_error = ((x.double() - want).abs().max().item() for x in (got, flash))
+    assert torch.isfinite(got).all() and 0 < error <= 1.25 * flash_error < 1e-4
+
+
+def test_kernel_refuses_more_queries_than_keys() -> None:
+    with pytest.raises(ValueError, match="refused q \\(5, 2, 8\\)"):
+        flash_attention.flash_attention_f32(
+            torch.randn(5, 2, 8), torch.randn(1, 4, 8), torch.randn(1, 4, 8), 1.0
+        )
+
+
+def test_fp32_route_uses_the_kernel_from_native_min_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = flash_attention.flash_attention_f32
+
+    def counted(q: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(len(q))
+        return real(q, *args)
+
+    monkeypatch.setattr(flash_attention, "flash_attention_f32", counted)
+    gen = torch.Generator().manual_seed(3)
+    k, v = (torch.randn(2, 100, 16, generator=gen) for _ in range(2))
+    for n in (attention.NATIVE_MIN_ROWS - 1, attention.NATIVE_MIN_ROWS, 100):
+        q = torch.randn(n, 4, 16, generator=gen)
+        got = attention.causal_attention(q, k, v, 0.25)
+        torch.testing.assert_close(got.double(), _want(q, k, v, 0.25), rtol=1e-5, atol=2e-6)
+    assert calls == [attention.NATIVE_MIN_ROWS, 100]
+    monkeypatch.setattr(attention, "CPU_FP32_NATIVE", False)
+    attention.causal_attention(torch.randn(50, 4, 16), k, v, 0.25)
+    assert calls == [attention.NATIVE_MIN_ROWS, 100]
+
+
+def test_no_compiler_or_switched_off_means_no_kernel(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("EMBEDSERVE_KERNEL_CACHE", str(tmp_path))
+    native.load.cache_clear()
+    try:
+        monkeypatch.setenv("EMBEDSERVE_NATIVE_KERNELS", "0")
+        assert native.load("flash_attention") is None
+        native.load.cache_clear()
+        monkeypatch.setenv("EMBEDSERVE_NATIVE_KERNELS", "1")
+        monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+        with caplog.at_level(logging.WARNING, logger="embedserve.kernels.native"):
+            assert native.load("flash_attention") is None
+        assert "did not build" in caplog.text
+        assert list(tmp_path.iterdir()) == []  # no half-written library left behind
+    finally:
+        native.load.cache_clear()
+
+
+def test_built_once_then_loaded_from_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("EMBEDSERVE_KERNEL_CACHE", str(tmp_path))
+    native.load.cache_clear()
+    try:
+        assert native.load("flash_attention") is not None
+        (built,) = tmp_path.iterdir()
+        assert built.name.startswith("flash_attention-") and built.suffix == ".so"
+        stamp = built.stat().st_mtime_ns
+        native.load.cache_clear()
+
+        def no_build(*args: object) -> list[str]:
+            raise AssertionError("rebuilt although cached")
+
+        monkeypatch.setattr(native, "_command", no_build)
+        assert native.load("flash_attention") is not None
+        assert built.stat().st_mtime_ns == stamp
+    finally:
+        native.load.cache_clear()
