@@ -15,7 +15,7 @@
 #   [THREADS=2] [PEER_VLLM=1] benchmarks/q06.sh [MODELS_DIR] [OUT_ROOT] [long|512|mix|16k|vllm|all]
 #
 # Single inputs of 16K tokens take minutes per target at this size on 2 cores: `long` runs
-# about 30 minutes with vLLM. Matmul peak and GFLOP/s: benchmarks/matmul_peak.py.
+# about 30 minutes with vLLM. Matmul peak and GFLOP/s: benchmarks/gflops.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS="${1:-/tmp/embedserve-bench-models}"

@@ -14,6 +14,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the native CPU kernels once, before any test (about 10 s on an empty cache), so
+    no test that starts a server or times a step pays for the compiler."""
+    from embedserve.kernels import flash_attention
+
+    flash_attention.available()
+
+
 @pytest.fixture(scope="session")
 def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")

@@ -135,8 +135,16 @@ def test_no_compiler_or_switched_off_means_no_kernel(
         monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
         with caplog.at_level(logging.WARNING, logger="embedserve.kernels.native"):
             assert native.load("flash_attention") is None
-        assert "did not build" in caplog.text
+            native.load.cache_clear()
+            monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+            assert native.load("flash_attention") is None
+        assert caplog.text.count("did not build or load") == 2
         assert list(tmp_path.iterdir()) == []  # no half-written library left behind
+        native.load.cache_clear()
+        monkeypatch.delenv("CXX")
+        (tmp_path / "file").write_text("")  # a cache folder that cannot be created
+        monkeypatch.setenv("EMBEDSERVE_KERNEL_CACHE", str(tmp_path / "file" / "kernels"))
+        assert native.load("flash_attention") is None
     finally:
         native.load.cache_clear()
 

@@ -82,29 +82,38 @@ def compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
 
 
+def _build(compiler: str, source: Path, target: Path) -> None:
+    """Compile into a temp file beside `target`, then rename (concurrent builds of one key
+    race safely). Raises OSError with the compiler's message on failure."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            _command(compiler, source, Path(tmp)), capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            raise OSError(f"{compiler} exited {done.returncode}:\n{done.stderr[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 @cache
 def load(name: str) -> ctypes.CDLL | None:
     """`<name>.cpp` of this package as a loaded library, built if not cached; None if it
-    cannot be built here (logged once)."""
+    cannot be built or loaded here (a missing compiler, an unwritable cache: logged once)."""
     compiler_path = compiler()
     if compiler_path is None:
         return None
     source = SOURCES / f"{name}.cpp"
-    target = cache_dir() / f"{name}-{_key(compiler_path, source)}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        log.info("building native kernel %s (once per machine and torch version)", name)
-        command = _command(compiler_path, source, Path(tmp))
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            os.unlink(tmp)
-            log.warning("native kernel %s did not build; using PyTorch ops:\n%s", name, done.stderr[-2000:])
-            return None
-        os.replace(tmp, target)
     try:
+        target = cache_dir() / f"{name}-{_key(compiler_path, source)}.so"
+        if not target.exists():
+            log.info("building native kernel %s (once per machine and torch version)", name)
+            _build(compiler_path, source, target)
         return ctypes.CDLL(str(target))
     except OSError as e:
-        log.warning("native kernel %s did not load (%s); using PyTorch ops", name, e)
+        log.warning("native kernel %s did not build or load; using PyTorch ops: %s", name, e)
         return None
