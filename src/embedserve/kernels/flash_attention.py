@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import platform
 from collections.abc import Callable
 from functools import cache
 
@@ -36,8 +37,24 @@ def _kernel() -> Kernel | None:
     return kernel
 
 
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise ValueError naming what the kernel cannot take (it reads raw pointers)."""
+    shapes = ", ".join(
+        f"{name} {tuple(x.shape)} {x.dtype} on {x.device}" for name, x in (("q", q), ("k", k), ("v", v))
+    )
+    if any(x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 3 for x in (q, k, v)):
+        raise ValueError(f"flash_attention_f32 takes 3-D float32 CPU tensors, got {shapes}")
+    n, heads, d = q.shape
+    kv_heads, kv, kd = k.shape
+    if v.shape != k.shape or kd != d or min(n, heads, d, kv_heads) < 1 or heads % kv_heads or kv < n:
+        raise ValueError(
+            f"flash_attention_f32 needs k, v [kv_heads, kv >= n, d] for q [n, heads, d], got {shapes}"
+        )
+
+
 def _run(fn: Kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    q = q if q.stride(2) == 1 else q.contiguous()
+    _check(q, k, v)
+    q = q if q.stride(2) == 1 else q.contiguous()  # kept alive by these names through the call
     k = k if k.stride(2) == 1 else k.contiguous()
     v = v if v.stride(2) == 1 else v.contiguous()
     n, heads, d = q.shape
@@ -46,9 +63,10 @@ def _run(fn: Kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     dims = _Int64s(n, heads, d, kv_heads, kv, 0)
     strides = _Int64s(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dims, strides, scale)
-    if rc != 0:
-        shapes = ", ".join(f"{name} {tuple(x.shape)}" for name, x in (("q", q), ("k", k), ("v", v)))
-        raise ValueError(f"flash_attention_f32 refused {shapes}")
+    if rc != 0:  # 1: shapes refused (checked above); 2: out of memory or a oneDNN error inside
+        raise RuntimeError(
+            f"native flash attention failed (code {rc}) on q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
     return out
 
 
@@ -67,16 +85,25 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
 
 @cache
 def available() -> bool:
-    """The kernel built here and matches float64 on seeded problems that cross its tile and
-    key-block edges (GQA 2, a prefix, a first chunk)."""
+    """The kernel built here (x86 with oneDNN: where its brgemm is the fast path it was made
+    for) and matches float64 on seeded problems that cross its tile and key-block edges:
+    GQA 2 with a prefix, a first chunk, and head_dim 128 with V read through a paged-cache
+    view (rows kv_heads * d apart)."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return False
     fn = _kernel()
     if fn is None:
         return False
     gen = torch.Generator().manual_seed(0)
-    for n, kv in ((300, 1100), (37, 37)):
-        q, k, v = (torch.randn(*s, generator=gen) for s in ((n, 4, 16), (2, kv, 16), (2, kv, 16)))
-        got = _run(fn, q, k, v, 0.25)
-        if not torch.allclose(got.double(), reference(q, k, v, 0.25), rtol=1e-4, atol=1e-5):
+    cases = [((300, 4, 16), 1100), ((37, 4, 16), 37), ((40, 4, 128), 300)]
+    for (n, heads, d), kv in cases:
+        q = torch.randn(n, heads, d, generator=gen)
+        k, v = torch.randn(2, kv, 2, d, generator=gen).transpose(1, 2)  # [2 kv_heads, kv, d] views
+        try:
+            got = _run(fn, q, k, v, 0.25)
+        except RuntimeError:
+            got = None
+        if got is None or not torch.allclose(got.double(), reference(q, k, v, 0.25), rtol=1e-4, atol=1e-5):
             log.warning("native flash attention failed its self-check on this machine; using PyTorch's flash")
             return False
     return True

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -29,7 +30,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).parent
-_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-w")
+_FLAGS = ("-O3", "-march=native", "-DNDEBUG", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-w")
+BUILD_TIMEOUT_S = 300
 
 
 def enabled() -> bool:
@@ -41,19 +43,22 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "embedserve" / "kernels"
 
 
-def _cpu_flags() -> str:
+def _cpu_identity() -> str:
+    """What -march=native compiles for: the first CPU's model and feature lines (x86
+    `flags`, ARM `Features` and `CPU part`)."""
+    keys = ("model name", "flags", "Features", "CPU implementer", "CPU part")
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        lines = Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
     except OSError:
         return platform.processor()
-    return next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return "\n".join(line for line in lines if line.split(":")[0].strip() in keys) + platform.machine()
 
 
 def _command(compiler: str, source: Path, target: Path) -> list[str]:
     torch_dir = Path(torch.__file__).parent
     abi = int(torch.compiled_with_cxx11_abi())
     return [
-        compiler,
+        *shlex.split(compiler),
         *_FLAGS,
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-I{torch_dir / 'include'}",
@@ -68,9 +73,11 @@ def _command(compiler: str, source: Path, target: Path) -> list[str]:
 
 
 def _key(compiler: str, source: Path) -> str:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    parts = [source.read_bytes(), " ".join(_FLAGS).encode(), torch.__version__.encode(), version.encode()]
-    parts.append(_cpu_flags().encode())
+    cmd = [*shlex.split(compiler), "--version"]
+    version = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60).stdout
+    command = " ".join(_command(compiler, source, Path("out.so")))  # flags, paths, ABI
+    parts = [source.read_bytes(), command.encode(), torch.__version__.encode(), version.encode()]
+    parts.append(_cpu_identity().encode())
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
@@ -79,7 +86,7 @@ def compiler() -> str | None:
     native kernels are off or not supported (Linux only)."""
     if not enabled() or platform.system() != "Linux":
         return None
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")  # CXX may hold flags
 
 
 def _build(compiler: str, source: Path, target: Path) -> None:
@@ -114,6 +121,6 @@ def load(name: str) -> ctypes.CDLL | None:
             log.info("building native kernel %s (once per machine and torch version)", name)
             _build(compiler_path, source, target)
         return ctypes.CDLL(str(target))
-    except OSError as e:
+    except Exception as e:  # a missing HOME, a hung compiler, ...: PyTorch's ops still work
         log.warning("native kernel %s did not build or load; using PyTorch ops: %s", name, e)
         return None
