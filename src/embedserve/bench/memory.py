@@ -17,6 +17,7 @@ cost beyond the resident weights.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -39,38 +40,56 @@ def _reset_hwm() -> bool:
     return True
 
 
-def _tree_rss(pid: int) -> int:
-    import psutil
+class _Tree:
+    """A process and its children. Listing children scans every process on the machine (a
+    few ms): done at most every RESCAN_S; reading the known processes' RSS each sample is
+    cheap. Scanning at every 20 ms sample took ~9% of a core from the measured server on a
+    2-core box and slowed it by 9-11%."""
 
-    proc = psutil.Process(pid)
-    total = proc.memory_info().rss
-    for child in proc.children(recursive=True):
-        try:
-            total += child.memory_info().rss
-        except psutil.Error:  # a child that exited between listing and reading
-            continue
-    return total
+    RESCAN_S = 1.0
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._root = psutil.Process(pid)
+        self._members: list[psutil.Process] = []
+        self._scanned = -float("inf")
+
+    def rss(self) -> int:
+        import psutil
+
+        now = time.monotonic()
+        if now - self._scanned >= self.RESCAN_S:
+            self._members = [self._root, *self._root.children(recursive=True)]
+            self._scanned = now
+        total = 0
+        for proc in self._members:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:  # a child that exited since the last scan
+                continue
+        return total
 
 
 class _Sampler:
     def __init__(self, pid: int | None, interval: float) -> None:
         import os
 
-        self._pid = os.getpid() if pid is None else pid
+        self._tree = _Tree(os.getpid() if pid is None else pid)
         self._interval = interval
         self._stop = threading.Event()
-        self.start = self.peak = _tree_rss(self._pid)
+        self.start = self.peak = self._tree.rss()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            self.peak = max(self.peak, _tree_rss(self._pid))
+            self.peak = max(self.peak, self._tree.rss())
 
     def stop(self) -> int:
         self._stop.set()
         self._thread.join()
-        return max(self.peak, _tree_rss(self._pid))
+        return max(self.peak, self._tree.rss())
 
 
 class PeakMemory:
