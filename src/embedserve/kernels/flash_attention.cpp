@@ -85,9 +85,13 @@ float row_max(const float* s, int64_t valid) {
   return at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, s, valid);
 }
 
-void scale_row(float* o, int64_t d, float alpha) {
-  at::vec::map([alpha](Vec x) { return x * Vec(alpha); }, o, o, d);
+// dst = alpha * src over d floats (dst may be src).
+void scale_into(float* dst, const float* src, int64_t d, float alpha) {
+  at::vec::map([alpha](Vec x) { return x * Vec(alpha); }, dst, src, d);
 }
+
+// Keys rounded up to whole key blocks (K^T is kept in whole blocks).
+int64_t whole_blocks(int64_t keys) { return (keys + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK; }
 
 // brgemm builds and keeps a kernel (about 0.2 MB) per shape and thread, for the life of the
 // process. Tile rows and block keys are rounded up to a multiple of SHAPE_STEP, so any mix
@@ -113,8 +117,7 @@ void attend_tile(const Shape& sh, const float* q, const float* kt, const float* 
   for (int64_t i = i0; i < i1; ++i) {  // pack scale * q: row (i - i0) * groups + g
     for (int64_t g = 0; g < groups; ++g) {
       const float* src = q + i * sh.q_row + (h * groups + g) * sh.q_head;
-      float* dst = t.q.data() + ((i - i0) * groups + g) * d;
-      at::vec::map([&](Vec x) { return x * Vec(sh.scale); }, dst, src, d);
+      scale_into(t.q.data() + ((i - i0) * groups + g) * d, src, d, sh.scale);
     }
   }
   std::fill(t.q.begin() + rows * d, t.q.begin() + rows_p * d, 0.f);
@@ -137,7 +140,7 @@ void attend_tile(const Shape& sh, const float* q, const float* kt, const float* 
       const float top = std::max(t.m[r], row_max(s, valid));
       const float alpha = std::exp(t.m[r] - top);  // 0 on the first block (m = -inf)
       t.l[r] = t.l[r] * alpha + exp_and_sum(s, valid, len_p, top);
-      if (k0 > 0 && alpha != 1.f) scale_row(t.o.data() + r * d, d, alpha);
+      if (k0 > 0 && alpha != 1.f) scale_into(t.o.data() + r * d, t.o.data() + r * d, d, alpha);
       t.m[r] = top;
     }
     std::fill(t.s.begin() + rows * KEY_BLOCK, t.s.begin() + rows_p * KEY_BLOCK, 0.f);
@@ -154,16 +157,13 @@ void attend_tile(const Shape& sh, const float* q, const float* kt, const float* 
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r / groups, g = r % groups;
-    float* dst = out + i * sh.heads * d + (h * groups + g) * d;
-    scale_row(t.o.data() + r * d, d, 1.f / t.l[r]);
-    std::copy(t.o.data() + r * d, t.o.data() + (r + 1) * d, dst);
+    scale_into(out + i * sh.heads * d + (h * groups + g) * d, t.o.data() + r * d, d, 1.f / t.l[r]);
   }
 }
 
 // K_h^T in key blocks (see attend_tile) into kt.
 void transpose_keys(const Shape& sh, const float* k_h, float* kt) {
-  const int64_t whole = (sh.kv + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
-  for (int64_t j = 0; j < whole; ++j) {
+  for (int64_t j = 0; j < whole_blocks(sh.kv); ++j) {
     float* col = kt + (j / KEY_BLOCK) * sh.d * KEY_BLOCK + j % KEY_BLOCK;
     if (j >= sh.kv) {  // zeros past the last key
       for (int64_t c = 0; c < sh.d; ++c) col[c * KEY_BLOCK] = 0.f;
@@ -182,7 +182,7 @@ void run(const Shape& sh, const float* q, const float* k, const float* v, float*
   const int64_t groups = sh.heads / sh.kv_heads;
   const int64_t tile = std::max<int64_t>(1, TILE_ROWS / groups);  // queries per tile
   const int64_t tiles = (sh.n + tile - 1) / tile;
-  const int64_t kt_size = (sh.kv + KEY_BLOCK - 1) / KEY_BLOCK * sh.d * KEY_BLOCK;
+  const int64_t kt_size = whole_blocks(sh.kv) * sh.d;
   at::parallel_for(0, sh.kv_heads * tiles, 1, [&](int64_t a, int64_t b) {
     Tile t(tile * groups, sh.d);
     std::unique_ptr<float[]> kt(new float[kt_size]);  // written whole per head

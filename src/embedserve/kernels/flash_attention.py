@@ -39,16 +39,20 @@ def _kernel() -> Kernel | None:
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise ValueError naming what the kernel cannot take (it reads raw pointers)."""
-    shapes = ", ".join(
-        f"{name} {tuple(x.shape)} {x.dtype} on {x.device}" for name, x in (("q", q), ("k", k), ("v", v))
-    )
+
+    def got() -> str:  # built only for the error: this runs once per layer unit
+        return ", ".join(
+            f"{name} {tuple(x.shape)} {x.dtype} on {x.device}"
+            for name, x in zip("qkv", (q, k, v), strict=True)
+        )
+
     if any(x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 3 for x in (q, k, v)):
-        raise ValueError(f"flash_attention_f32 takes 3-D float32 CPU tensors, got {shapes}")
+        raise ValueError(f"flash_attention_f32 takes 3-D float32 CPU tensors, got {got()}")
     n, heads, d = q.shape
     kv_heads, kv, kd = k.shape
     if v.shape != k.shape or kd != d or min(n, heads, d, kv_heads) < 1 or heads % kv_heads or kv < n:
         raise ValueError(
-            f"flash_attention_f32 needs k, v [kv_heads, kv >= n, d] for q [n, heads, d], got {shapes}"
+            f"flash_attention_f32 needs k, v [kv_heads, kv >= n, d] for q [n, heads, d], got {got()}"
         )
 
 

@@ -96,9 +96,8 @@ def _build(compiler: str, source: Path, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run(
-            _command(compiler, source, Path(tmp)), capture_output=True, text=True, check=False
-        )
+        command = _command(compiler, source, Path(tmp))
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise OSError(f"{compiler} exited {done.returncode}:\n{done.stderr[-2000:]}")
         os.replace(tmp, target)
