@@ -1,5 +1,6 @@
-"""The native fp32 flash kernel (kernels/flash_attention.cpp) equals float64 masked softmax
-attention, and the CPU fp32 route uses it only where it built and checked itself."""
+"""The native flash kernel (kernels/flash_attention.cpp) equals float64 masked softmax
+attention in fp32 and within bf16 rounding of it in bf16, and the CPU routes use it only
+where it built and checked itself."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from embedserve.kernels import flash_attention, native
 from embedserve.worker import attention
+from embedserve.worker.gemm_attention import gemm_attention
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler for native kernels")
 
 
 def test_kernel_builds_and_passes_its_self_check_here() -> None:
     """With a compiler present the kernel must build and match float64 (a broken kernel
-    would otherwise switch itself off and every fp32 test would quietly run PyTorch's flash)."""
-    assert flash_attention.available()
+    would otherwise switch itself off and every test would quietly run PyTorch's routes)."""
+    assert flash_attention.available(torch.float32) and flash_attention.available(torch.bfloat16)
 
 
 def _want(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -55,9 +57,34 @@ def test_kernel_equals_float64_masked_attention(n: int, kv: int, heads: int, kv_
     gen = torch.Generator().manual_seed(n * kv)
     q = torch.randn(n, heads, d, generator=gen)
     k, v = (torch.randn(kv_heads, kv, d, generator=gen) for _ in range(2))
-    got = flash_attention.flash_attention_f32(q, k, v, d**-0.5)
+    got = flash_attention.flash_attention(q, k, v, d**-0.5)
     assert got.shape == (n, heads * d) and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), _want(q, k, v, d**-0.5), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(
+    ("n", "kv", "heads", "kv_heads", "d"),
+    [
+        (1, 1, 2, 1, 8),
+        (37, 37, 4, 2, 16),
+        (300, 1100, 4, 2, 16),  # tiles and key blocks with remainders, a prefix
+        (100, 400, 21, 3, 16),  # 7 query heads per KV head
+        (257, 2000, 16, 8, 128),  # Qwen3-0.6B's heads
+    ],
+)
+def test_bf16_within_bf16_rounding_of_float64(n: int, kv: int, heads: int, kv_heads: int, d: int) -> None:
+    """bf16 inputs, fp32 scores and softmax: closer to float64 than the tiled bf16 matmul
+    route, which rounds the scores to bf16 (a mispacked VNNI operand is off by O(1))."""
+    gen = torch.Generator().manual_seed(n + kv)
+    q = (2 * torch.randn(n, heads, d, generator=gen)).bfloat16()
+    k, v = (torch.randn(kv_heads, kv, d, generator=gen).bfloat16() for _ in range(2))
+    want = _want(q, k, v, d**-0.5)
+    got = flash_attention.flash_attention(q, k, v, d**-0.5)
+    assert got.shape == (n, heads * d) and got.dtype == torch.bfloat16
+    error = ((got.double() - want).norm() / want.norm()).item()
+    tiled = ((gemm_attention(q, k, v, d**-0.5).double() - want).norm() / want.norm()).item()
+    assert error < 5e-3 and error <= tiled
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
 
 
 def test_strided_inputs_as_the_engine_passes_them() -> None:
@@ -73,8 +100,11 @@ def test_strided_inputs_as_the_engine_passes_them() -> None:
     lane[:, :, :kv] = cache.transpose(1, 2)
     want = _want(q, paged_k, paged_v, 0.2)
     for k, v in ((paged_k, paged_v), (lane[0, :, :kv], lane[1, :, :kv])):
-        got = flash_attention.flash_attention_f32(q, k, v, 0.2)
+        got = flash_attention.flash_attention(q, k, v, 0.2)
         torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=2e-6)
+        got = flash_attention.flash_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.2)
+        want_bf16 = _want(q.bfloat16(), k.bfloat16(), v.bfloat16(), 0.2)
+        torch.testing.assert_close(got.double(), want_bf16, rtol=2e-2, atol=2e-2)
 
 
 def test_running_max_rises_across_key_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,8 +118,8 @@ def test_running_max_rises_across_key_blocks(monkeypatch: pytest.MonkeyPatch) ->
     k = (ramp + 0.1 * torch.randn(kv, d, generator=gen))[None]
     v = torch.randn(1, kv, d, generator=gen)
     want = _want(q, k, v, 1.0)
-    got = flash_attention.flash_attention_f32(q, k, v, 1.0)
-    monkeypatch.setattr(attention, "CPU_FP32_NATIVE", False)
+    got = flash_attention.flash_attention(q, k, v, 1.0)
+    monkeypatch.setattr(attention, "CPU_NATIVE", False)
     flash = attention.causal_attention(q, k, v, 1.0)
     error, flash_error = ((x.double() - want).abs().max().item() for x in (got, flash))
     assert torch.isfinite(got).all() and 0 < error <= 2 * flash_error and error < 1e-4
@@ -97,35 +127,48 @@ def test_running_max_rises_across_key_blocks(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_bad_inputs_are_refused_by_name() -> None:
     q, kv = torch.randn(5, 2, 8), torch.randn(1, 4, 8)
-    with pytest.raises(ValueError, match=r"kv >= n.*got q \(5, 2, 8\)"):
-        flash_attention.flash_attention_f32(q, kv, kv, 1.0)  # more queries than keys
-    with pytest.raises(ValueError, match=r"float32 CPU tensors.*torch.bfloat16"):
-        flash_attention.flash_attention_f32(q[:4], kv.bfloat16(), kv.bfloat16(), 1.0)
+    with pytest.raises(ValueError, match=r"kv >= n.*q \(5, 2, 8\)"):
+        flash_attention.flash_attention(q, kv, kv, 1.0)  # more queries than keys
+    with pytest.raises(ValueError, match=r"float32 or bfloat16 CPU tensors of one dtype.*torch.bfloat16"):
+        flash_attention.flash_attention(q[:4], kv.bfloat16(), kv.bfloat16(), 1.0)
+    with pytest.raises(ValueError, match=r"float32 or bfloat16 CPU tensors.*torch.float16"):
+        flash_attention.flash_attention(q[:4].half(), kv.half(), kv.half(), 1.0)
+    with pytest.raises(ValueError, match=r"even head_dim.*\(4, 2, 7\)"):
+        odd = torch.randn(1, 4, 7).bfloat16()
+        flash_attention.flash_attention(q[:4, :, :7].bfloat16(), odd, odd, 1.0)
     with pytest.raises(ValueError, match="kv >= n"):
-        flash_attention.flash_attention_f32(q[:4], kv, kv[:, :, :4], 1.0)  # v's head_dim differs
+        flash_attention.flash_attention(q[:4], kv, kv[:, :, :4], 1.0)  # v's head_dim differs
     with pytest.raises(ValueError, match="kv >= n"):
-        flash_attention.flash_attention_f32(torch.randn(4, 3, 8), kv.expand(2, 4, 8), kv.expand(2, 4, 8), 1.0)
+        flash_attention.flash_attention(torch.randn(4, 3, 8), kv.expand(2, 4, 8), kv.expand(2, 4, 8), 1.0)
 
 
-def test_fp32_route_uses_the_kernel_from_native_min_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_route_uses_the_kernel_from_native_min_rows(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
     calls: list[int] = []
-    real = flash_attention.flash_attention_f32
+    real = flash_attention.flash_attention
 
     def counted(q: torch.Tensor, *args: Any) -> torch.Tensor:
         calls.append(len(q))
         return real(q, *args)
 
-    monkeypatch.setattr(flash_attention, "flash_attention_f32", counted)
+    monkeypatch.setattr(flash_attention, "flash_attention", counted)
     gen = torch.Generator().manual_seed(3)
-    k, v = (torch.randn(2, 100, 16, generator=gen) for _ in range(2))
-    for n in (attention.NATIVE_MIN_ROWS - 1, attention.NATIVE_MIN_ROWS, 100):
-        q = torch.randn(n, 4, 16, generator=gen)
+    k, v = (torch.randn(2, 100, 16, generator=gen).to(dtype) for _ in range(2))
+    least = attention.NATIVE_MIN_ROWS[dtype]
+    rtol, atol = (1e-5, 2e-6) if dtype == torch.float32 else (2e-2, 2e-2)
+    for n in (least - 1, least, 100):
+        q = torch.randn(n, 4, 16, generator=gen).to(dtype)
         got = attention.causal_attention(q, k, v, 0.25)
-        torch.testing.assert_close(got.double(), _want(q, k, v, 0.25), rtol=1e-5, atol=2e-6)
-    assert calls == [attention.NATIVE_MIN_ROWS, 100]
-    monkeypatch.setattr(attention, "CPU_FP32_NATIVE", False)
-    attention.causal_attention(torch.randn(50, 4, 16), k, v, 0.25)
-    assert calls == [attention.NATIVE_MIN_ROWS, 100]
+        torch.testing.assert_close(got.double(), _want(q, k, v, 0.25), rtol=rtol, atol=atol)
+    assert calls == [least, 100]
+    odd = torch.randn(2, 100, 15, generator=gen).to(dtype)  # bf16 needs an even head_dim
+    attention.causal_attention(torch.randn(100, 4, 15, generator=gen).to(dtype), odd, odd, 0.25)
+    assert calls == [least, 100, 100] if dtype == torch.float32 else calls == [least, 100]
+    monkeypatch.setattr(attention, "CPU_NATIVE", False)
+    attention.causal_attention(torch.randn(100, 4, 16).to(dtype), k, v, 0.25)
+    assert len(calls) == (3 if dtype == torch.float32 else 2)
 
 
 def test_no_compiler_or_switched_off_means_no_kernel(

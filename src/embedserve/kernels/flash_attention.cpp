@@ -1,24 +1,29 @@
-// Causal flash attention in float32 on the CPU, its matmuls on oneDNN's brgemm.
+// Causal flash attention on the CPU in float32 and bfloat16, its matmuls on oneDNN's brgemm.
 //
 // PyTorch's CPU flash kernel computes its score and output blocks with the BLAS sgemm
-// (MKL's, which runs at about half speed on AMD Zen), and it reads every KV head once per
-// query head. This kernel keeps flash's shape (online softmax over key blocks, nothing of
-// size [queries, keys] in memory) and changes the two:
+// (MKL's, which runs at about half speed on AMD Zen; bf16 runs at its fp32 speed), and it
+// reads every KV head once per query head. This kernel keeps flash's shape (online softmax
+// over key blocks, nothing of size [queries, keys] in memory) and changes the two:
 //
-//   * both matmuls of a block go through at::native::cpublas::brgemm, which runs float32
-//     at the machine's matmul speed (about 100 GFLOP/s per Zen 4 core, as torch.mm);
+//   * both matmuls of a block go through at::native::cpublas::brgemm, which runs float32 at
+//     the machine's matmul speed (about 100 GFLOP/s per Zen 4 core, as torch.mm) and bf16
+//     at its bf16 dot-product speed (about 215);
 //   * the query heads that share a KV head are rows of one tile (GQA without expansion),
 //     so each K/V block is read once per tile for all of them.
 //
 // Per KV head h and tile of R query rows (tasks run in parallel; rows i*groups + g of a
 // tile belong to query head h*groups + g):
-//   kt      = K_h^T                [d, keys]   built once per head by each thread (in key blocks)
+//   kt      = K_h^T                [d, keys]   packed once per head by each thread (in key blocks)
 //     for each key block [k0, k1) up to the tile's last visible key:
-//       s    = (scale * q) @ kt[:, k0:k1]                brgemm
+//       s    = (scale * q) @ kt[:, k0:k1]                brgemm, fp32 out
 //       row r at position p sees keys <= p: the rest of its block is zeroed after exp
-//       m, l = running max and sum; o *= exp(m_old - m_new)
-//       o   += exp(s - m) @ V_h[k0:k1]                   brgemm, accumulating
+//       m, l = running max and sum (fp32); o *= exp(m_old - m_new)
+//       o   += exp(s - m) @ V_h[k0:k1]                   brgemm, fp32 accumulation
 //     out = o / l
+// In bf16, q is scaled then rounded, exp(s - m) is rounded to bf16 for the second matmul
+// (the sum l is taken in fp32), and brgemm's B operands (K^T and V, packed per head) are
+// in its VNNI layout. Scores, softmax and accumulation stay fp32: closer to float64 than
+// the tiled bf16 matmul route (worker/gemm_attention.py), which rounds scores to bf16.
 //
 // Query i of n sits at prompt position start + i with start = kv - n (the chunk's keys
 // are the last n), and sees keys 0 .. start + i. Built by embedserve/kernels/native.py
@@ -42,6 +47,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -101,34 +107,64 @@ constexpr int64_t SHAPE_STEP = 64;
 
 int64_t round_up(int64_t x) { return (x + SHAPE_STEP - 1) / SHAPE_STEP * SHAPE_STEP; }
 
+// The kernel's element types: float32, and bfloat16 with fp32 scores, softmax and output
+// accumulation (brgemm multiplies bf16 pairs into fp32; its B operand is VNNI-packed:
+// element (k, n) at (k / 2) * 2 * ld + n * 2 + k % 2, two consecutive k side by side).
+using BF16 = at::BFloat16;
+template <typename T>
+constexpr bool is_bf16 = std::is_same_v<T, BF16>;
+
 struct Tile {
-  std::vector<float> q, s, o, m, l, v;
+  std::vector<float> s, o, m, l;
   explicit Tile(int64_t rows, int64_t d)
-      : q(round_up(rows) * d), s(round_up(rows) * KEY_BLOCK), o(round_up(rows) * d), m(rows), l(rows),
-        v(KEY_BLOCK * d) {}
+      : s(round_up(rows) * KEY_BLOCK), o(round_up(rows) * d), m(rows), l(rows) {}
 };
 
-// One tile: query rows [i0, i1) of KV head h. kt is K_h^T in key blocks: block b is
-// [d, KEY_BLOCK] at kt + b * d * KEY_BLOCK (one leading dimension for every call).
-void attend_tile(const Shape& sh, const float* q, const float* kt, const float* v_h,
-                 float* out, int64_t h, int64_t i0, int64_t i1, Tile& t) {
+// A tile's scaled queries and its probabilities as the matmuls' A operands, in T.
+template <typename T>
+struct Operands {
+  std::vector<T> q, p;  // p: bf16 probabilities (float reads them from the tile's s)
+  std::vector<float> v;  // float: a short last block's V rows, zero padded to its shape
+  explicit Operands(int64_t rows, int64_t d)
+      : q(round_up(rows) * d), p(is_bf16<T> ? round_up(rows) * KEY_BLOCK : 0), v(is_bf16<T> ? 0 : KEY_BLOCK * d) {}
+};
+
+void pack_row(float* dst, const float* src, int64_t d, float scale) { scale_into(dst, src, d, scale); }
+
+void pack_row(BF16* dst, const BF16* src, int64_t d, float scale) {
+  for (int64_t c = 0; c < d; ++c) dst[c] = BF16(static_cast<float>(src[c]) * scale);
+}
+
+void store_row(float* dst, const float* o, int64_t d, float inv) { scale_into(dst, o, d, inv); }
+
+void store_row(BF16* dst, const float* o, int64_t d, float inv) {
+  for (int64_t c = 0; c < d; ++c) dst[c] = BF16(o[c] * inv);
+}
+
+// One tile: query rows [i0, i1) of KV head h. kt is K_h^T in key blocks: block b starts at
+// kt + b * d * KEY_BLOCK, [d, KEY_BLOCK] (float) or VNNI [d / 2, KEY_BLOCK, 2] (bf16); one
+// leading dimension for every call. bf16: vp is V_h the same way, [KEY_BLOCK / 2, d, 2] per
+// block; float reads V_h (v_h) in place.
+template <typename T>
+void attend_tile(const Shape& sh, const T* q, const T* kt, const T* v_h, const T* vp, T* out, int64_t h,
+                 int64_t i0, int64_t i1, Tile& t, Operands<T>& a) {
   const int64_t groups = sh.heads / sh.kv_heads, d = sh.d, start = sh.kv - sh.n;
   const int64_t rows = (i1 - i0) * groups, rows_p = round_up(rows);
   for (int64_t i = i0; i < i1; ++i) {  // pack scale * q: row (i - i0) * groups + g
     for (int64_t g = 0; g < groups; ++g) {
-      const float* src = q + i * sh.q_row + (h * groups + g) * sh.q_head;
-      scale_into(t.q.data() + ((i - i0) * groups + g) * d, src, d, sh.scale);
+      const T* src = q + i * sh.q_row + (h * groups + g) * sh.q_head;
+      pack_row(a.q.data() + ((i - i0) * groups + g) * d, src, d, sh.scale);
     }
   }
-  std::fill(t.q.begin() + rows * d, t.q.begin() + rows_p * d, 0.f);
+  std::fill(a.q.begin() + rows * d, a.q.begin() + rows_p * d, T(0.f));
   std::fill(t.m.begin(), t.m.begin() + rows, -std::numeric_limits<float>::infinity());
   std::fill(t.l.begin(), t.l.begin() + rows, 0.f);
   const int64_t last_key = start + i1;  // keys [0, last_key) are visible to some row
   for (int64_t k0 = 0; k0 < last_key; k0 += KEY_BLOCK) {
     const int64_t len = std::min(KEY_BLOCK, last_key - k0), len_p = round_up(len);
     // kt's blocks are whole (zeros past the last key): reading len_p columns stays inside
-    at::native::cpublas::brgemm(rows_p, len_p, d, d, KEY_BLOCK, KEY_BLOCK, false, t.q.data(), kt + k0 * d,
-                                t.s.data(), false);
+    at::native::cpublas::brgemm(rows_p, len_p, d, d, KEY_BLOCK, KEY_BLOCK, false, a.q.data(), kt + k0 * d,
+                                t.s.data(), is_bf16<T>);
     for (int64_t r = 0; r < rows; ++r) {
       float* s = t.s.data() + r * KEY_BLOCK;
       const int64_t pos = start + i0 + r / groups;
@@ -144,28 +180,34 @@ void attend_tile(const Shape& sh, const float* q, const float* kt, const float* 
       t.m[r] = top;
     }
     std::fill(t.s.begin() + rows * KEY_BLOCK, t.s.begin() + rows_p * KEY_BLOCK, 0.f);
-    const float* vb = v_h + k0 * sh.v_row;
-    int64_t ld_v = sh.v_row;
-    if (len_p != len) {  // the block's V rows, then zero rows up to len_p
-      for (int64_t j = 0; j < len; ++j) std::copy(vb + j * sh.v_row, vb + j * sh.v_row + d, t.v.data() + j * d);
-      std::fill(t.v.begin() + len * d, t.v.begin() + len_p * d, 0.f);
-      vb = t.v.data();
-      ld_v = d;
+    if constexpr (is_bf16<T>) {  // vp's blocks are whole too (zero rows past the last key)
+      at::vec::convert(t.s.data(), a.p.data(), rows_p * KEY_BLOCK);
+      at::native::cpublas::brgemm(rows_p, d, len_p, KEY_BLOCK, d, d, k0 > 0, a.p.data(), vp + k0 * d,
+                                  t.o.data(), true);
+    } else {
+      const float* vb = v_h + k0 * sh.v_row;
+      int64_t ld_v = sh.v_row;
+      if (len_p != len) {  // the block's V rows, then zero rows up to len_p
+        for (int64_t j = 0; j < len; ++j) std::copy(vb + j * sh.v_row, vb + j * sh.v_row + d, a.v.data() + j * d);
+        std::fill(a.v.begin() + len * d, a.v.begin() + len_p * d, 0.f);
+        vb = a.v.data();
+        ld_v = d;
+      }
+      at::native::cpublas::brgemm(rows_p, d, len_p, KEY_BLOCK, ld_v, d, k0 > 0, t.s.data(), vb, t.o.data(),
+                                  false);
     }
-    at::native::cpublas::brgemm(rows_p, d, len_p, KEY_BLOCK, ld_v, d, k0 > 0, t.s.data(), vb, t.o.data(),
-                                false);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r / groups, g = r % groups;
-    scale_into(out + i * sh.heads * d + (h * groups + g) * d, t.o.data() + r * d, d, 1.f / t.l[r]);
+    store_row(out + i * sh.heads * d + (h * groups + g) * d, t.o.data() + r * d, d, 1.f / t.l[r]);
   }
 }
 
-// K_h^T in key blocks (see attend_tile) into kt.
+// K_h^T in key blocks (see attend_tile) into kt, zeros past the last key.
 void transpose_keys(const Shape& sh, const float* k_h, float* kt) {
   for (int64_t j = 0; j < whole_blocks(sh.kv); ++j) {
     float* col = kt + (j / KEY_BLOCK) * sh.d * KEY_BLOCK + j % KEY_BLOCK;
-    if (j >= sh.kv) {  // zeros past the last key
+    if (j >= sh.kv) {
       for (int64_t c = 0; c < sh.d; ++c) col[c * KEY_BLOCK] = 0.f;
       continue;
     }
@@ -174,46 +216,88 @@ void transpose_keys(const Shape& sh, const float* k_h, float* kt) {
   }
 }
 
+void transpose_keys(const Shape& sh, const BF16* k_h, BF16* kt) {
+  for (int64_t j = 0; j < whole_blocks(sh.kv); ++j) {
+    BF16* col = kt + (j / KEY_BLOCK) * sh.d * KEY_BLOCK + (j % KEY_BLOCK) * 2;
+    if (j >= sh.kv) {
+      for (int64_t c = 0; c < sh.d; ++c) col[(c / 2) * 2 * KEY_BLOCK + c % 2] = BF16(0.f);
+      continue;
+    }
+    const BF16* row = k_h + j * sh.k_row;
+    for (int64_t c = 0; c < sh.d; ++c) col[(c / 2) * 2 * KEY_BLOCK + c % 2] = row[c];
+  }
+}
+
+// bf16: V_h in VNNI key blocks into vp, zero rows past the last key.
+void pack_values(const Shape& sh, const BF16* v_h, BF16* vp) {
+  for (int64_t j = 0; j < whole_blocks(sh.kv); ++j) {
+    BF16* dst = vp + (j / KEY_BLOCK) * KEY_BLOCK * sh.d + ((j % KEY_BLOCK) / 2) * 2 * sh.d + j % 2;
+    if (j >= sh.kv) {
+      for (int64_t c = 0; c < sh.d; ++c) dst[c * 2] = BF16(0.f);
+      continue;
+    }
+    const BF16* row = v_h + j * sh.v_row;
+    for (int64_t c = 0; c < sh.d; ++c) dst[c * 2] = row[c];
+  }
+}
+
 // All (KV head, tile) tasks on ATen's thread pool. Tasks are head-major and a thread's share
-// of the range is contiguous, so it transposes each head it meets once into its own kt.
+// of the range is contiguous, so it packs each head it meets once into its own kt (and vp).
 // Within a head later tiles see more keys: tiles run 0, T-1, 1, T-2, ... so a share cut
 // inside a head stays balanced.
-void run(const Shape& sh, const float* q, const float* k, const float* v, float* out) {
+template <typename T>
+void run(const Shape& sh, const T* q, const T* k, const T* v, T* out) {
   const int64_t groups = sh.heads / sh.kv_heads;
   const int64_t tile = std::max<int64_t>(1, TILE_ROWS / groups);  // queries per tile
   const int64_t tiles = (sh.n + tile - 1) / tile;
-  const int64_t kt_size = whole_blocks(sh.kv) * sh.d;
+  const int64_t head_size = whole_blocks(sh.kv) * sh.d;
   at::parallel_for(0, sh.kv_heads * tiles, 1, [&](int64_t a, int64_t b) {
     Tile t(tile * groups, sh.d);
-    std::unique_ptr<float[]> kt(new float[kt_size]);  // written whole per head
+    Operands<T> ops(tile * groups, sh.d);
+    std::unique_ptr<T[]> kt(new T[head_size]);  // written whole per head
+    std::unique_ptr<T[]> vp(is_bf16<T> ? new T[head_size] : nullptr);
     int64_t have = -1;
     for (int64_t x = a; x < b; ++x) {
       const int64_t h = x / tiles, y = x % tiles;
-      if (h != have) transpose_keys(sh, k + h * sh.k_head, kt.get());
+      if (h != have) {
+        transpose_keys(sh, k + h * sh.k_head, kt.get());
+        if constexpr (is_bf16<T>) pack_values(sh, v + h * sh.v_head, vp.get());
+      }
       have = h;
       const int64_t which = (y % 2 == 0) ? y / 2 : tiles - 1 - y / 2;
       const int64_t i0 = which * tile, i1 = std::min(sh.n, i0 + tile);
-      attend_tile(sh, q, kt.get(), v + h * sh.v_head, out, h, i0, i1, t);
+      attend_tile<T>(sh, q, kt.get(), v + h * sh.v_head, vp.get(), out, h, i0, i1, t, ops);
     }
+    if constexpr (is_bf16<T>) at::native::cpublas::brgemm_release(true);  // AMX tiles, where used
   });
 }
 
-}  // namespace
-
 // 0: done; 1: shapes refused; 2: an exception (out of memory, a oneDNN error), which must
 // not unwind into ctypes. The caller raises for both.
-extern "C" int embedserve_flash_attention_f32(const float* q, const float* k, const float* v, float* out,
-                                              const int64_t* dims, const int64_t* strides, float scale) {
+template <typename T>
+int entry(const T* q, const T* k, const T* v, T* out, const int64_t* dims, const int64_t* strides, float scale) {
   // dims: n, heads, d, kv_heads, kv; strides: q_row, q_head, k_head, k_row, v_head, v_row
   const Shape sh{dims[0], dims[1], dims[2], dims[3], dims[4], strides[0], strides[1],
                  strides[2], strides[3], strides[4], strides[5], scale};
   if (sh.n < 1 || sh.kv < sh.n || sh.d < 1 || sh.heads < 1 || sh.kv_heads < 1 ||
-      sh.heads % sh.kv_heads != 0)
+      sh.heads % sh.kv_heads != 0 || (is_bf16<T> && sh.d % 2 != 0))  // VNNI pairs head_dim
     return 1;
   try {
-    run(sh, q, k, v, out);
+    run<T>(sh, q, k, v, out);
   } catch (...) {
     return 2;
   }
   return 0;
+}
+
+}  // namespace
+
+extern "C" int embedserve_flash_attention_f32(const float* q, const float* k, const float* v, float* out,
+                                              const int64_t* dims, const int64_t* strides, float scale) {
+  return entry<float>(q, k, v, out, dims, strides, scale);
+}
+
+extern "C" int embedserve_flash_attention_bf16(const BF16* q, const BF16* k, const BF16* v, BF16* out,
+                                               const int64_t* dims, const int64_t* strides, float scale) {
+  return entry<BF16>(q, k, v, out, dims, strides, scale);
 }

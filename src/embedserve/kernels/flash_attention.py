@@ -1,10 +1,12 @@
-"""float32 causal attention on the CPU through the native flash kernel (flash_attention.cpp).
+"""float32 and bfloat16 causal attention on the CPU through the native flash kernel
+(flash_attention.cpp).
 
 PyTorch's CPU flash kernel computes its blocks with MKL's sgemm (half speed on AMD Zen) and
 reads each KV head once per query head; the native kernel runs the same online-softmax
-algorithm on oneDNN's brgemm with a KV head's query heads as rows of one tile. It is used
-only after it matched a float64 reference on this machine (`available()`); elsewhere the
-caller keeps PyTorch's flash.
+algorithm on oneDNN's brgemm with a KV head's query heads as rows of one tile. bf16 inputs
+give fp32 scores, softmax and accumulation (bf16 probabilities into the second matmul). It
+is used only after it matched a float64 reference on this machine (`available(dtype)`);
+elsewhere the caller keeps its PyTorch route.
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ from embedserve.kernels import native
 log = logging.getLogger(__name__)
 _Int64s = ctypes.c_int64 * 6
 Kernel = Callable[..., int]  # (q, k, v, out pointers, dims, strides, scale) -> 0 on success
+DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the kernel's entry point per dtype
+# largest |error| vs float64 the self-check allows: bf16 rounds q, K, V, the probabilities
+# and the output (a mispacked or mis-masked kernel is off by O(1))
+_TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
 
 
 @cache
-def _kernel() -> Kernel | None:
+def _kernel(dtype: torch.dtype) -> Kernel | None:
     lib = native.load("flash_attention")
-    if lib is None:
+    if lib is None or dtype not in DTYPES:
         return None
-    fn = lib.embedserve_flash_attention_f32
+    fn = getattr(lib, f"embedserve_flash_attention_{DTYPES[dtype]}")
     fn.restype = ctypes.c_int
     ptr, int64s = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)
     fn.argtypes = [ptr, ptr, ptr, ptr, int64s, int64s, ctypes.c_float]
@@ -46,24 +52,25 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             for name, x in zip("qkv", (q, k, v), strict=True)
         )
 
-    if any(x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 3 for x in (q, k, v)):
-        raise ValueError(f"flash_attention_f32 takes 3-D float32 CPU tensors, got {got()}")
+    same = all(x.dtype == q.dtype and x.device.type == "cpu" and x.dim() == 3 for x in (q, k, v))
+    if q.dtype not in DTYPES or not same:
+        raise ValueError(f"flash_attention takes 3-D float32 or bfloat16 CPU tensors of one dtype: {got()}")
     n, heads, d = q.shape
     kv_heads, kv, kd = k.shape
     if v.shape != k.shape or kd != d or min(n, heads, d, kv_heads) < 1 or heads % kv_heads or kv < n:
-        raise ValueError(
-            f"flash_attention_f32 needs k, v [kv_heads, kv >= n, d] for q [n, heads, d], got {got()}"
-        )
+        raise ValueError(f"flash_attention needs k, v [kv_heads, kv >= n, d] for q [n, heads, d]: {got()}")
+    if q.dtype == torch.bfloat16 and d % 2:
+        raise ValueError(f"flash_attention in bfloat16 needs an even head_dim, got {got()}")
 
 
 def _run(fn: Kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    _check(q, k, v)
+    """The kernel on inputs `_check` accepted."""
     q = q if q.stride(2) == 1 else q.contiguous()  # kept alive by these names through the call
     k = k if k.stride(2) == 1 else k.contiguous()
     v = v if v.stride(2) == 1 else v.contiguous()
     n, heads, d = q.shape
     kv_heads, kv, _ = k.shape
-    out = torch.empty(n, heads * d, dtype=torch.float32)
+    out = torch.empty(n, heads * d, dtype=q.dtype)
     dims = _Int64s(n, heads, d, kv_heads, kv, 0)
     strides = _Int64s(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dims, strides, scale)
@@ -88,35 +95,37 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
 
 
 @cache
-def available() -> bool:
+def available(dtype: torch.dtype = torch.float32) -> bool:
     """The kernel built here (x86 with oneDNN: where its brgemm is the fast path it was made
-    for) and matches float64 on seeded problems that cross its tile and key-block edges:
-    GQA 2 with a prefix, a first chunk, and head_dim 128 with V read through a paged-cache
-    view (rows kv_heads * d apart)."""
+    for) and matches float64 in `dtype` on seeded problems that cross its tile and key-block
+    edges: GQA 2 with a prefix, a first chunk, and head_dim 128 with V read through a
+    paged-cache view (rows kv_heads * d apart)."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
-    fn = _kernel()
+    fn = _kernel(dtype)
     if fn is None:
         return False
+    rtol, atol = _TOLERANCE[dtype]
     gen = torch.Generator().manual_seed(0)
     cases = [((300, 4, 16), 1100), ((37, 4, 16), 37), ((40, 4, 128), 300)]
     for (n, heads, d), kv in cases:
-        q = torch.randn(n, heads, d, generator=gen)
-        k, v = torch.randn(2, kv, 2, d, generator=gen).transpose(1, 2)  # [2 kv_heads, kv, d] views
+        q = torch.randn(n, heads, d, generator=gen).to(dtype)
+        k, v = torch.randn(2, kv, 2, d, generator=gen).to(dtype).transpose(1, 2)  # [2 kv_heads, kv, d] views
         try:
             got = _run(fn, q, k, v, 0.25)
         except RuntimeError:
             got = None
-        if got is None or not torch.allclose(got.double(), reference(q, k, v, 0.25), rtol=1e-4, atol=1e-5):
-            log.warning("native flash attention failed its self-check on this machine; using PyTorch's flash")
+        if got is None or not torch.allclose(got.double(), reference(q, k, v, 0.25), rtol=rtol, atol=atol):
+            log.warning("native flash attention failed its %s self-check here; not using it", dtype)
             return False
     return True
 
 
-def flash_attention_f32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [n, heads, d] float32 at positions kv-n .. kv-1; k, v [kv_heads, kv, d] (any strides
-    with a dense last dim). Query i sees keys 0 .. kv-n+i. Returns [n, heads * d].
-    Call only where `available()`."""
-    fn = _kernel()
-    assert fn is not None, "flash_attention_f32 without the native kernel"
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [n, heads, d] float32 or bfloat16 at positions kv-n .. kv-1; k, v [kv_heads, kv, d]
+    of q's dtype (any strides with a dense last dim). Query i sees keys 0 .. kv-n+i. Returns
+    [n, heads * d] in q's dtype. Call only where `available(q.dtype)`."""
+    _check(q, k, v)
+    fn = _kernel(q.dtype)
+    assert fn is not None, f"flash_attention without the native {q.dtype} kernel"
     return _run(fn, q, k, v, scale)

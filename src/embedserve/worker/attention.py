@@ -61,15 +61,16 @@ def _heads(x: torch.Tensor) -> torch.Tensor:
 # calls on the CPU); None where this PyTorch build lacks it.
 _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
-# bf16 on the CPU: tiled bf16 matmuls beat the flash kernel 1.8-2.8x (worker/gemm_attention.py).
-# Set False to measure or debug with flash instead.
-CPU_BF16_GEMM = True
+# fp32 and bf16 on the CPU: the native flash kernel (kernels/flash_attention.cpp, oneDNN
+# brgemm, GQA heads as rows) where it built and passed its self-check in that dtype, from
+# NATIVE_MIN_ROWS queries: below, packing each KV head (K^T; bf16 also V) costs more than it
+# saves. Set False to measure the PyTorch routes below.
+CPU_NATIVE = True
+NATIVE_MIN_ROWS = {torch.float32: 16, torch.bfloat16: 64}
 
-# fp32 on the CPU: the native flash kernel (kernels/flash_attention.cpp, oneDNN brgemm, GQA
-# heads as rows) where it built and passed its self-check. Below NATIVE_MIN_ROWS queries its
-# per-head K transposition costs more than it saves. Set False to measure PyTorch's flash.
-CPU_FP32_NATIVE = True
-NATIVE_MIN_ROWS = 16
+# bf16 on the CPU under NATIVE_MIN_ROWS (or without the kernel): tiled bf16 matmuls beat the
+# flash kernel 1.8-2.8x (worker/gemm_attention.py). Set False to measure flash instead.
+CPU_BF16_GEMM = True
 
 
 @cache
@@ -88,8 +89,13 @@ def _flash_broadcasts_kv_heads() -> bool:
     return bool(torch.allclose(got, want))
 
 
-def _native_fp32() -> bool:
-    return CPU_FP32_NATIVE and native_flash.available()
+def _native(q: torch.Tensor) -> bool:
+    """The native kernel takes this chunk: CPU, a dtype it has, enough queries, built here."""
+    rows = NATIVE_MIN_ROWS.get(q.dtype)
+    if not CPU_NATIVE or rows is None or q.shape[0] < rows:
+        return False
+    paired = q.dtype != torch.bfloat16 or q.shape[2] % 2 == 0  # bf16 brgemm pairs head_dim
+    return paired and native_flash.available(q.dtype)
 
 
 def _prefix_then_self(
@@ -127,10 +133,10 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     n, kv = q.shape[0], keys.shape[1]
     start = kv - n
     cpu = q.device.type == "cpu"
+    if cpu and _native(q):
+        return native_flash.flash_attention(q, keys, values, scale)
     if cpu and q.dtype == torch.bfloat16 and CPU_BF16_GEMM:
         return gemm_attention(q, keys, values, scale)
-    if cpu and q.dtype == torch.float32 and n >= NATIVE_MIN_ROWS and _native_fp32():
-        return native_flash.flash_attention_f32(q, keys, values, scale)
     k4, v4 = keys.unsqueeze(0), values.unsqueeze(0)  # [1, kv_heads, kv, d], SDPA's layout
     if start == 0:  # no earlier context: plain causal attention over its own keys
         o = scaled_dot_product_attention(_heads(q), k4, v4, is_causal=True, scale=scale, enable_gqa=True)

@@ -1,4 +1,5 @@
-"""Causal attention for one sequence as tiled bf16 matmuls (the CPU bf16 route).
+"""Causal attention for one sequence as tiled bf16 matmuls (the CPU bf16 route for chunks under
+the native kernel's NATIVE_MIN_ROWS, or where that kernel did not build).
 
 PyTorch's CPU flash kernel runs bf16 at its float32 speed (about 190 GFLOP/s on the 2-core
 Zen 4 box, where a bf16 matmul reaches 700-950). This route instead spends the FLOPs in
