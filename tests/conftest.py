@@ -17,9 +17,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Build the native CPU kernels once, before any test (about 10 s on an empty cache), so
     no test that starts a server or times a step pays for the compiler."""
-    from embedserve.kernels import flash_attention
+    import torch
 
-    flash_attention.available()
+    from embedserve.kernels import flash_attention, norm_rope
+
+    flash_attention.available(torch.float32)
+    flash_attention.available(torch.bfloat16)
+    norm_rope.available()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,139 @@
+"""The native float32 RMSNorm (with its residual add) and q/k norm + RoPE kernels
+(kernels/norm_rope.cpp) equal the float64 formulas, and the decoder takes them only for
+float32 CPU rows, with the same outputs as its PyTorch ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from embedserve.config import ModelConfig
+from embedserve.kernels import native, norm_rope
+from embedserve.models import decoder
+from embedserve.models.decoder import DecoderModel, Rotary
+
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler for native kernels")
+
+
+def _norm64(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return weight.double() * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rope64(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x, cos, sin = x.double(), cos.double()[:, None], sin.double()[:, None]
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def test_kernels_build_and_pass_their_self_check_here() -> None:
+    assert norm_rope.available()
+
+
+@pytest.mark.parametrize(("rows", "n"), [(0, 16), (1, 7), (33, 1024), (5, 100)])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rms_norm_equals_float64(rows: int, n: int, with_residual: bool) -> None:
+    gen = torch.Generator().manual_seed(rows * n)
+    base = 3 * torch.randn(rows, n + 5, generator=gen)
+    x = base[:, :n]  # rows n + 5 apart
+    residual = torch.randn(rows, n, generator=gen) if with_residual else None
+    weight = torch.rand(n, generator=gen) + 0.5
+    want_x = x.double() + (residual.double() if residual is not None else 0)
+    got = norm_rope.add_rms_norm(x, residual, weight, 1e-6)
+    torch.testing.assert_close(x.double(), want_x, rtol=1e-6, atol=1e-6)  # updated in place
+    torch.testing.assert_close(got.double(), _norm64(want_x, weight, 1e-6), rtol=1e-5, atol=1e-6)
+    assert torch.equal(base[:, n:], base[:, n:])  # padding columns untouched
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "d"), [(16, 8, 128), (4, 2, 10), (3, 3, 64)])
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_qk_norm_rope_equals_float64_and_leaves_v(heads: int, kv_heads: int, d: int, qk_norm: bool) -> None:
+    gen = torch.Generator().manual_seed(heads * d)
+    rows = 50
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=gen)
+    before = qkv.clone()
+    weights = (torch.rand(d, generator=gen) + 0.5, torch.rand(d, generator=gen) + 0.5) if qk_norm else None
+    positions = torch.arange(1000, 1000 + rows)
+    cos, sin = Rotary(d, 1e6).cos_sin(positions, torch.float32)
+    norm_rope.qk_norm_rope(qkv, heads, kv_heads, weights, cos[:, 0], sin[:, 0], 1e-6)
+    q0, k0, v0 = before.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    for got, x, w in ((q, q0, 0), (k, k0, 1)):
+        x = x.reshape(rows, -1, d)
+        want = _rope64(_norm64(x, weights[w], 1e-6) if weights else x, cos[:, 0], sin[:, 0])
+        torch.testing.assert_close(got.reshape(rows, -1, d).double(), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(v, v0)
+
+
+def test_bad_inputs_are_refused_by_name() -> None:
+    w = torch.ones(8)
+    with pytest.raises(ValueError, match=r"add_rms_norm takes float32 CPU"):
+        norm_rope.add_rms_norm(torch.randn(4, 8).bfloat16(), None, w, 1e-6)
+    with pytest.raises(ValueError, match="dense residual"):
+        norm_rope.add_rms_norm(torch.randn(4, 8), torch.randn(8, 4).t(), w, 1e-6)
+    cos = torch.ones(4, 8)
+    with pytest.raises(ValueError, match=r"qk_norm_rope takes float32 CPU qkv.*got qkv \(4, 31\)"):
+        norm_rope.qk_norm_rope(torch.randn(4, 31), 2, 1, None, cos, cos, 1e-6)
+    with pytest.raises(ValueError, match="qk_norm_rope"):
+        norm_rope.qk_norm_rope(torch.randn(4, 32), 2, 1, (w, torch.ones(4)), cos, cos, 1e-6)
+
+
+def _config(qk_norm: bool) -> ModelConfig:
+    return ModelConfig(
+        architecture="Qwen3ForCausalLM" if qk_norm else "Qwen2ForCausalLM",
+        model_type="qwen3" if qk_norm else "qwen2",
+        max_position_embeddings=128,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        vocab_size=100,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        qk_norm=qk_norm,
+        qkv_bias=not qk_norm,
+    )
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_decoder_layers_agree_with_and_without_the_kernels(
+    monkeypatch: pytest.MonkeyPatch, qk_norm: bool
+) -> None:
+    """Whole layers, through the lane's entry (run_layer), against the PyTorch ops; bf16
+    never takes the kernels."""
+    torch.manual_seed(0)
+    model = DecoderModel(_config(qk_norm)).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.1 if p.dim() > 1 else 1.0)
+    calls: list[int] = []
+    real = norm_rope.add_rms_norm
+
+    def counted(*args: object) -> torch.Tensor:
+        calls.append(1)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(norm_rope, "add_rms_norm", counted)
+    n = 40
+    cfg = model.config
+
+    def run(dtype: torch.dtype) -> torch.Tensor:
+        m = model.to(dtype)
+        with torch.inference_mode():
+            x = m.embed(torch.arange(n) % cfg.vocab_size)
+            kv = x.new_zeros(2, cfg.num_key_value_heads, n, cfg.head_dim)
+            for i in range(cfg.num_hidden_layers):
+                x = m.run_layer(i, x, torch.arange(n), kv, 0)
+            return m.norm(x).float()
+
+    native_out = run(torch.float32)
+    assert len(calls) == 2 * cfg.num_hidden_layers + 1
+    monkeypatch.setattr(decoder.norm_rope, "available", lambda: False)
+    torch_out = run(torch.float32)
+    torch.testing.assert_close(native_out, torch_out, rtol=1e-5, atol=1e-5)
+    monkeypatch.undo()
+    monkeypatch.setattr(norm_rope, "add_rms_norm", counted)
+    calls.clear()
+    run(torch.bfloat16)
+    assert calls == []
