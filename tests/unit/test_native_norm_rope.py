@@ -65,6 +65,19 @@ def test_qk_norm_rope_equals_float64_and_leaves_v(heads: int, kv_heads: int, d: 
     assert torch.equal(v, v0)
 
 
+def test_one_row_at_any_stride_and_overlapping_rows() -> None:
+    """A single row may carry any row stride (a transposed column); overlapping rows (an
+    expanded tensor) are refused, and RMSNorm keeps PyTorch's ops for them."""
+    w = torch.rand(8) + 0.5
+    one = torch.randn(8, 1).t()  # [1, 8], strides (1, 1)
+    torch.testing.assert_close(norm_rope.add_rms_norm(one, None, w, 1e-6).double(), _norm64(one, w, 1e-6))
+    overlapping = torch.randn(1, 8).expand(3, 8)
+    with pytest.raises(ValueError, match="stride 0 for n 8"):
+        norm_rope.add_rms_norm(overlapping, None, w, 1e-6)
+    norm = decoder.RMSNorm(8, 1e-6)
+    torch.testing.assert_close(norm(overlapping).double(), _norm64(overlapping, norm.weight, 1e-6))
+
+
 def test_bad_inputs_are_refused_by_name() -> None:
     w = torch.ones(8)
     with pytest.raises(ValueError, match=r"add_rms_norm takes float32 CPU"):

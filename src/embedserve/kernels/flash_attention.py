@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 _Int64s = ctypes.c_int64 * 6
 Kernel = Callable[..., int]  # (q, k, v, out pointers, dims, strides, scale) -> 0 on success
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the kernel's entry point per dtype
-# largest |error| vs float64 the self-check allows: bf16 rounds q, K, V, the probabilities
-# and the output (a mispacked or mis-masked kernel is off by O(1))
+# the self-check's (rtol, atol) vs float64: bf16 rounds q, the probabilities and the output
+# (a mispacked or mis-masked kernel is off by O(1))
 _TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
 
 

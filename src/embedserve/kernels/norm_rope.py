@@ -54,9 +54,12 @@ def add_rms_norm(
         raise ValueError(f"add_rms_norm takes float32 CPU x [rows, n], weight [n]: {x.shape}, {weight.shape}")
     if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
         raise ValueError(f"add_rms_norm needs a dense residual of x's shape {tuple(x.shape)}")
+    stride = x.stride(0) if rows > 1 else n  # one row reads the same at any row stride
+    if stride < n:
+        raise ValueError(f"add_rms_norm needs rows of x apart by at least n, got stride {stride} for n {n}")
     out = torch.empty(rows, n, dtype=torch.float32)
     rc = kernels[0](
-        x.data_ptr(), x.stride(0), _ptr(residual), out.data_ptr(), weight.data_ptr(), rows, n, eps
+        x.data_ptr(), stride, _ptr(residual), out.data_ptr(), weight.data_ptr(), rows, n, eps
     )  # fmt: skip
     if rc != 0:
         raise RuntimeError(f"native add_rms_norm failed (code {rc}) on x {tuple(x.shape)}")
