@@ -216,3 +216,17 @@ def test_built_once_then_loaded_from_the_cache(monkeypatch: pytest.MonkeyPatch, 
         assert built.stat().st_mtime_ns == stamp
     finally:
         native.load.cache_clear()
+
+
+def test_cache_key_follows_the_shared_header(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A kernel includes cpu_vec.h: editing the header alone must not load a stale library."""
+    for f in ("flash_attention.cpp", "cpu_vec.h"):
+        (tmp_path / f).write_bytes((native.SOURCES / f).read_bytes())
+    monkeypatch.setattr(native, "SOURCES", tmp_path)
+    compiler = native.compiler()
+    assert compiler is not None
+    source = tmp_path / "flash_attention.cpp"
+    before = native._key(compiler, source)
+    assert native._key(compiler, source) == before
+    (tmp_path / "cpu_vec.h").write_text((tmp_path / "cpu_vec.h").read_text() + "\n// edited\n")
+    assert native._key(compiler, source) != before

@@ -29,17 +29,8 @@
 // are the last n), and sees keys 0 .. start + i. Built by embedserve/kernels/native.py
 // for the machine it runs on (-march=native) and called through ctypes.
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#define CPU_CAPABILITY AVX512
-#define CPU_CAPABILITY_AVX512
-#elif defined(__AVX2__) && defined(__FMA__)
-#define CPU_CAPABILITY AVX2
-#define CPU_CAPABILITY_AVX2
-#endif
+#include "cpu_vec.h"  // first: sets the ISA ATen's vec headers compile for
 
-#include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>

@@ -5,7 +5,7 @@ The sources include ATen's headers and call into the libtorch the process alread
 with `-march=native`, once per (source, torch, compiler, CPU), and kept in a cache folder:
 
     $EMBEDSERVE_KERNEL_CACHE  or  ~/.cache/embedserve/kernels
-        <name>-<sha256 of source, flags, torch version, compiler, CPU flags>.so
+        <name>-<sha256 of source and the package's headers, flags, torch version, compiler, CPU flags>.so
 
 No compiler, a failed build or EMBEDSERVE_NATIVE_KERNELS=0 give None: callers keep their
 PyTorch route. Builds of one key race safely (each writes a temp file, then renames).
@@ -76,7 +76,8 @@ def _key(compiler: str, source: Path) -> str:
     cmd = [*shlex.split(compiler), "--version"]
     version = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60).stdout
     command = " ".join(_command(compiler, source, Path("out.so")))  # flags, paths, ABI
-    parts = [source.read_bytes(), command.encode(), torch.__version__.encode(), version.encode()]
+    headers = [h.read_bytes() for h in sorted(SOURCES.glob("*.h"))]  # what the sources include
+    parts = [source.read_bytes(), *headers, command.encode(), torch.__version__.encode(), version.encode()]
     parts.append(_cpu_identity().encode())
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 

@@ -13,17 +13,7 @@
 // The arithmetic is Hugging Face's in float32 (the order of the sum of squares and fused
 // multiply-adds aside: about one rounding). Built by embedserve/kernels/native.py.
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#define CPU_CAPABILITY AVX512
-#define CPU_CAPABILITY_AVX512
-#elif defined(__AVX2__) && defined(__FMA__)
-#define CPU_CAPABILITY AVX2
-#define CPU_CAPABILITY_AVX2
-#endif
-
-#include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
+#include "cpu_vec.h"  // first: sets the ISA ATen's vec headers compile for
 
 #include <cmath>
 #include <cstdint>
