@@ -8,12 +8,16 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from embedserve import Engine
 from tests.helpers.reference import cosine, st_embed
 
 
-def test_mean_pooling_without_prompt_matches_sentence_transformers(qwen2_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layer_major_tokens", [0, 1])  # chunked, then through the lane
+def test_mean_pooling_without_prompt_matches_sentence_transformers(
+    qwen2_dir: Path, tmp_path: Path, layer_major_tokens: int
+) -> None:
     d = shutil.copytree(qwen2_dir, tmp_path / "no-prompt")
     cfg_file = d / "1_Pooling" / "config.json"
     cfg = json.loads(cfg_file.read_text())
@@ -22,7 +26,9 @@ def test_mean_pooling_without_prompt_matches_sentence_transformers(qwen2_dir: Pa
     queries = ["what is rope?", "how are long documents embedded in chunks"]
     ref = st_embed(d, queries, prompt_name="query")
     with_prompt = st_embed(qwen2_dir, queries, prompt_name="query")
-    with Engine.from_pretrained(d, max_num_batched_tokens=8) as engine:
+    with Engine.from_pretrained(
+        d, max_num_batched_tokens=8, layer_major_tokens=layer_major_tokens
+    ) as engine:
         got = engine.embed(queries, prompt_name="query")
         # The pre-tokenized path (what the server uses) keeps the prompt length too.
         tokenized = engine.tokenize(queries, engine.resolve_prompt("query", None))

@@ -217,10 +217,10 @@ def test_units_keep_to_granules_and_chunk_boundaries(
     run_layer = job.model.run_layer
 
     def record(
-        index: int, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, start: int
+        index: int, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, start: int, keep: slice | None
     ) -> torch.Tensor:
         units.append((start, start + x.shape[0]))
-        return run_layer(index, x, positions, kv, start)
+        return run_layer(index, x, positions, kv, start, keep)
 
     monkeypatch.setattr(job.model, "run_layer", record)
     rng = np.random.default_rng(0)

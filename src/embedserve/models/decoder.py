@@ -116,24 +116,32 @@ class Attention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: torch.Tensor | None,
         meta: AttentionMetadata,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """The attention output of every row, or of `rows` only (all rows' K/V still reach
+        the cache: the output projection is what is spared)."""
         q, k, v = self.project(x, cos_sin)
         # The device's attention route (CPU: tuned SDPA / bf16 matmuls; CUDA: flash varlen).
         attend = select_attention(q.device, q.dtype)
-        return self.o_proj(attend(q, k, v, kv_cache, meta, self.scale))
+        out = attend(q, k, v, kv_cache, meta, self.scale)
+        return self.o_proj(out if rows is None else out.index_select(0, rows))
 
-    def forward_buffered(
+    def store_kv(
         self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv: torch.Tensor, start: int
     ) -> torch.Tensor:
-        """One chunk of a sequence whose earlier keys sit in a contiguous buffer.
+        """One chunk of a sequence whose K/V sit in a contiguous buffer: writes the chunk's
+        K/V at start .. start+T-1 and returns its queries [T, heads, d].
 
         kv: [2, kv_heads, prompt_len, d] (head-major: attention reads each head's keys as one
-        dense block), positions 0 .. start-1 already filled at this layer; the chunk's own K/V
-        are written at start .. start+T-1 and it attends causally.
+        dense block), positions 0 .. start-1 already filled at this layer.
         """
         q, k, v = self.project(x, cos_sin)
         end = start + q.shape[0]
         kv[0, :, start:end], kv[1, :, start:end] = k.transpose(0, 1), v.transpose(0, 1)
+        return q
+
+    def attend_buffered(self, q: torch.Tensor, kv: torch.Tensor, end: int) -> torch.Tensor:
+        """Queries for positions end-len(q) .. end-1 over the buffer's keys 0 .. end-1, causal."""
         return self.o_proj(causal_attention(q, kv[0, :, :end], kv[1, :, :end], self.scale))
 
 
@@ -162,24 +170,46 @@ class DecoderLayer(nn.Module):
 
     # Both forwards update x in place (the residual stream) and return it: the layer's
     # input is never read again, and fresh [T, hidden] tensors per add cost page faults.
+    # Given the rows that are read after this layer (the model's last layer: the pooled
+    # rows), every row's K/V is still stored but only those rows run the output projection,
+    # the MLP (and in the buffered form, attention): the rest of the layer's work is unused.
     def forward(
         self,
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         kv_cache: torch.Tensor | None,
         meta: AttentionMetadata,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        h = self.post_attention_layernorm.add_forward(
-            x, self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
-        )
+        """x [T, hidden] -> the layer's output, [T, hidden] or [len(rows), hidden]."""
+        attn = self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta, rows)
+        if rows is not None:
+            x = x.index_select(0, rows)
+        h = self.post_attention_layernorm.add_forward(x, attn)
+        del attn  # freed before the MLP's buffers
         return x.add_(self.mlp(h))
 
     def forward_buffered(
-        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], kv: torch.Tensor, start: int
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv: torch.Tensor,
+        start: int,
+        keep: slice | None = None,
     ) -> torch.Tensor:
+        """x: rows start .. start+T-1 of a sequence whose K/V this layer keeps in `kv`
+        (see `Attention.store_kv`); returns x[keep], updated in place."""
+        q = self.self_attn.store_kv(self.input_layernorm(x), cos_sin, kv, start)
+        if keep is not None:
+            lo, hi, _ = keep.indices(x.shape[0])
+            x, q = x[lo:hi], q[lo:hi]
+            if lo >= hi:
+                return x
+            start += lo
         h = self.post_attention_layernorm.add_forward(
-            x, self.self_attn.forward_buffered(self.input_layernorm(x), cos_sin, kv, start)
+            x, self.self_attn.attend_buffered(q, kv, start + len(q))
         )
+        del q  # a view that keeps the whole QKV output alive: freed before the MLP's buffers
         return x.add_(self.mlp(h))
 
 
@@ -213,10 +243,10 @@ class DecoderModel(nn.Module):
         """input_ids, positions: [T]. Returns final hidden states [len(output_rows), hidden]."""
         x = self.embed_tokens(input_ids)  # [T, hidden]
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos_sin, None if kv_caches is None else kv_caches[i], meta)
-        if output_rows is not None:
-            x = x.index_select(0, output_rows)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):  # the last layer finishes output_rows only
+            cache = None if kv_caches is None else kv_caches[i]
+            x = layer(x, cos_sin, cache, meta, output_rows if i == last else None)
         return self.norm(x)
 
     # ---- layer-major execution (worker/layer_major.py) -------------------------------------
@@ -225,12 +255,19 @@ class DecoderModel(nn.Module):
         return self.embed_tokens(input_ids)
 
     def run_layer(
-        self, index: int, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, start: int
+        self,
+        index: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv: torch.Tensor,
+        start: int,
+        keep: slice | None = None,
     ) -> torch.Tensor:
-        """Layer `index` on one chunk [start, start+T) of a sequence; see `forward_buffered`."""
+        """Layer `index` on one chunk [start, start+T) of a sequence, x updated in place;
+        `keep`: the chunk's rows read after this layer (see `forward_buffered`)."""
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         layer = cast(DecoderLayer, self.layers[index])
-        return layer.forward_buffered(x, cos_sin, kv, start)
+        return layer.forward_buffered(x, cos_sin, kv, start, keep)
 
     # ---- weights ---------------------------------------------------------------------------
 

@@ -16,6 +16,11 @@ can interleave it with its other requests step by step.
     ...                            (written by this layer's earlier units: causal order holds)
     final norm on the pooled rows only -> PoolingState, as the chunked path does
 
+The last layer's output is read only at the pooled rows (LAST pooling: one row of the
+prompt). Its units store every row's K/V (the pooled rows attend to them) but run attention,
+the output projection and the MLP for the pooled rows only: about 1/num_layers of the
+prompt's work is never done (3.5% at 28 layers).
+
 Units never cross a chunk boundary (multiples of `chunk`). Inside a chunk, from a position
 on the granule (64 rows) a unit is whole granules; a unit shorter than a granule (a query's
 step left less time) is a power of two that starts on a multiple of itself, so positions come
@@ -28,9 +33,11 @@ sized to a time) gave every layer new shapes, and one 16K bf16 input grew the pr
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
-from embedserve.models.decoder import DecoderModel
+from embedserve.models.decoder import DecoderLayer, DecoderModel
 from embedserve.request import Request
 from embedserve.worker.host_memory import release_free_heap
 
@@ -56,8 +63,11 @@ class LayerMajorJob:
         self.layer = 0
         self.pos = 0  # next chunk start at `layer`
         # FLOPs of one row through one layer: 2 per weight, plus QK^T and PV per visible key
-        self.flops_per_row = 2 * sum(p.numel() for p in model.layers[0].parameters() if p.dim() == 2)
+        layer = cast(DecoderLayer, model.layers[0])
+        self.flops_per_row = 2 * sum(p.numel() for p in layer.parameters() if p.dim() == 2)
         self.flops_per_key = 4 * cfg.num_attention_heads * cfg.head_dim
+        # the last layer's rows that are not pooled: the input norm and the QKV projection
+        self.flops_per_stored_row = 2 * layer.self_attn.qkv_proj.weight.numel()
         self.flops_done = 0.0
 
     @property
@@ -69,10 +79,20 @@ class LayerMajorJob:
         """Token-layers of work remaining (a chunked step of T tokens costs T * num_layers)."""
         return (self.num_layers - self.layer) * self.length - self.pos
 
+    def _kept(self, rows: int) -> slice | None:
+        """The rows of the unit [pos, pos+rows) read after the current layer, local to it:
+        None (all) before the last layer; the pooled rows at the last."""
+        if self.layer < self.num_layers - 1:
+            return None
+        return slice(*self.request.pooling.rows(self.pos, rows))
+
     def unit_flops(self, rows: int) -> float:
         """FLOPs of the next unit if it ran `rows` rows (row i sees pos + i + 1 keys)."""
         rows = min(rows, self.length - self.pos)
-        return rows * (self.flops_per_row + self.flops_per_key * (self.pos + (rows + 1) / 2))
+        keep = self._kept(rows)
+        lo, hi = (0, rows) if keep is None else (keep.start, keep.stop)
+        stored = (rows - (hi - lo)) * self.flops_per_stored_row
+        return stored + (hi - lo) * (self.flops_per_row + self.flops_per_key * (self.pos + (lo + hi + 1) / 2))
 
     def _chunk_left(self) -> int:
         """Rows from `pos` to the next chunk boundary (or the prompt's end)."""
@@ -119,8 +139,10 @@ class LayerMajorJob:
             rows = slice(self.pos, end)
             self.flops_done += self.unit_flops(end - self.pos)
             positions = torch.arange(self.pos, end, device=self.device)
-            x = self.model.run_layer(self.layer, self.hidden[rows], positions, self.kv, self.pos)
-            self.hidden[rows] = x
+            # updates the rows of `hidden` it keeps, in place
+            self.model.run_layer(
+                self.layer, self.hidden[rows], positions, self.kv, self.pos, self._kept(end - self.pos)
+            )
             spent += end - self.pos
             self.pos = end
             if self.pos == self.length:
