@@ -26,9 +26,7 @@ def test_mean_pooling_without_prompt_matches_sentence_transformers(
     queries = ["what is rope?", "how are long documents embedded in chunks"]
     ref = st_embed(d, queries, prompt_name="query")
     with_prompt = st_embed(qwen2_dir, queries, prompt_name="query")
-    with Engine.from_pretrained(
-        d, max_num_batched_tokens=8, layer_major_tokens=layer_major_tokens
-    ) as engine:
+    with Engine.from_pretrained(d, max_num_batched_tokens=8, layer_major_tokens=layer_major_tokens) as engine:
         got = engine.embed(queries, prompt_name="query")
         # The pre-tokenized path (what the server uses) keeps the prompt length too.
         tokenized = engine.tokenize(queries, engine.resolve_prompt("query", None))

@@ -18,6 +18,7 @@ from embedserve.models.source import ModelSource, override_pooling
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.tokenizer import Tokenizer
 from embedserve.worker.gpu_memory import check_utilization, gpu_kv_cache_memory
+from embedserve.worker.host_memory import keep_freed_heap
 from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 
 _DEFAULT_KV_CAP = 4 << 30  # default KV budget cap (bytes) unless one full prompt needs more
@@ -84,6 +85,8 @@ def build_engine(
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device='cuda' requested but no CUDA device is available")
+    if dev.type == "cpu":
+        keep_freed_heap()  # activations reuse freed pages instead of faulting fresh ones in
     try:
         sched = SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens,

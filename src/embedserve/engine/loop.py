@@ -16,8 +16,11 @@ from concurrent.futures import Future, InvalidStateError
 from embedserve.engine.core import EngineCore, Finished
 from embedserve.errors import EngineDeadError
 from embedserve.request import Request
+from embedserve.worker.host_memory import release_free_heap
 
 log = logging.getLogger(__name__)
+
+IDLE_RELEASE_S = 1.0  # seconds without work before the loop releases free heap pages
 
 
 class EngineLoop:
@@ -58,11 +61,15 @@ class EngineLoop:
     # ---- engine thread ---------------------------------------------------------------------
 
     def _drain(self, block: bool) -> bool:
-        """Move posted requests into the core; False once a stop was posted."""
+        """Move posted requests into the core; False once a stop was posted. Blocking, the
+        first `IDLE_RELEASE_S` without a request give the C heap's free pages back."""
         try:
-            item = self._inbox.get(block=block)
+            item = self._inbox.get(block=block, timeout=IDLE_RELEASE_S if block else None)
         except queue.Empty:
-            return True
+            if not block:
+                return True
+            release_free_heap()  # idle: what the last work freed goes back to the OS
+            item = self._inbox.get()
         while True:
             if item is None:
                 return False
