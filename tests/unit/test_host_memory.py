@@ -99,10 +99,15 @@ def test_a_kept_heap_reuses_the_pages_units_freed() -> None:
 
 
 def test_cpu_engines_keep_the_heap(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    monkeypatch.setattr(builder, "keep_freed_heap", lambda: calls.append(1) or True)
+    calls: list[str] = []
+
+    def keep() -> bool:
+        calls.append("kept")
+        return True
+
+    monkeypatch.setattr(builder, "keep_freed_heap", keep)
     build_engine(qwen3_dir)
-    assert calls == [1]
+    assert calls == ["kept"]
 
 
 def test_the_engine_loop_releases_free_heap_when_idle(

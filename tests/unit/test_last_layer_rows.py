@@ -4,6 +4,7 @@ never used), in the lane and in the chunked path; vectors still equal the HF ref
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 from embedserve import Engine
 from embedserve.config import PoolingMethod
 from embedserve.engine.builder import build_engine
+from embedserve.models.decoder import DecoderLayer
 from embedserve.request import EmbedParams, Request
 from embedserve.worker.layer_major import LayerMajorJob
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
@@ -19,10 +21,12 @@ from tests.helpers.reference import cosine, hf_embed_ids, random_ids
 
 def _mlp_rows(engine: Engine) -> dict[int, list[int]]:
     """Rows each layer's MLP sees, per call, recorded from here on."""
-    model = engine._loop.core.runner.model  # type: ignore[attr-defined]
+    model = engine._loop.core.runner.model
     seen: dict[int, list[int]] = {i: [] for i in range(len(model.layers))}
     for i, layer in enumerate(model.layers):
-        layer.mlp.register_forward_hook(lambda _m, args, _out, i=i: seen[i].append(args[0].shape[0]))
+        cast(DecoderLayer, layer).mlp.register_forward_hook(
+            lambda _m, args, _out, i=i: seen[i].append(args[0].shape[0])
+        )
     return seen
 
 
