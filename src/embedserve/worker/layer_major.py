@@ -18,8 +18,8 @@ can interleave it with its other requests step by step.
 
 The last layer's output is read only at the pooled rows (LAST pooling: one row of the
 prompt). Its units store every row's K/V (the pooled rows attend to them) but run attention,
-the output projection and the MLP for the pooled rows only: about 1/num_layers of the
-prompt's work is never done (3.5% at 28 layers).
+the output projection and the MLP for the pooled rows only: the last of 28 layers of a 4K
+fp32 prompt ran in 0.16-0.20x another layer's time, about 3% of the prompt.
 
 Units never cross a chunk boundary (multiples of `chunk`). Inside a chunk, from a position
 on the granule (64 rows) a unit is whole granules; a unit shorter than a granule (a query's
