@@ -79,13 +79,17 @@ print(kept, faults[0])
 """
 
 
-def _unit_faults(setting: str) -> tuple[str, int]:
-    env = {**os.environ, "EMBEDSERVE_HEAP_REUSE": setting}
+def _python(script: str, **env: str) -> list[str]:
+    """Runs `script` in a fresh interpreter (a known heap); its printed words."""
     out = subprocess.run(
-        [sys.executable, "-c", _UNITS_SCRIPT], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env={**os.environ, **env}
     )
     assert out.returncode == 0, out.stderr
-    kept, faults = out.stdout.split()
+    return out.stdout.split()
+
+
+def _unit_faults(setting: str) -> tuple[str, int]:
+    kept, faults = _python(_UNITS_SCRIPT, EMBEDSERVE_HEAP_REUSE=setting)
     return kept, int(faults)
 
 
@@ -140,9 +144,7 @@ def _lane_core(model_dir: Path) -> EngineCore:
 
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's (and no other allocator preloaded)")
 def test_freed_heap_pages_return_to_the_os() -> None:
-    out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout.split()[-1]) > 100  # of the 200 MB freed
+    assert int(_python(_SCRIPT)[-1]) > 100  # of the 200 MB freed
 
 
 @pytest.mark.parametrize(("length", "per_layer"), [(512, True), (511, False)])

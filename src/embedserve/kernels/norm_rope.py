@@ -42,6 +42,16 @@ def _fits(*xs: torch.Tensor | None) -> bool:
     return all(x is None or (x.dtype == torch.float32 and x.device.type == "cpu") for x in xs)
 
 
+def _row_stride(x: torch.Tensor) -> int:
+    """How far apart the kernel reads x's rows: one row reads the same at any row stride."""
+    return x.stride(0) if x.shape[0] > 1 else x.shape[1]
+
+
+def takes_rows(x: torch.Tensor) -> bool:
+    """x is [rows, n] with each row dense and rows not overlapping: what `add_rms_norm` reads."""
+    return x.dim() == 2 and x.stride(1) == 1 and _row_stride(x) >= x.shape[1]
+
+
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -54,7 +64,7 @@ def add_rms_norm(
         raise ValueError(f"add_rms_norm takes float32 CPU x [rows, n], weight [n]: {x.shape}, {weight.shape}")
     if residual is not None and (residual.shape != x.shape or not residual.is_contiguous()):
         raise ValueError(f"add_rms_norm needs a dense residual of x's shape {tuple(x.shape)}")
-    stride = x.stride(0) if rows > 1 else n  # one row reads the same at any row stride
+    stride = _row_stride(x)
     if stride < n:
         raise ValueError(f"add_rms_norm needs rows of x apart by at least n, got stride {stride} for n {n}")
     out = torch.empty(rows, n, dtype=torch.float32)

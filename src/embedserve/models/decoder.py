@@ -26,11 +26,6 @@ def _native_fp32(x: torch.Tensor) -> bool:
     return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and norm_rope.available()
 
 
-def _row_dense(x: torch.Tensor) -> bool:
-    """[rows, n] with each row dense and rows not overlapping (what the norm kernel reads)."""
-    return x.stride(1) == 1 and (x.shape[0] <= 1 or x.stride(0) >= x.shape[1])
-
-
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32, cast back before the weight (as Hugging Face does).
     float32 rows on the CPU take the native kernel (one pass instead of five ops)."""
@@ -41,7 +36,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _native_fp32(x) and _row_dense(x):
+        if _native_fp32(x) and norm_rope.takes_rows(x):
             return norm_rope.add_rms_norm(x, None, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
@@ -50,7 +45,7 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x += residual (in place), then the norm of x."""
-        if _native_fp32(x) and _row_dense(x) and residual.is_contiguous():
+        if _native_fp32(x) and norm_rope.takes_rows(x) and residual.is_contiguous():
             return norm_rope.add_rms_norm(x, residual, self.weight, self.eps)
         return self(x.add_(residual))
 
