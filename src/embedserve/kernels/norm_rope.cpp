@@ -1,5 +1,5 @@
-// RMSNorm, the residual add before it, and Qwen3's per-head q/k norm with rotary embedding,
-// in float32 on the CPU, each one pass over its rows.
+// RMSNorm, the residual add before it, and Qwen3's per-head q/k norm with rotary embedding
+// on the CPU, in float32 and bfloat16, each one pass over its rows.
 //
 // In PyTorch each of these is a chain of elementwise ops (pow, mean, rsqrt, mul, mul; cat,
 // neg, mul, mul, add for RoPE), every one a pass over the activations into a fresh tensor
@@ -10,65 +10,165 @@
 //                 x = weight * x * rsqrt(mean(x^2) + eps)   (Qwen3; skipped without weights)
 //                 x = x * cos + rotate_half(x) * sin        (rotate_half(x) = [-x2, x1])
 //
-// The arithmetic is Hugging Face's in float32 (the order of the sum of squares and fused
-// multiply-adds aside: about one rounding). Built by embedserve/kernels/native.py.
+// The arithmetic is Hugging Face's in float32 (the order of the sum of squares aside: about
+// one rounding). bfloat16 rows are widened to float32 and rounded back to bfloat16 where the
+// PyTorch ops in bfloat16 round: after the residual add, the normalized row before the weight,
+// the weight's product, and each product and the sum of RoPE. Built by
+// embedserve/kernels/native.py.
 
 #include "cpu_vec.h"  // first: sets the ISA ATen's vec headers compile for
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
+using BF16 = at::BFloat16;
 
 constexpr int64_t GRAIN = 16;  // rows per task at least
 
-// dst = w * src * rsqrt(mean(src^2) + eps) over n floats (dst may be src).
+// x rounded to the element type's precision: bfloat16 rounds (to nearest even, as PyTorch's
+// ops do when they store a bfloat16 result), float32 is x.
+template <typename T>
+Vec rnd(Vec x) {
+  if constexpr (std::is_same_v<T, BF16>) {
+    return std::get<0>(at::vec::convert_to_float<BF16>(at::vec::convert_from_float<BF16>(x, x)));
+  } else {
+    return x;
+  }
+}
+
+template <typename T>
+float rnd(float x) {
+  return static_cast<float>(static_cast<T>(x));
+}
+
+// dst = rnd(w * rnd(src * rsqrt(mean(src^2) + eps))) over n floats (dst may be src).
+template <typename T>
 void rms_row(float* dst, const float* src, const float* w, int64_t n, float eps) {
   const float squares = at::vec::map_reduce_all<float>(
       [](Vec x) { return x * x; }, [](Vec a, Vec b) { return a + b; }, src, n);
   const float inv = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
-  at::vec::map2([inv](Vec x, Vec wv) { return wv * (x * Vec(inv)); }, dst, src, w, n);
+  at::vec::map2([inv](Vec x, Vec wv) { return rnd<T>(wv * rnd<T>(x * Vec(inv))); }, dst, src, w, n);
 }
 
-// x = x * cos + rotate_half(x) * sin over one head of d floats, in place; cos and sin are
-// the row's [d] tables (their halves are equal, as rotary tables are built).
+// x = x * cos + rotate_half(x) * sin over one head of d floats, in place, each product and
+// the sum rounded to T; cos and sin are the row's [d] tables (their halves are equal, as
+// rotary tables are built).
+template <typename T>
 void rope_row(float* x, const float* cos, const float* sin, int64_t d) {
   const int64_t half = d / 2;
   int64_t c = 0;
   for (; c + Vec::size() <= half; c += Vec::size()) {
     const Vec x1 = Vec::loadu(x + c), x2 = Vec::loadu(x + half + c);
-    (x1 * Vec::loadu(cos + c) - x2 * Vec::loadu(sin + c)).store(x + c);
-    (x2 * Vec::loadu(cos + half + c) + x1 * Vec::loadu(sin + half + c)).store(x + half + c);
+    rnd<T>(rnd<T>(x1 * Vec::loadu(cos + c)) - rnd<T>(x2 * Vec::loadu(sin + c))).store(x + c);
+    rnd<T>(rnd<T>(x2 * Vec::loadu(cos + half + c)) + rnd<T>(x1 * Vec::loadu(sin + half + c))).store(x + half + c);
   }
   for (; c < half; ++c) {
     const float x1 = x[c], x2 = x[half + c];
-    x[c] = x1 * cos[c] - x2 * sin[c];
-    x[half + c] = x2 * cos[half + c] + x1 * sin[half + c];
+    x[c] = rnd<T>(rnd<T>(x1 * cos[c]) - rnd<T>(x2 * sin[c]));
+    x[half + c] = rnd<T>(rnd<T>(x2 * cos[half + c]) + rnd<T>(x1 * sin[half + c]));
   }
+}
+
+// A row of T as float32: float rows are read in place, bfloat16 rows are widened into buf.
+const float* widen(const float* src, float*, int64_t) { return src; }
+const float* widen(const BF16* src, float* buf, int64_t n) {
+  at::vec::convert(src, buf, n);
+  return buf;
+}
+float* widen(float* src, float*, int64_t) { return src; }
+float* widen(BF16* src, float* buf, int64_t n) {
+  at::vec::convert(src, buf, n);
+  return buf;
+}
+
+// The float32 row back into dst (nothing to do when it was read in place).
+void narrow(const float* row, float* dst, int64_t n) {
+  if (row != dst) std::copy(row, row + n, dst);
+}
+void narrow(const float* row, BF16* dst, int64_t n) { at::vec::convert(row, dst, n); }
+
+template <typename T>
+void add_rms_norm(T* x, int64_t x_stride, const T* residual, T* out, const T* weight, int64_t rows, int64_t n,
+                  float eps) {
+  at::parallel_for(0, rows, GRAIN, [&](int64_t a, int64_t b) {
+    std::vector<float> xb(n), rb(n), wb(n), ob(n);  // bfloat16 rows widened (float: unused)
+    const float* w = widen(weight, wb.data(), n);
+    for (int64_t r = a; r < b; ++r) {
+      T* xr = x + r * x_stride;
+      float* xf = widen(xr, xb.data(), n);
+      if (residual != nullptr) {
+        const float* rf = widen(residual + r * n, rb.data(), n);
+        at::vec::map2([](Vec p, Vec q) { return rnd<T>(p + q); }, xf, xf, rf, n);
+        narrow(xf, xr, n);
+      }
+      T* o = out + r * n;
+      float* of = ob.data();
+      if constexpr (std::is_same_v<T, float>) of = o;
+      rms_row<T>(of, xf, w, n, eps);
+      narrow(of, o, n);
+    }
+  });
+}
+
+template <typename T>
+void qk_norm_rope(T* qkv, int64_t row_stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d,
+                  const T* q_weight, const T* k_weight, const T* cos, const T* sin, float eps) {
+  at::parallel_for(0, rows, GRAIN, [&](int64_t a, int64_t b) {
+    std::vector<float> hb(d), cb(d), sb(d), qb(d), kb(d);
+    const float* qw = q_weight != nullptr ? widen(q_weight, qb.data(), d) : nullptr;
+    const float* kw = k_weight != nullptr ? widen(k_weight, kb.data(), d) : nullptr;
+    for (int64_t r = a; r < b; ++r) {
+      T* row = qkv + r * row_stride;
+      const float* c = widen(cos + r * d, cb.data(), d);
+      const float* s = widen(sin + r * d, sb.data(), d);
+      for (int64_t h = 0; h < heads + kv_heads; ++h) {
+        float* x = widen(row + h * d, hb.data(), d);
+        if (qw != nullptr) rms_row<T>(x, x, h < heads ? qw : kw, d, eps);
+        rope_row<T>(x, c, s, d);
+        narrow(x, row + h * d, d);
+      }
+    }
+  });
+}
+
+bool norm_ok(int64_t rows, int64_t n, int64_t x_stride) { return rows >= 0 && n >= 1 && x_stride >= n; }
+
+bool qk_ok(int64_t rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t row_stride, const void* q_weight,
+           const void* k_weight) {
+  return rows >= 0 && heads >= 1 && kv_heads >= 1 && d >= 2 && d % 2 == 0 &&
+         row_stride >= (heads + 2 * kv_heads) * d && (q_weight == nullptr) == (k_weight == nullptr);
+}
+
+// Runs f; 0: done; 2: an exception, which must not unwind into ctypes.
+template <typename F>
+int guarded(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    return 2;
+  }
+  return 0;
 }
 
 }  // namespace
 
 // x [rows, n] (rows x_stride apart), residual [rows, n] dense or null, out [rows, n] dense.
-// 0: done; 1: shapes refused; 2: an exception, which must not unwind into ctypes.
+// 0: done; 1: shapes refused; 2: an exception.
 extern "C" int embedserve_add_rms_norm_f32(float* x, int64_t x_stride, const float* residual, float* out,
                                            const float* weight, int64_t rows, int64_t n, float eps) {
-  if (rows < 0 || n < 1 || x_stride < n) return 1;
-  try {
-    at::parallel_for(0, rows, GRAIN, [&](int64_t a, int64_t b) {
-      for (int64_t r = a; r < b; ++r) {
-        float* xr = x + r * x_stride;
-        if (residual != nullptr)
-          at::vec::map2([](Vec p, Vec q) { return p + q; }, xr, xr, residual + r * n, n);
-        rms_row(out + r * n, xr, weight, n, eps);
-      }
-    });
-  } catch (...) {
-    return 2;
-  }
-  return 0;
+  if (!norm_ok(rows, n, x_stride)) return 1;
+  return guarded([&] { add_rms_norm<float>(x, x_stride, residual, out, weight, rows, n, eps); });
+}
+
+extern "C" int embedserve_add_rms_norm_bf16(BF16* x, int64_t x_stride, const BF16* residual, BF16* out,
+                                            const BF16* weight, int64_t rows, int64_t n, float eps) {
+  if (!norm_ok(rows, n, x_stride)) return 1;
+  return guarded([&] { add_rms_norm<BF16>(x, x_stride, residual, out, weight, rows, n, eps); });
 }
 
 // qkv [rows, (heads + 2 * kv_heads) * d] (rows row_stride apart): q heads then k heads, each
@@ -78,22 +178,14 @@ extern "C" int embedserve_qk_norm_rope_f32(float* qkv, int64_t row_stride, int64
                                            int64_t kv_heads, int64_t d, const float* q_weight,
                                            const float* k_weight, const float* cos, const float* sin,
                                            float eps) {
-  if (rows < 0 || heads < 1 || kv_heads < 1 || d < 2 || d % 2 != 0 || row_stride < (heads + 2 * kv_heads) * d ||
-      (q_weight == nullptr) != (k_weight == nullptr))
-    return 1;
-  try {
-    at::parallel_for(0, rows, GRAIN, [&](int64_t a, int64_t b) {
-      for (int64_t r = a; r < b; ++r) {
-        float* row = qkv + r * row_stride;
-        for (int64_t h = 0; h < heads + kv_heads; ++h) {
-          float* x = row + h * d;
-          if (q_weight != nullptr) rms_row(x, x, h < heads ? q_weight : k_weight, d, eps);
-          rope_row(x, cos + r * d, sin + r * d, d);
-        }
-      }
-    });
-  } catch (...) {
-    return 2;
-  }
-  return 0;
+  if (!qk_ok(rows, heads, kv_heads, d, row_stride, q_weight, k_weight)) return 1;
+  return guarded([&] { qk_norm_rope<float>(qkv, row_stride, rows, heads, kv_heads, d, q_weight, k_weight, cos, sin, eps); });
+}
+
+extern "C" int embedserve_qk_norm_rope_bf16(BF16* qkv, int64_t row_stride, int64_t rows, int64_t heads,
+                                            int64_t kv_heads, int64_t d, const BF16* q_weight,
+                                            const BF16* k_weight, const BF16* cos, const BF16* sin,
+                                            float eps) {
+  if (!qk_ok(rows, heads, kv_heads, d, row_stride, q_weight, k_weight)) return 1;
+  return guarded([&] { qk_norm_rope<BF16>(qkv, row_stride, rows, heads, kv_heads, d, q_weight, k_weight, cos, sin, eps); });
 }

@@ -21,14 +21,17 @@ from embedserve.worker.attention import AttentionMetadata, causal_attention
 from embedserve.worker.attention_select import select_attention
 
 
-def _native_fp32(x: torch.Tensor) -> bool:
-    """float32 rows on the CPU, where the native norm/RoPE kernels built and checked out."""
-    return x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and norm_rope.available()
+def _native_rows(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
+    """float32 or bfloat16 rows on the CPU (and a weight of their dtype), where the native
+    norm/RoPE kernels built and checked out."""
+    if x.device.type != "cpu" or x.dim() != 2 or x.dtype not in norm_rope.DTYPES:
+        return False
+    return (weight is None or weight.dtype == x.dtype) and norm_rope.available(x.dtype)
 
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32, cast back before the weight (as Hugging Face does).
-    float32 rows on the CPU take the native kernel (one pass instead of five ops)."""
+    float32 and bfloat16 rows on the CPU take the native kernel (one pass instead of five ops)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -36,7 +39,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _native_fp32(x) and norm_rope.takes_rows(x):
+        if _native_rows(x, self.weight) and norm_rope.takes_rows(x):
             return norm_rope.add_rms_norm(x, None, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
@@ -45,7 +48,7 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """x += residual (in place), then the norm of x."""
-        if _native_fp32(x) and norm_rope.takes_rows(x) and residual.is_contiguous():
+        if _native_rows(x, self.weight) and norm_rope.takes_rows(x) and residual.is_contiguous():
             return norm_rope.add_rms_norm(x, residual, self.weight, self.eps)
         return self(x.add_(residual))
 
@@ -95,10 +98,12 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         cos, sin = cos_sin
-        if _native_fp32(qkv) and qkv.is_contiguous():  # q/k norm and RoPE in place, one pass
-            norms, eps = None, 0.0
-            if self.q_norm is not None and self.k_norm is not None:  # Qwen3
-                norms, eps = (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps
+        norms = None  # Qwen3's q/k norm weights
+        if self.q_norm is not None and self.k_norm is not None:
+            norms = (self.q_norm.weight, self.k_norm.weight)
+        same = all(t.dtype == qkv.dtype for t in (cos, *(norms or ())))
+        if same and _native_rows(qkv) and qkv.is_contiguous():  # q/k norm and RoPE in place, one pass
+            eps = self.q_norm.eps if self.q_norm is not None else 0.0
             norm_rope.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, norms, cos[:, 0], sin[:, 0], eps)
             return q, k, v
         if self.q_norm is not None and self.k_norm is not None:
