@@ -59,27 +59,56 @@ struct Shape {
 constexpr int64_t TILE_ROWS = 256;
 constexpr int64_t KEY_BLOCK = 256;
 
-// exp(s - top) over the first `valid` of `len` floats, zero after them; returns the sum.
-float exp_and_sum(float* s, int64_t valid, int64_t len, float top) {
+// exp(s - top) over the first `valid` of `len` floats, zero after them, into dst (float: s
+// itself; bfloat16: the probabilities the second matmul reads, rounded); returns the sum of
+// the unrounded exps.
+float exp_and_sum(const float* s, float* p, int64_t valid, int64_t len, float top) {
   const Vec vtop(top);
   Vec acc(0.f);
   int64_t j = 0;
   for (; j + Vec::size() <= valid; j += Vec::size()) {
-    Vec e = (Vec::loadu(s + j) - vtop).exp_u20();
-    e.store(s + j);
+    const Vec e = (Vec::loadu(s + j) - vtop).exp_u20();
+    e.store(p + j);
     acc = acc + e;
   }
   float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
   for (; j < valid; ++j) {
-    s[j] = std::exp(s[j] - top);
-    sum += s[j];
+    p[j] = std::exp(s[j] - top);
+    sum += p[j];
   }
-  std::fill(s + valid, s + len, 0.f);
+  std::fill(p + valid, p + len, 0.f);
   return sum;
 }
 
+float exp_and_sum(const float* s, at::BFloat16* p, int64_t valid, int64_t len, float top) {
+  const Vec vtop(top);
+  Vec acc(0.f);
+  int64_t j = 0;
+  for (; j + 2 * Vec::size() <= valid; j += 2 * Vec::size()) {  // two float vectors per bf16 one
+    const Vec e0 = (Vec::loadu(s + j) - vtop).exp_u20(), e1 = (Vec::loadu(s + j + Vec::size()) - vtop).exp_u20();
+    at::vec::convert_from_float<at::BFloat16>(e0, e1).store(p + j);
+    acc = acc + e0 + e1;
+  }
+  if (j + Vec::size() <= valid) {
+    const Vec e = (Vec::loadu(s + j) - vtop).exp_u20();
+    at::vec::convert_from_float<at::BFloat16>(e, e).store(p + j, Vec::size());
+    acc = acc + e;
+    j += Vec::size();
+  }
+  float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
+  for (; j < valid; ++j) {
+    const float e = std::exp(s[j] - top);
+    p[j] = at::BFloat16(e);
+    sum += e;
+  }
+  std::fill(p + valid, p + len, at::BFloat16(0.f));
+  return sum;
+}
+
+// The largest of the first `valid` floats (a NaN score gives a NaN output either way: its
+// exp is NaN).
 float row_max(const float* s, int64_t valid) {
-  return at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, s, valid);
+  return at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::clamp_min(a, b); }, s, valid);
 }
 
 // dst = alpha * src over d floats (dst may be src).
@@ -120,6 +149,17 @@ struct Operands {
       : q(round_up(rows) * d), p(is_bf16<T> ? round_up(rows) * KEY_BLOCK : 0), v(is_bf16<T> ? 0 : KEY_BLOCK * d) {}
 };
 
+// The second matmul's A operand: the tile's scores turned probabilities in place (float), or
+// their bfloat16 roundings (bf16).
+template <typename T>
+T* probabilities(Tile& t, Operands<T>& a) {
+  if constexpr (is_bf16<T>) {
+    return a.p.data();
+  } else {
+    return t.s.data();
+  }
+}
+
 void pack_row(float* dst, const float* src, int64_t d, float scale) { scale_into(dst, src, d, scale); }
 
 void pack_row(BF16* dst, const BF16* src, int64_t d, float scale) {
@@ -156,23 +196,24 @@ void attend_tile(const Shape& sh, const T* q, const T* kt, const T* v_h, const T
     // kt's blocks are whole (zeros past the last key): reading len_p columns stays inside
     at::native::cpublas::brgemm(rows_p, len_p, d, d, KEY_BLOCK, KEY_BLOCK, false, a.q.data(), kt + k0 * d,
                                 t.s.data(), is_bf16<T>);
+    T* const probs = probabilities(t, a);
     for (int64_t r = 0; r < rows; ++r) {
       float* s = t.s.data() + r * KEY_BLOCK;
+      T* p = probs + r * KEY_BLOCK;
       const int64_t pos = start + i0 + r / groups;
       const int64_t valid = std::min(len, pos - k0 + 1);  // >= 1 in the first block
       if (valid <= 0) {
-        std::fill(s, s + len_p, 0.f);
+        std::fill(p, p + len_p, T(0.f));
         continue;
       }
       const float top = std::max(t.m[r], row_max(s, valid));
       const float alpha = std::exp(t.m[r] - top);  // 0 on the first block (m = -inf)
-      t.l[r] = t.l[r] * alpha + exp_and_sum(s, valid, len_p, top);
+      t.l[r] = t.l[r] * alpha + exp_and_sum(s, p, valid, len_p, top);
       if (k0 > 0 && alpha != 1.f) scale_into(t.o.data() + r * d, t.o.data() + r * d, d, alpha);
       t.m[r] = top;
     }
-    std::fill(t.s.begin() + rows * KEY_BLOCK, t.s.begin() + rows_p * KEY_BLOCK, 0.f);
+    std::fill(probs + rows * KEY_BLOCK, probs + rows_p * KEY_BLOCK, T(0.f));
     if constexpr (is_bf16<T>) {  // vp's blocks are whole too (zero rows past the last key)
-      at::vec::convert(t.s.data(), a.p.data(), rows_p * KEY_BLOCK);
       at::native::cpublas::brgemm(rows_p, d, len_p, KEY_BLOCK, d, d, k0 > 0, a.p.data(), vp + k0 * d,
                                   t.o.data(), true);
     } else {
