@@ -136,17 +136,11 @@ void qk_norm_rope(T* qkv, int64_t row_stride, int64_t rows, int64_t heads, int64
   });
 }
 
-bool norm_ok(int64_t rows, int64_t n, int64_t x_stride) { return rows >= 0 && n >= 1 && x_stride >= n; }
-
-bool qk_ok(int64_t rows, int64_t heads, int64_t kv_heads, int64_t d, int64_t row_stride, const void* q_weight,
-           const void* k_weight) {
-  return rows >= 0 && heads >= 1 && kv_heads >= 1 && d >= 2 && d % 2 == 0 &&
-         row_stride >= (heads + 2 * kv_heads) * d && (q_weight == nullptr) == (k_weight == nullptr);
-}
-
-// Runs f; 0: done; 2: an exception, which must not unwind into ctypes.
+// The entry points' shared body: 1 when the shapes are refused, else f's outcome (0: done;
+// 2: an exception, which must not unwind into ctypes).
 template <typename F>
-int guarded(F&& f) {
+int checked(bool ok, F&& f) {
+  if (!ok) return 1;
   try {
     f();
   } catch (...) {
@@ -155,37 +149,50 @@ int guarded(F&& f) {
   return 0;
 }
 
+template <typename T>
+int add_rms_norm_entry(T* x, int64_t x_stride, const T* residual, T* out, const T* weight, int64_t rows,
+                       int64_t n, float eps) {
+  return checked(rows >= 0 && n >= 1 && x_stride >= n,
+                 [&] { add_rms_norm<T>(x, x_stride, residual, out, weight, rows, n, eps); });
+}
+
+template <typename T>
+int qk_norm_rope_entry(T* qkv, int64_t row_stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d,
+                       const T* q_weight, const T* k_weight, const T* cos, const T* sin, float eps) {
+  const bool ok = rows >= 0 && heads >= 1 && kv_heads >= 1 && d >= 2 && d % 2 == 0 &&
+                  row_stride >= (heads + 2 * kv_heads) * d && (q_weight == nullptr) == (k_weight == nullptr);
+  return checked(ok, [&] {
+    qk_norm_rope<T>(qkv, row_stride, rows, heads, kv_heads, d, q_weight, k_weight, cos, sin, eps);
+  });
+}
+
 }  // namespace
 
 // x [rows, n] (rows x_stride apart), residual [rows, n] dense or null, out [rows, n] dense.
 // 0: done; 1: shapes refused; 2: an exception.
 extern "C" int embedserve_add_rms_norm_f32(float* x, int64_t x_stride, const float* residual, float* out,
                                            const float* weight, int64_t rows, int64_t n, float eps) {
-  if (!norm_ok(rows, n, x_stride)) return 1;
-  return guarded([&] { add_rms_norm<float>(x, x_stride, residual, out, weight, rows, n, eps); });
+  return add_rms_norm_entry<float>(x, x_stride, residual, out, weight, rows, n, eps);
 }
 
 extern "C" int embedserve_add_rms_norm_bf16(BF16* x, int64_t x_stride, const BF16* residual, BF16* out,
                                             const BF16* weight, int64_t rows, int64_t n, float eps) {
-  if (!norm_ok(rows, n, x_stride)) return 1;
-  return guarded([&] { add_rms_norm<BF16>(x, x_stride, residual, out, weight, rows, n, eps); });
+  return add_rms_norm_entry<BF16>(x, x_stride, residual, out, weight, rows, n, eps);
 }
 
 // qkv [rows, (heads + 2 * kv_heads) * d] (rows row_stride apart): q heads then k heads, each
 // normed (when q_weight and k_weight are given) and rotated in place; v is not touched.
-// cos, sin [rows, d] dense.
+// cos, sin [rows, d] dense. Returns as above.
 extern "C" int embedserve_qk_norm_rope_f32(float* qkv, int64_t row_stride, int64_t rows, int64_t heads,
                                            int64_t kv_heads, int64_t d, const float* q_weight,
                                            const float* k_weight, const float* cos, const float* sin,
                                            float eps) {
-  if (!qk_ok(rows, heads, kv_heads, d, row_stride, q_weight, k_weight)) return 1;
-  return guarded([&] { qk_norm_rope<float>(qkv, row_stride, rows, heads, kv_heads, d, q_weight, k_weight, cos, sin, eps); });
+  return qk_norm_rope_entry<float>(qkv, row_stride, rows, heads, kv_heads, d, q_weight, k_weight, cos, sin, eps);
 }
 
 extern "C" int embedserve_qk_norm_rope_bf16(BF16* qkv, int64_t row_stride, int64_t rows, int64_t heads,
                                             int64_t kv_heads, int64_t d, const BF16* q_weight,
                                             const BF16* k_weight, const BF16* cos, const BF16* sin,
                                             float eps) {
-  if (!qk_ok(rows, heads, kv_heads, d, row_stride, q_weight, k_weight)) return 1;
-  return guarded([&] { qk_norm_rope<BF16>(qkv, row_stride, rows, heads, kv_heads, d, q_weight, k_weight, cos, sin, eps); });
+  return qk_norm_rope_entry<BF16>(qkv, row_stride, rows, heads, kv_heads, d, q_weight, k_weight, cos, sin, eps);
 }
