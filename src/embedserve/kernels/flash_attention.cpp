@@ -191,12 +191,12 @@ void attend_tile(const Shape& sh, const T* q, const T* kt, const T* v_h, const T
   std::fill(t.m.begin(), t.m.begin() + rows, -std::numeric_limits<float>::infinity());
   std::fill(t.l.begin(), t.l.begin() + rows, 0.f);
   const int64_t last_key = start + i1;  // keys [0, last_key) are visible to some row
+  T* const probs = probabilities(t, a);
   for (int64_t k0 = 0; k0 < last_key; k0 += KEY_BLOCK) {
     const int64_t len = std::min(KEY_BLOCK, last_key - k0), len_p = round_up(len);
     // kt's blocks are whole (zeros past the last key): reading len_p columns stays inside
     at::native::cpublas::brgemm(rows_p, len_p, d, d, KEY_BLOCK, KEY_BLOCK, false, a.q.data(), kt + k0 * d,
                                 t.s.data(), is_bf16<T>);
-    T* const probs = probabilities(t, a);
     for (int64_t r = 0; r < rows; ++r) {
       float* s = t.s.data() + r * KEY_BLOCK;
       T* p = probs + r * KEY_BLOCK;

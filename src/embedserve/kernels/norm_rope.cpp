@@ -96,7 +96,8 @@ template <typename T>
 void add_rms_norm(T* x, int64_t x_stride, const T* residual, T* out, const T* weight, int64_t rows, int64_t n,
                   float eps) {
   at::parallel_for(0, rows, GRAIN, [&](int64_t a, int64_t b) {
-    std::vector<float> xb(n), rb(n), wb(n), ob(n);  // bfloat16 rows widened (float: unused)
+    const int64_t m = std::is_same_v<T, float> ? 0 : n;  // float rows are read in place
+    std::vector<float> xb(m), rb(m), wb(m), ob(m);        // bfloat16 rows widened
     const float* w = widen(weight, wb.data(), n);
     for (int64_t r = a; r < b; ++r) {
       T* xr = x + r * x_stride;
@@ -119,7 +120,8 @@ template <typename T>
 void qk_norm_rope(T* qkv, int64_t row_stride, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d,
                   const T* q_weight, const T* k_weight, const T* cos, const T* sin, float eps) {
   at::parallel_for(0, rows, GRAIN, [&](int64_t a, int64_t b) {
-    std::vector<float> hb(d), cb(d), sb(d), qb(d), kb(d);
+    const int64_t m = std::is_same_v<T, float> ? 0 : d;  // float rows are read in place
+    std::vector<float> hb(m), cb(m), sb(m), qb(m), kb(m);  // bfloat16 rows widened
     const float* qw = q_weight != nullptr ? widen(q_weight, qb.data(), d) : nullptr;
     const float* kw = k_weight != nullptr ? widen(k_weight, kb.data(), d) : nullptr;
     for (int64_t r = a; r < b; ++r) {

@@ -53,6 +53,12 @@ def _fits(dtype: torch.dtype, *xs: torch.Tensor | None) -> bool:
     return dtype in DTYPES and all(x is None or (x.dtype == dtype and x.device.type == "cpu") for x in xs)
 
 
+def native_for(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """The kernels run here for x with `others` (weights, rotary tables): CPU tensors of one
+    dtype they take, whose self-check passed on this machine."""
+    return _fits(x.dtype, x, *others) and available(x.dtype)
+
+
 def _row_stride(x: torch.Tensor) -> int:
     """How far apart the kernel reads x's rows: one row reads the same at any row stride."""
     return x.stride(0) if x.shape[0] > 1 else x.shape[1]

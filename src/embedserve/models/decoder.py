@@ -21,12 +21,10 @@ from embedserve.worker.attention import AttentionMetadata, causal_attention
 from embedserve.worker.attention_select import select_attention
 
 
-def _native_rows(x: torch.Tensor, weight: torch.Tensor | None = None) -> bool:
-    """float32 or bfloat16 rows on the CPU (and a weight of their dtype), where the native
-    norm/RoPE kernels built and checked out."""
-    if x.device.type != "cpu" or x.dim() != 2 or x.dtype not in norm_rope.DTYPES:
-        return False
-    return (weight is None or weight.dtype == x.dtype) and norm_rope.available(x.dtype)
+def _native_rows(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """float32 or bfloat16 CPU rows [rows, n], with `others` (weights, rotary tables) of their
+    dtype, where the native norm/RoPE kernels built and checked out."""
+    return x.dim() == 2 and norm_rope.native_for(x, *others)
 
 
 class RMSNorm(nn.Module):
@@ -101,8 +99,7 @@ class Attention(nn.Module):
         norms = None  # Qwen3's q/k norm weights
         if self.q_norm is not None and self.k_norm is not None:
             norms = (self.q_norm.weight, self.k_norm.weight)
-        same = all(t.dtype == qkv.dtype for t in (cos, *(norms or ())))
-        if same and _native_rows(qkv) and qkv.is_contiguous():  # q/k norm and RoPE in place, one pass
+        if _native_rows(qkv, cos, sin, *(norms or ())) and qkv.is_contiguous():  # in place, one pass
             eps = self.q_norm.eps if self.q_norm is not None else 0.0
             norm_rope.qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, norms, cos[:, 0], sin[:, 0], eps)
             return q, k, v
