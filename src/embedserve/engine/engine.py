@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from embedserve.engine.builder import EngineParts, build_engine
-from embedserve.engine.core import Finished
+from embedserve.engine.core import EngineCore, Finished
 from embedserve.engine.loop import EngineLoop
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
@@ -33,18 +34,28 @@ class EmbeddingOutput:
 
 
 class Engine:
-    def __init__(self, parts: EngineParts) -> None:
-        self.config = parts.config
-        self.tokenizer = parts.tokenizer
-        self._loop = EngineLoop(parts.core)
+    def __init__(self, parts: EngineParts | Callable[[], EngineParts]) -> None:
+        """Run built `parts`, or build them with `parts()` on the engine loop's thread: the
+        thread that then runs the model (loop.py: one OpenMP pool, not two)."""
+        build = parts if callable(parts) else lambda: parts
+        built: list[EngineParts] = []
+
+        def core() -> EngineCore:
+            built.append(build())
+            return built[0].core
+
+        self._loop = EngineLoop(core)
+        self.config = built[0].config
+        self.tokenizer = built[0].tokenizer
         self._ids = itertools.count()
 
     # ---- construction ----------------------------------------------------------------------
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **options: Any) -> Engine:
-        """Load a model directory; options as `build_engine` (dtype, device, token budget, ...)."""
-        return cls(build_engine(path, **options))
+        """Load a model directory; options as `build_engine` (dtype, device, token budget, ...).
+        The model is loaded on the engine loop's thread."""
+        return cls(functools.partial(build_engine, path, **options))
 
     # ---- input handling --------------------------------------------------------------------
 

@@ -4,6 +4,13 @@ Callers never touch the core. They post requests to an inbox and wait on futures
 (`concurrent.futures.Future`, which asyncio can await). Futures stay pending (never
 "running") so a caller can cancel one; a cancelled future aborts its request at the next
 step, freeing its KV blocks.
+
+The loop's thread also builds the core (`EngineLoop(build)`), so that one thread runs every
+parallel CPU op of the model, from loading and the kernels' self-checks to serving. Each
+thread that starts OpenMP work keeps a pool of OpenMP threads; with a second pool alive (the
+loading thread's) GNU OpenMP manages more threads than there are cores and stops spinning
+between parallel regions: the idle thread sleeps and waits to be woken at every op, and the
+compute threads stood idle ~5% of each unit on 2 cores (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 
 from embedserve.engine.core import EngineCore, Finished
@@ -24,16 +32,21 @@ IDLE_RELEASE_S = 1.0  # seconds without work before the loop releases free heap 
 
 
 class EngineLoop:
-    def __init__(self, core: EngineCore) -> None:
-        self.core = core
+    def __init__(self, build: Callable[[], EngineCore]) -> None:
+        """Start the loop's thread and build the core there with `build()`; returns once it
+        is built, raising what `build()` raised (the thread then ends)."""
         self._inbox: queue.SimpleQueue[tuple[Request, Future[Finished]] | None] = queue.SimpleQueue()
         self._futures: dict[int, Future[Finished]] = {}
         self._lock = threading.Lock()
-        self._stats: dict[str, int] = core.stats()
         self._error: BaseException | None = None
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="embedserve-engine", daemon=True)
+        built: Future[EngineCore] = Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(build, built), name="embedserve-engine", daemon=True
+        )
         self._thread.start()
+        self.core = built.result()
+        self._stats: dict[str, int] = self.core.stats()
 
     @property
     def alive(self) -> bool:
@@ -98,7 +111,15 @@ class EngineLoop:
             if fut is not None:
                 _settle(fut, result=fin, error=fin.error)
 
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], EngineCore], built: Future[EngineCore]) -> None:
+        try:
+            core = build()
+        except BaseException as e:  # the constructor raises it
+            self._stopping = True
+            built.set_exception(e)
+            return
+        built.set_result(core)
+        self.core = core
         try:
             while self._drain(block=not self.core.has_work):
                 self._reap_cancelled()
