@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from embedserve.bench.baselines import pool_padded
+from embedserve.bench.baselines import Encode, FifoBatcher, pool_padded
 from embedserve.bench.http_target import HttpSession
 from embedserve.bench.targets import parse_target
 from embedserve.config import PoolingMethod
@@ -80,3 +83,34 @@ def test_engine_target_opens_with_every_option_typed(qwen3_dir: Path) -> None:
         assert (cfg.scheduler.max_num_batched_tokens, cfg.scheduler.layer_major_tokens) == (128, None)
     finally:
         session.engine.close()  # type: ignore[attr-defined]
+
+
+def test_the_baseline_loads_its_model_on_the_thread_that_encodes(qwen3_dir: Path) -> None:
+    import transformers
+
+    seen: dict[str, int] = {}
+    load = transformers.AutoModel.from_pretrained
+
+    def recorded_load(*args: Any, **kwargs: Any) -> Any:
+        seen["load"] = threading.get_ident()
+        return load(*args, **kwargs)
+
+    spec = parse_target(f"hf:{qwen3_dir}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(transformers.AutoModel, "from_pretrained", recorded_load)
+        session = spec.open(token_budget=None)
+    assert isinstance(session, FifoBatcher)
+    try:
+        reply = asyncio.run(session.embed("hello there", "online"))
+        assert reply.vector.shape == (64,)
+        assert seen["load"] == session._thread.ident != threading.get_ident()
+    finally:
+        asyncio.run(session.aclose())
+
+
+def test_a_baseline_that_fails_to_load_raises_from_the_constructor() -> None:
+    def broken() -> Encode:
+        raise OSError("weights missing")
+
+    with pytest.raises(OSError, match="weights missing"):
+        FifoBatcher(broken, 4, "cpu")

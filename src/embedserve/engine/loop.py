@@ -40,13 +40,14 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._stopping = False
-        built: Future[EngineCore] = Future()
+        self.core: EngineCore
+        self._stats: dict[str, int] = {}
+        built: Future[None] = Future()
         self._thread = threading.Thread(
             target=self._run, args=(build, built), name="embedserve-engine", daemon=True
         )
         self._thread.start()
-        self.core = built.result()
-        self._stats: dict[str, int] = self.core.stats()
+        built.result()
 
     @property
     def alive(self) -> bool:
@@ -111,15 +112,15 @@ class EngineLoop:
             if fut is not None:
                 _settle(fut, result=fin, error=fin.error)
 
-    def _run(self, build: Callable[[], EngineCore], built: Future[EngineCore]) -> None:
+    def _run(self, build: Callable[[], EngineCore], built: Future[None]) -> None:
         try:
-            core = build()
+            self.core = build()
+            self._stats = self.core.stats()
         except BaseException as e:  # the constructor raises it
             self._stopping = True
             built.set_exception(e)
             return
-        built.set_result(core)
-        self.core = core
+        built.set_result(None)
         try:
             while self._drain(block=not self.core.has_work):
                 self._reap_cancelled()
