@@ -5,7 +5,7 @@ them as one padded batch. That is what wrapping `SentenceTransformer.encode` in 
 with micro-batching gives: no token budget, no chunking, no priorities. A short query that
 arrives behind a batch of 16K-token documents waits for the whole batch.
 
-The worker thread also loads the model, as the engine loop does (engine/loop.py): a model
+The worker thread also loads the model, as the engine loop does (engine/loop.py's `start_thread`): a model
 loaded on one thread and run on another leaves two OpenMP pools, and GNU OpenMP then stops
 spinning between parallel regions, which would slow the baseline by a bench artifact.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -25,6 +24,7 @@ import torch
 
 from embedserve.bench.targets import Reply, TargetSpec
 from embedserve.config import PoolingMethod, parse_dtype
+from embedserve.engine.loop import start_thread
 from embedserve.models.loader import read_model_dir
 
 Encode = Callable[[list[str]], np.ndarray]
@@ -44,12 +44,7 @@ class FifoBatcher:
         self.device = device
         self._batch_size = batch_size
         self._queue: queue.Queue[_Item | None] = queue.Queue()
-        loaded: Future[Encode] = Future()
-        self._thread = threading.Thread(
-            target=self._run, args=(load, loaded), name="fifo-batcher", daemon=True
-        )
-        self._thread.start()
-        loaded.result()
+        self._thread, _ = start_thread("fifo-batcher", load, self._run)
 
     async def embed(self, text: str, priority: str) -> Reply:
         # FIFO on purpose: the baseline has no notion of priority.
@@ -81,13 +76,7 @@ class FifoBatcher:
         # Requests cancelled while waiting (client gone) are dropped, never computed.
         return [b for b in batch if b.future.set_running_or_notify_cancel()], stop
 
-    def _run(self, load: Callable[[], Encode], loaded: Future[Encode]) -> None:
-        try:
-            encode = load()
-        except BaseException as e:  # the constructor raises it
-            loaded.set_exception(e)
-            return
-        loaded.set_result(encode)
+    def _run(self, encode: Encode) -> None:
         stop = False
         while not stop:
             batch, stop = self._take_batch()

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from embedserve.engine.builder import EngineParts, build_engine
-from embedserve.engine.core import EngineCore, Finished
+from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
@@ -37,16 +37,9 @@ class Engine:
     def __init__(self, parts: EngineParts | Callable[[], EngineParts]) -> None:
         """Run built `parts`, or build them with `parts()` on the engine loop's thread: the
         thread that then runs the model (loop.py: one OpenMP pool, not two)."""
-        build = parts if callable(parts) else lambda: parts
-        built: list[EngineParts] = []
-
-        def core() -> EngineCore:
-            built.append(build())
-            return built[0].core
-
-        self._loop = EngineLoop(core)
-        self.config = built[0].config
-        self.tokenizer = built[0].tokenizer
+        self._loop = EngineLoop(parts if callable(parts) else lambda: parts)
+        self.config = self._loop.parts.config
+        self.tokenizer = self._loop.parts.tokenizer
         self._ids = itertools.count()
 
     # ---- construction ----------------------------------------------------------------------

@@ -5,7 +5,7 @@ Callers never touch the core. They post requests to an inbox and wait on futures
 "running") so a caller can cancel one; a cancelled future aborts its request at the next
 step, freeing its KV blocks.
 
-The loop's thread also builds the core (`EngineLoop(build)`), so that one thread runs every
+The loop's thread also builds the engine (`EngineLoop(build)`, `start_thread`), so that one thread runs every
 parallel CPU op of the model, from loading and the kernels' self-checks to serving. Each
 thread that starts OpenMP work keeps a pool of OpenMP threads; with a second pool alive (the
 loading thread's) GNU OpenMP manages more threads than there are cores and stops spinning
@@ -20,7 +20,9 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from typing import TypeVar
 
+from embedserve.engine.builder import EngineParts
 from embedserve.engine.core import EngineCore, Finished
 from embedserve.errors import EngineDeadError
 from embedserve.request import Request
@@ -30,24 +32,41 @@ log = logging.getLogger(__name__)
 
 IDLE_RELEASE_S = 1.0  # seconds without work before the loop releases free heap pages
 
+T = TypeVar("T")
+
+
+def start_thread(name: str, setup: Callable[[], T], run: Callable[[T], None]) -> tuple[threading.Thread, T]:
+    """Start a daemon thread that runs `setup()` and then `run` on what it returned, so one
+    thread both loads a model and runs it (see above). Returns the thread and `setup()`'s
+    value once setup is done, or raises what `setup()` raised (the thread then ends)."""
+    ready: Future[T] = Future()
+
+    def main() -> None:
+        try:
+            made = setup()
+        except BaseException as e:  # raised by start_thread's caller
+            ready.set_exception(e)
+            return
+        ready.set_result(made)
+        run(made)
+
+    thread = threading.Thread(target=main, name=name, daemon=True)
+    thread.start()
+    return thread, ready.result()
+
 
 class EngineLoop:
-    def __init__(self, build: Callable[[], EngineCore]) -> None:
-        """Start the loop's thread and build the core there with `build()`; returns once it
-        is built, raising what `build()` raised (the thread then ends)."""
+    def __init__(self, build: Callable[[], EngineParts]) -> None:
+        """Start the loop's thread and build the engine's parts there with `build()`; returns
+        once they are built, raising what `build()` raised."""
         self._inbox: queue.SimpleQueue[tuple[Request, Future[Finished]] | None] = queue.SimpleQueue()
         self._futures: dict[int, Future[Finished]] = {}
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._stopping = False
-        self.core: EngineCore
-        self._stats: dict[str, int] = {}
-        built: Future[None] = Future()
-        self._thread = threading.Thread(
-            target=self._run, args=(build, built), name="embedserve-engine", daemon=True
-        )
-        self._thread.start()
-        built.result()
+        self._thread, self.parts = start_thread("embedserve-engine", build, self._run)
+        self.core: EngineCore = self.parts.core
+        self._stats: dict[str, int] = self.core.stats()
 
     @property
     def alive(self) -> bool:
@@ -112,15 +131,8 @@ class EngineLoop:
             if fut is not None:
                 _settle(fut, result=fin, error=fin.error)
 
-    def _run(self, build: Callable[[], EngineCore], built: Future[None]) -> None:
-        try:
-            self.core = build()
-            self._stats = self.core.stats()
-        except BaseException as e:  # the constructor raises it
-            self._stopping = True
-            built.set_exception(e)
-            return
-        built.set_result(None)
+    def _run(self, parts: EngineParts) -> None:
+        self.core = parts.core  # the constructor may not have set it yet
         try:
             while self._drain(block=not self.core.has_work):
                 self._reap_cancelled()
