@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/gflops.py --model /tmp/embedserve-bench-models/q06 --length 4096
 
 Peak: the best of torch's `F.linear` (MKL sgemm for fp32, oneDNN for bf16) and the engine's
-`Linear` (oneDNN for fp32 too) on the model's own projection shapes at 2,048 rows, best of three.
+`Linear` (oneDNN for fp32 too, with the weight packed as the engine packs it) on the model's own
+projection shapes at 2,048 rows, best of three.
 Engine: one input of --length tokens, timed after a warm-up,
 counting 2 FLOPs per weight per token for every projection plus causal attention
 (QK^T and PV: 4 * heads * head_dim FLOPs per visible key, (L+1)/2 keys per token on average).
@@ -50,7 +51,8 @@ def matmul_peak(cfg: dict[str, int], dtype: torch.dtype, rows: int = 2048) -> fl
     for k, n in shapes:
         x = torch.randn(rows, k, dtype=dtype)
         layer = Linear(k, n, bias=False).to(dtype)
-        weight = layer.weight
+        weight = layer.weight.detach().clone()
+        layer.prepack()
         for fn in (layer, lambda x, w=weight: torch.nn.functional.linear(x, w)):
             fn(x)
             for _ in range(3):
