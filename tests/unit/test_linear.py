@@ -12,7 +12,7 @@ from torch.nn import functional
 from embedserve import Engine
 from embedserve.engine.builder import build_engine
 from embedserve.models import linear
-from embedserve.models.linear import Linear, prepack
+from embedserve.models.linear import Linear, SiluGateUp, prepack
 from tests.helpers.reference import random_ids
 
 FP32_OK = linear.onednn_available(torch.float32)
@@ -133,8 +133,64 @@ def test_prepack_walks_the_model_and_reports_each_weight() -> None:
     assert prepack(model) == 0
 
 
-def _linears(parts_model: torch.nn.Module) -> list[Linear]:
-    return [m for m in parts_model.modules() if isinstance(m, Linear)]
+def _silu_gate_up_reference(x: torch.Tensor, w: torch.Tensor, intermediate: int) -> torch.Tensor:
+    gate, up = functional.linear(x.double(), w.double()).split(intermediate, dim=-1)
+    return functional.silu(gate) * up
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@torch.inference_mode()  # as the engine runs: silu and product in place
+def test_silu_gate_up_packed_as_two_fused_matmuls(dtype: torch.dtype) -> None:
+    torch.manual_seed(5)
+    layer = SiluGateUp(96, 80).to(dtype)
+    w = layer.weight.detach().clone()
+    xs = [torch.randn(rows, 96, dtype=dtype) for rows in (1, 7, 300)]
+    plain = [layer(x) for x in xs]  # one matmul, silu and product in place: a strided view
+    assert plain[0].shape == (1, 80) and not plain[2].is_contiguous()
+    if not linear.onednn_gated_available(dtype):
+        pytest.skip("no oneDNN silu / product epilogues here")
+    assert layer.prepack()
+    assert not layer.prepack()
+    assert layer.gate is not None and layer.up is not None
+    assert layer.gate.is_mkldnn and layer.up.is_mkldnn and layer.weight.numel() == 0  # no [G; U] copy
+    for x, before in zip(xs, plain, strict=True):
+        got = layer(x)
+        assert got.shape == before.shape and got.dtype == dtype and got.is_contiguous()
+        want = _silu_gate_up_reference(x, w, 80)
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, before, rtol=1e-5, atol=1e-5)
+        else:  # silu and product on fp32 accumulators: one rounding instead of four
+            err, err_before = ((t.double() - want).abs().max().item() for t in (got, before))
+            assert err <= err_before + 1e-3, (err, err_before)
+            torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
+
+
+@torch.inference_mode()
+def test_silu_gate_up_without_epilogues_packs_one_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linear, "_BINARY", None)
+    linear.onednn_gated_available.cache_clear()
+    try:
+        torch.manual_seed(6)
+        layer = SiluGateUp(32, 24)
+        x = torch.randn(5, 32)
+        want = _silu_gate_up_reference(x, layer.weight.detach(), 24).float()
+        assert not linear.onednn_gated_available(torch.float32)
+        assert layer.prepack() == FP32_OK
+        assert layer.gate is None and layer.weight.is_mkldnn == FP32_OK
+        torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+    finally:
+        linear.onednn_gated_available.cache_clear()
+
+
+def _packed(model: torch.nn.Module) -> list[bool]:
+    """Each projection matrix of the model: packed for oneDNN?"""
+    return [
+        p.is_mkldnn
+        for m in model.modules()
+        if isinstance(m, Linear)
+        for p in m.parameters(recurse=False)
+        if p.dim() == 2
+    ]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -148,8 +204,8 @@ def test_cpu_engines_pack_every_projection_and_vectors_do_not_change(
     for flag in ("0", "1"):
         monkeypatch.setenv("EMBEDSERVE_PREPACK", flag)
         parts = build_engine(qwen3_dir, dtype=dtype, max_num_batched_tokens=128, kv_cache_memory=1 << 22)
-        layers = _linears(parts.core.runner.model)
-        assert layers and all(layer.weight.is_mkldnn == (flag == "1") for layer in layers)
+        packed = _packed(parts.core.runner.model)
+        assert packed and all(p == (flag == "1") for p in packed)
         with Engine(parts) as engine:
             vectors[flag] = engine.embed(seqs)
     cos = np.sum(vectors["0"] * vectors["1"], axis=1)

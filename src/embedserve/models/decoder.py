@@ -15,7 +15,7 @@ from torch import nn
 
 from embedserve.config import ModelConfig
 from embedserve.kernels import norm_rope
-from embedserve.models.linear import Linear
+from embedserve.models.linear import Linear, SiluGateUp
 from embedserve.models.weights import Route, load_fused
 from embedserve.worker.attention import AttentionMetadata, causal_attention
 from embedserve.worker.attention_select import select_attention
@@ -145,16 +145,11 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.gate_up_proj = SiluGateUp(cfg.hidden_size, cfg.intermediate_size)  # silu(gate) * up
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        # silu and the product in place, in the gate half: the same values as silu(gate) * up
-        # without allocating a [T, intermediate] tensor for each (the fp32 oneDNN linear
-        # still copies its strided input once)
-        return self.down_proj(nn.functional.silu(gate, inplace=True).mul_(up))
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class DecoderLayer(nn.Module):

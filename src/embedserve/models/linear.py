@@ -14,6 +14,11 @@ Two measured reasons, both on the AMD EPYC (Zen 4) boxes this project runs on:
 Same arithmetic, different kernels: each dtype's path is checked once against `F.linear`
 (plain and packed weight, 1 and 7 rows), and a mismatch or a missing op keeps `F.linear`.
 Other dtypes and devices always keep `F.linear`.
+
+`SiluGateUp` is the gated MLP's input projection, silu(x G^T) * (x U^T) from one fused
+[gate; up] weight. Packed, it runs as two oneDNN matmuls whose epilogues apply silu and the
+product on the accumulators: no [T, 2 * intermediate] output, no separate elementwise passes,
+and a contiguous result for the down projection (8-14% less time for that part at 2,048 rows).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from torch import nn
 from torch.nn import functional
 
 _POINTWISE = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+_BINARY = getattr(_POINTWISE, "binary", None)  # (x W^T + b) <op> other, fused
 _REORDER = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
 _DTYPES = (torch.float32, torch.bfloat16)
 # The row count oneDNN chooses the packed layout for. Layouts chosen for 64, 512 and 2,048
@@ -68,6 +74,27 @@ def onednn_available(dtype: torch.dtype) -> bool:
     return True
 
 
+@cache
+def onednn_gated_available(dtype: torch.dtype) -> bool:
+    """oneDNN's silu and product epilogues on packed weights give silu(x G^T) * (x U^T)."""
+    if _BINARY is None or not onednn_available(dtype):
+        return False
+    gen = torch.Generator().manual_seed(1)
+    x, g, u = (torch.randn(*s, generator=gen).to(dtype) for s in ((7, 67), (13, 67), (13, 67)))
+    want = (functional.silu(functional.linear(x, g).float()) * functional.linear(x, u).float()).to(dtype)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    try:
+        got = _silu_gate_up(x, _pack(g), _pack(u))
+    except RuntimeError:
+        return False
+    return got.shape == want.shape and torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def _silu_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    assert _POINTWISE is not None and _BINARY is not None
+    return _BINARY(x, _POINTWISE(x, gate, None, "swish", [], ""), up, None, "mul")
+
+
 class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN reads it
@@ -84,6 +111,38 @@ class Linear(nn.Linear):
         if w.is_mkldnn or w.device.type != "cpu" or w.dtype not in _DTYPES or not onednn_available(w.dtype):
             return False
         self.weight = nn.Parameter(_pack(w), requires_grad=False)
+        return True
+
+
+class SiluGateUp(Linear):
+    """silu(x G^T) * (x U^T) from one weight whose rows are [G; U] (each `intermediate` rows,
+    no bias): one matmul and the elementwise ops in place (a strided view of its output), or
+    once packed, two fused oneDNN matmuls (a contiguous result; the [G; U] weight is freed)."""
+
+    def __init__(self, in_features: int, intermediate: int) -> None:
+        super().__init__(in_features, 2 * intermediate, bias=False)
+        self.intermediate = intermediate
+        self.gate: nn.Parameter | None
+        self.up: nn.Parameter | None
+        self.register_parameter("gate", None)  # the packed halves, once packed
+        self.register_parameter("up", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is not None and self.up is not None:
+            return _silu_gate_up(x, self.gate, self.up)
+        gate, up = super().forward(x).split(self.intermediate, dim=-1)
+        return functional.silu(gate, inplace=True).mul_(up)  # no [T, intermediate] tensor per op
+
+    def prepack(self) -> bool:
+        w = self.weight
+        if self.gate is not None or w.is_mkldnn:
+            return False
+        if w.device.type != "cpu" or w.dtype not in _DTYPES or not onednn_gated_available(w.dtype):
+            return super().prepack()  # packed plain matmul, or nothing
+        gate, up = (half.contiguous() for half in w.detach().split(self.intermediate))
+        self.gate = nn.Parameter(_pack(gate), requires_grad=False)
+        self.up = nn.Parameter(_pack(up), requires_grad=False)
+        self.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
         return True
 
 
