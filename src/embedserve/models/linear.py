@@ -130,8 +130,8 @@ class SiluGateUp(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None and self.up is not None:
             return _silu_gate_up(x, self.gate, self.up)
-        gate, up = super().forward(x).split(self.intermediate, dim=-1)
-        return functional.silu(gate, inplace=True).mul_(up)  # no [T, intermediate] tensor per op
+        both, n = super().forward(x), self.intermediate  # in place: no [T, n] tensor per op
+        return functional.silu(both[..., :n], inplace=True).mul_(both[..., n:])
 
     def prepack(self) -> bool:
         w = self.weight
@@ -139,9 +139,9 @@ class SiluGateUp(Linear):
             return False
         if w.device.type != "cpu" or w.dtype not in _DTYPES or not onednn_gated_available(w.dtype):
             return super().prepack()  # packed plain matmul, or nothing
-        gate, up = (half.contiguous() for half in w.detach().split(self.intermediate))
-        self.gate = nn.Parameter(_pack(gate), requires_grad=False)
-        self.up = nn.Parameter(_pack(up), requires_grad=False)
+        n, plain = self.intermediate, w.detach()
+        self.gate = nn.Parameter(_pack(plain[:n].contiguous()), requires_grad=False)
+        self.up = nn.Parameter(_pack(plain[n:].contiguous()), requires_grad=False)
         self.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
         return True
 
