@@ -89,9 +89,12 @@ def test_tile_rows_bounds_the_score_tile() -> None:
 
 @pytest.mark.skipif(attention._FLASH_LSE is None, reason="no CPU flash op in this torch")
 def test_paged_bf16_takes_the_gemm_route_and_agrees_with_flash(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two requests in one packed step: a first chunk and a chunk over scattered cache slots."""
+    """Two requests in one packed step: a first chunk and a chunk over scattered cache slots
+    (the first chunk long enough not to go to SDPA whole, short enough for the native kernel
+    not to take it)."""
     gen = torch.Generator().manual_seed(1)
     heads, kv_heads, d, start, n0, n1 = 8, 4, 32, 90, 40, 25
+    monkeypatch.setattr(attention, "CPU_SDPA_WHOLE_BELOW", 32)
     slots = torch.randperm(400, generator=gen)[: start + n1]
     cache = torch.zeros(2, 400, kv_heads, d, dtype=torch.bfloat16)
     k_all = torch.randn(start + n1, kv_heads, d, generator=gen).bfloat16()

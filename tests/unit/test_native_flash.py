@@ -171,6 +171,44 @@ def test_route_uses_the_kernel_from_native_min_rows(
     assert len(calls) == (3 if dtype == torch.float32 else 2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_short_whole_sequence_takes_sdpa(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
+    """A first chunk under CPU_SDPA_WHOLE_BELOW tokens (a short query) is one SDPA call; from
+    that length, or with earlier context, the tiled routes take it."""
+    routes: list[str] = []
+    real_native, real_gemm = flash_attention.flash_attention, attention.gemm_attention
+    real_sdpa = attention.scaled_dot_product_attention
+
+    def native_route(*args: Any) -> torch.Tensor:
+        routes.append("native")
+        return real_native(*args)
+
+    def gemm_route(*args: Any) -> torch.Tensor:
+        routes.append("gemm")
+        return real_gemm(*args)
+
+    def sdpa_route(*args: Any, **kwargs: Any) -> torch.Tensor:
+        routes.append("sdpa")
+        return real_sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(flash_attention, "flash_attention", native_route)
+    monkeypatch.setattr(attention, "gemm_attention", gemm_route)
+    monkeypatch.setattr(attention, "scaled_dot_product_attention", sdpa_route)
+    monkeypatch.setattr(attention, "NATIVE_MIN_ROWS", {torch.float32: 16, torch.bfloat16: 16})
+    gen = torch.Generator().manual_seed(4)
+    below = attention.CPU_SDPA_WHOLE_BELOW
+    rtol, atol = (1e-5, 2e-6) if dtype == torch.float32 else (2e-2, 2e-2)
+    for n, kv in ((1, 1), (16, 16), (below - 1, below - 1), (below, below), (16, below)):
+        q = torch.randn(n, 4, 16, generator=gen).to(dtype)
+        k, v = (torch.randn(2, kv, 16, generator=gen).to(dtype) for _ in range(2))
+        got = attention.causal_attention(q, k, v, 0.25)
+        torch.testing.assert_close(got.double(), _want(q, k, v, 0.25), rtol=rtol, atol=atol)
+    tiled = "native" if flash_attention.available(dtype) else ("gemm" if dtype == torch.bfloat16 else "sdpa")
+    assert routes[:3] == ["sdpa"] * 3
+    if tiled != "sdpa":
+        assert routes[3:] == [tiled, tiled]
+
+
 def test_no_compiler_or_switched_off_means_no_kernel(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
