@@ -62,7 +62,7 @@ def instrument(model: DecoderModel, layer: DecoderLayer, acc: Acc) -> None:
         ("input norm", layer.input_layernorm),
         ("qkv projection", attn.qkv_proj),
         ("output projection", attn.o_proj),
-        ("gate/up projection", mlp.gate_up_proj),
+        ("gate/up projection, silu * up", mlp.gate_up_proj),
         ("down projection", mlp.down_proj),
     ):
         module.forward = timed(acc, name, module.forward)

@@ -7,9 +7,10 @@ Two measured reasons, both on the AMD EPYC (Zen 4) boxes this project runs on:
   bf16, and vLLM's CPU backend calls) ran the same shapes about 2x faster.
 - packing: given a plain [out, in] weight, oneDNN reorders it into its blocked layout inside
   every call. `prepack()` does that once and keeps the packed tensor as the only copy of the
-  weight (an opaque `torch._mkldnn` tensor, the same bytes). The same matmul then ran 1.8-3.3x
-  faster at 1-8 rows (short queries, the pooled rows of the last layer) and 3-7% faster at
-  512-2,048 rows, in both dtypes (`benchmarks/packed_linear.py`).
+  weight (an opaque `torch._mkldnn` tensor, the same bytes). At the 0.6B model's shapes the
+  same matmul then ran 1.7-2.7x (bf16) and 1.1-2.0x (fp32) faster at 1-8 rows (short queries,
+  the pooled rows of the last layer) and 0-5% faster at 512-2,048 rows
+  (`benchmarks/packed_linear.py`).
 
 Same arithmetic, different kernels: each dtype's path is checked once against `F.linear`
 (plain and packed weight, 1 and 7 rows), and a mismatch or a missing op keeps `F.linear`.
@@ -18,7 +19,7 @@ Other dtypes and devices always keep `F.linear`.
 `SiluGateUp` is the gated MLP's input projection, silu(x G^T) * (x U^T) from one fused
 [gate; up] weight. Packed, it runs as two oneDNN matmuls whose epilogues apply silu and the
 product on the accumulators: no [T, 2 * intermediate] output, no separate elementwise passes,
-and a contiguous result for the down projection (8-14% less time for that part at 2,048 rows).
+and a contiguous result for the down projection (the MLP 2-6% faster at 2,048 rows).
 """
 
 from __future__ import annotations
