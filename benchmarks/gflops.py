@@ -38,17 +38,21 @@ def model_flops_per_token(cfg: dict[str, int], length: int) -> float:
     return float(cfg["num_hidden_layers"] * (2 * weights + attention))
 
 
-def matmul_peak(cfg: dict[str, int], dtype: torch.dtype, rows: int = 2048) -> float:
+def projection_shapes(cfg: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """The decoder's projections as (in, out) features, fused as the engine runs them."""
     hidden, heads, kv_heads = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or hidden // heads
-    shapes = [
-        (hidden, (heads + 2 * kv_heads) * head_dim),
-        (heads * head_dim, hidden),
-        (hidden, 2 * cfg["intermediate_size"]),
-        (cfg["intermediate_size"], hidden),
-    ]
+    return {
+        "qkv": (hidden, (heads + 2 * kv_heads) * head_dim),
+        "o": (heads * head_dim, hidden),
+        "gate_up": (hidden, 2 * cfg["intermediate_size"]),
+        "down": (cfg["intermediate_size"], hidden),
+    }
+
+
+def matmul_peak(cfg: dict[str, int], dtype: torch.dtype, rows: int = 2048) -> float:
     best = 0.0
-    for k, n in shapes:
+    for k, n in projection_shapes(cfg).values():
         x = torch.randn(rows, k, dtype=dtype)
         layer = Linear(k, n, bias=False).to(dtype)
         weight = layer.weight.detach().clone()

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+from gflops import projection_shapes  # benchmarks/, first on the path when run as a script
 
 from embedserve.models.linear import Linear
 
@@ -38,15 +39,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = json.loads((args.model / "config.json").read_text())
-    hidden, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    head_dim = cfg.get("head_dim") or hidden // heads
-    shapes = {
-        "qkv": (hidden, (heads + 2 * kv) * head_dim),
-        "o": (heads * head_dim, hidden),
-        "gate_up": (hidden, 2 * cfg["intermediate_size"]),
-        "down": (cfg["intermediate_size"], hidden),
-    }
+    shapes = projection_shapes(json.loads((args.model / "config.json").read_text()))
     rows = [int(r) for r in args.rows.split(",")]
     print(f"torch {torch.__version__}, {args.threads} threads\n")
     print("| dtype | projection | " + " | ".join(f"{r} rows" for r in rows) + " |")

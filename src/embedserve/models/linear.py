@@ -104,14 +104,18 @@ class Linear(nn.Linear):
             return _onednn_linear(x, self.weight, self.bias)
         return functional.linear(x, self.weight, self.bias)
 
+    def packable(self) -> bool:
+        """A plain CPU float32 / bfloat16 weight whose dtype passed oneDNN's self-check."""
+        w = self.weight
+        return not w.is_mkldnn and w.device.type == "cpu" and w.dtype in _DTYPES and onednn_available(w.dtype)
+
     def prepack(self) -> bool:
         """Replace a CPU float32 / bfloat16 weight by oneDNN's packed copy (the plain one is
         freed). False, and the weight untouched, where that does not apply. The module can
         no longer change dtype or device afterwards: pack last, once the model is final."""
-        w = self.weight
-        if w.is_mkldnn or w.device.type != "cpu" or w.dtype not in _DTYPES or not onednn_available(w.dtype):
+        if not self.packable():
             return False
-        self.weight = nn.Parameter(_pack(w), requires_grad=False)
+        self.weight = nn.Parameter(_pack(self.weight), requires_grad=False)
         return True
 
 
@@ -136,10 +140,10 @@ class SiluGateUp(Linear):
 
     def prepack(self) -> bool:
         w = self.weight
-        if self.gate is not None or w.is_mkldnn:
+        if self.gate is not None:  # packed as two halves already
             return False
-        if w.device.type != "cpu" or w.dtype not in _DTYPES or not onednn_gated_available(w.dtype):
-            return super().prepack()  # packed plain matmul, or nothing
+        if not self.packable() or not onednn_gated_available(w.dtype):
+            return super().prepack()  # one packed matmul, or nothing
         n, plain = self.intermediate, w.detach()
         self.gate = nn.Parameter(_pack(plain[:n].contiguous()), requires_grad=False)
         self.up = nn.Parameter(_pack(plain[n:].contiguous()), requires_grad=False)
