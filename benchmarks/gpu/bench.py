@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # models, phases, repo
 sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "src"))  # embedserve without install
 
 import phases
-from engine_setup import device_facts, install_route, make_engine
+from engine_setup import CountingRoute, counting_route, device_facts, make_engine
 from models import SHAPES, Shape, build_hf_model
 from report import Record, summary, write
 
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--hf-batch-tokens", type=int, default=65536, help="transformers batch = this // length")
     p.add_argument("--budget-s", type=float, default=450.0, help="whole run, start-up included")
-    p.add_argument("--attention", default="auto", choices=["auto", "sdpa-mask", "sdpa-lower-right"])
+    p.add_argument("--attention", default="auto", choices=["auto", "cpu", "sdpa-lower-right"])
     p.add_argument("--buckets", action="store_true", help="pad steps to token buckets (off: unmeasured)")
     p.add_argument("--compile", default=None, help="torch.compile backend for the bucketed runner")
     p.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet dense bf16 peak")
@@ -80,8 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class Run:
     """One benchmark run: the record, the deadline, and the phases per shape."""
 
-    def __init__(self, args: argparse.Namespace, rec: Record, headline: tuple[str, int]) -> None:
-        self.args, self.rec, self.headline = args, rec, headline
+    def __init__(
+        self, args: argparse.Namespace, rec: Record, headline: tuple[str, int], route: CountingRoute
+    ) -> None:
+        self.args, self.rec, self.headline, self.route = args, rec, headline, route
         self.deadline = time.monotonic() + args.budget_s
         self.dev = torch.device("cpu" if args.cpu_smoke else "cuda")
         self.lengths = [int(x) for x in args.lengths.split(",")]
@@ -130,7 +132,7 @@ class Run:
         engine = self.phase(
             f"{shape.name} engine build",
             shares["build"],
-            lambda _: make_engine(self.args, shape, self.dev, max_len),
+            lambda _: make_engine(self.args, shape, self.dev, max_len, self.route),
         )
         firsts: dict[int, np.ndarray] = {}
         if engine is None:
@@ -183,20 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rec = Record()
     logging.basicConfig(format="[%(name)s] %(message)s")
-    logging.getLogger("embedserve.worker.attention_select").setLevel(logging.INFO)  # which kernel, why
+    logging.getLogger("embedserve.attention.select").setLevel(logging.INFO)  # which kernel, why
     dev = torch.device("cpu" if args.cpu_smoke else "cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("error: no CUDA device visible (use --cpu-smoke to check the flow on CPU)", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must stay fp32
     rec.meta = {"args": vars(args), "device": device_facts(dev)}
-    route = install_route(args.attention, dev)
+    route = counting_route(args.attention, dev)
     rec.meta["attention"] = route.route.name
     if dev.type == "cuda":
         rec.meta["matmul_tflops"] = phases.matmul_tflops(dev)
         print(f"[info] bf16 matmul 8192^3: {rec.meta['matmul_tflops']:.0f} TFLOP/s", flush=True)
     shapes = [SHAPES[s] for s in args.shapes.split(",")]
-    run = Run(args, rec, headline=(shapes[0].name, max(int(x) for x in args.lengths.split(","))))
+    run = Run(args, rec, (shapes[0].name, max(int(x) for x in args.lengths.split(","))), route)
     for i, shape in enumerate(shapes):
         run.shape(shape, SHARES[min(i, 1)])
     rec.meta["attention_calls"] = route.calls  # 0 would mean the engine never ran this route

@@ -1,7 +1,7 @@
 """Device facts, the attention route the decoder uses, and the engine under test.
 
-The route is installed where `models/decoder.py` looks its attention up (`select_attention`),
-wrapped so it counts its calls: the record shows whether the engine really ran it.
+The route is handed to `build_engine(attention=...)`, wrapped so it counts its calls: the
+record shows whether the engine really ran it.
 """
 
 from __future__ import annotations
@@ -13,14 +13,11 @@ from typing import Any
 import torch
 from models import RandomSource, Shape
 
-import embedserve.models.decoder as decoder
+from embedserve.attention.cpu import paged_attention
+from embedserve.attention.cuda import lower_right_attention
+from embedserve.attention.select import NamedAttention, Route, select_attention
 from embedserve.engine.builder import build_engine
 from embedserve.engine.engine import Engine
-from embedserve.worker.attention import paged_attention
-from embedserve.worker.attention_select import NamedAttention, Route, select_attention
-from embedserve.worker.bucketed_runner import BucketedModelRunner
-from embedserve.worker.buckets import token_buckets
-from embedserve.worker.cuda_attention import lower_right_attention
 
 
 class CountingRoute:
@@ -33,17 +30,14 @@ class CountingRoute:
         return self.route(*args)
 
 
-def install_route(choice: str, device: torch.device) -> CountingRoute:
+def counting_route(choice: str, device: torch.device) -> CountingRoute:
     if choice == "auto":
         route = select_attention(device, torch.bfloat16)
     elif choice == Route.SDPA_LOWER_RIGHT.value:
         route = NamedAttention(choice, lower_right_attention)
     else:
-        route = NamedAttention(Route.SDPA_MASK.value, paged_attention)
-    counting = CountingRoute(route)
-    module: Any = decoder  # patched where the decoder looks its attention function up
-    module.select_attention = lambda *_: counting
-    return counting
+        route = NamedAttention(Route.CPU.value, paged_attention)
+    return CountingRoute(route)
 
 
 def device_facts(device: torch.device) -> dict[str, Any]:
@@ -67,7 +61,9 @@ def device_facts(device: torch.device) -> dict[str, Any]:
     return facts
 
 
-def make_engine(args: argparse.Namespace, shape: Shape, device: torch.device, max_len: int) -> Engine:
+def make_engine(
+    args: argparse.Namespace, shape: Shape, device: torch.device, max_len: int, route: CountingRoute
+) -> Engine:
     """bf16 engine over the seeded random weights; KV cache from gpu_memory_utilization on CUDA."""
     memory: dict[str, Any] = (
         {"gpu_memory_utilization": args.gpu_memory_utilization} if device.type == "cuda" else {}
@@ -79,9 +75,9 @@ def make_engine(args: argparse.Namespace, shape: Shape, device: torch.device, ma
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
         max_model_len=max_len,
+        token_buckets=args.buckets,
+        compile_backend=args.compile,
+        attention=route,
         **memory,
     )
-    if args.buckets:
-        buckets = token_buckets(args.max_num_batched_tokens)
-        parts.core.runner = BucketedModelRunner.adopt(parts.core.runner, buckets, args.compile)
     return Engine(parts)

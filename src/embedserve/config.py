@@ -82,7 +82,7 @@ class SchedulerConfig:
     # (None: an eighth of the budget), so the step an online query rides in stays short.
     batch_tokens_with_online: int | None = None
     # Prompts of at least this many tokens run layer-major outside the KV cache
-    # (engine/layer_major_lane.py); None: every prompt goes through the scheduler.
+    # (scheduler/lane.py, worker/lane_runner.py); None: every prompt goes through the scheduler.
     layer_major_tokens: int | None = None
 
     @property

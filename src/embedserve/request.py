@@ -50,7 +50,7 @@ class Request:
         params: EmbedParams,
         pooling: PoolingMethod,
         priority: Priority = Priority.ONLINE,
-        pool_skip: int = 0,
+        excluded_prefix: int = 0,
     ) -> None:
         self.request_id = request_id
         self.token_ids = token_ids
@@ -59,7 +59,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0
-        self.pooling = PoolingState(pooling, len(token_ids), skip=pool_skip)
+        self.pooling = PoolingState(pooling, len(token_ids), excluded_prefix=excluded_prefix)
         # Set by the scheduler on admission; orders requests for scheduling and preemption.
         self.arrival_seq = -1
         self.arrival_step = -1

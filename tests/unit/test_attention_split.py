@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from embedserve.worker import attention
-from embedserve.worker.attention import AttentionMetadata, SeqSpan, paged_attention
+from embedserve.attention import cpu as attention
+from embedserve.attention.cpu import paged_attention
+from embedserve.attention.metadata import AttentionMetadata, SeqSpan
 
 pytestmark = pytest.mark.skipif(attention._FLASH_LSE is None, reason="no CPU flash op in this torch")
 

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-import embedserve.models.decoder as decoder
+from embedserve.attention.cpu import paged_attention
+from embedserve.attention.cuda import VarlenAttention, lower_right_attention
+from embedserve.attention.metadata import AttentionFn
 from embedserve.engine.builder import build_engine
 from embedserve.engine.engine import Engine
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
 from embedserve.worker.bucketed_runner import BucketedModelRunner
 from embedserve.worker.buckets import bucket_for, pad_step_inputs, token_buckets
-from embedserve.worker.cuda_attention import AttentionFn, VarlenAttention, lower_right_attention
 from embedserve.worker.input_batch import build_step_inputs
 from tests.helpers.reference import random_ids
 from tests.helpers.varlen_reference import reference_varlen
@@ -54,20 +55,27 @@ def test_pad_step_inputs() -> None:
 
 
 @pytest.fixture
-def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> AttentionFn:
-    """Install a CUDA route where the decoder picks its attention (as on a GPU)."""
+def route(request: pytest.FixtureRequest) -> AttentionFn:
+    """A CUDA route for the engine's decoder (as on a GPU)."""
     fn: AttentionFn = request.param
-    monkeypatch.setattr(decoder, "select_attention", lambda device, dtype: fn)
     return fn
 
 
 SEQS = [random_ids(n, i) for i, n in enumerate([5, 300, 700, 77, 513])]
 
 
-def _embed(path: Path, buckets: tuple[int, ...] | None = None, backend: str | None = None) -> np.ndarray:
-    parts = build_engine(path, max_num_batched_tokens=256, kv_cache_memory=1 << 22)
-    if buckets is not None:
-        parts.core.runner = BucketedModelRunner.adopt(parts.core.runner, buckets, backend)
+def _embed(
+    path: Path, route: AttentionFn = paged_attention, buckets: bool = False, backend: str | None = None
+) -> np.ndarray:
+    parts = build_engine(
+        path,
+        max_num_batched_tokens=256,
+        kv_cache_memory=1 << 22,
+        token_buckets=buckets,
+        compile_backend=backend,
+        attention=route,
+    )
+    assert isinstance(parts.core.runner, BucketedModelRunner) == (buckets or backend is not None)
     with Engine(parts) as engine:
         return engine.embed(SEQS)
 
@@ -78,13 +86,16 @@ def plain_vectors(qwen3_dir: Path) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "route", [lower_right_attention, VarlenAttention(reference_varlen)], indirect=True, ids=["lr", "varlen"]
+    "route",
+    [paged_attention, lower_right_attention, VarlenAttention(reference_varlen)],
+    indirect=True,
+    ids=["cpu", "lr", "varlen"],
 )
 def test_routes_and_buckets_give_the_same_vectors(
     qwen3_dir: Path, plain_vectors: np.ndarray, route: AttentionFn
 ) -> None:
-    np.testing.assert_allclose(_embed(qwen3_dir), plain_vectors, atol=2e-5)
-    np.testing.assert_allclose(_embed(qwen3_dir, token_buckets(256)), plain_vectors, atol=2e-5)
+    np.testing.assert_allclose(_embed(qwen3_dir, route), plain_vectors, atol=2e-5)
+    np.testing.assert_allclose(_embed(qwen3_dir, route, buckets=True), plain_vectors, atol=2e-5)
 
 
 @pytest.mark.parametrize("route", [lower_right_attention], indirect=True, ids=["lr"])
@@ -92,13 +103,13 @@ def test_compiled_buckets_give_the_same_vectors(
     qwen3_dir: Path, plain_vectors: np.ndarray, route: AttentionFn
 ) -> None:
     # The "eager" backend runs dynamo's capture (graph breaks at attention) without codegen.
-    np.testing.assert_allclose(_embed(qwen3_dir, (64, 256), backend="eager"), plain_vectors, atol=2e-5)
+    np.testing.assert_allclose(_embed(qwen3_dir, route, backend="eager"), plain_vectors, atol=2e-5)
 
 
-def test_adopt_keeps_the_runner_state_and_checks_buckets(qwen3_dir: Path) -> None:
-    runner = build_engine(qwen3_dir, max_num_batched_tokens=64, kv_cache_memory=1 << 20).core.runner
-    adopted = BucketedModelRunner.adopt(runner, (16, 64))
-    assert adopted.kv_caches is runner.kv_caches and adopted.model is runner.model
+def test_the_engine_option_builds_a_bucketed_runner_that_checks_buckets(qwen3_dir: Path) -> None:
+    runner = build_engine(qwen3_dir, max_num_batched_tokens=64, kv_cache_memory=1 << 20, token_buckets=True)
+    bucketed = runner.core.runner
+    assert isinstance(bucketed, BucketedModelRunner) and bucketed.buckets == token_buckets(64)
     for bad in [(), (64, 16), (16, 16)]:
         with pytest.raises(ValueError, match="ascending"):
-            BucketedModelRunner.adopt(runner, bad)
+            BucketedModelRunner(bucketed.model, 4, 16, torch.float32, torch.device("cpu"), bad)

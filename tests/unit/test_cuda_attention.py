@@ -1,4 +1,4 @@
-"""CUDA attention routes, run on CPU: same vectors as `paged_attention`, padding honoured."""
+"""CUDA attention routes, run on CPU: same vectors as `paged_attention`, padding honoured (by all)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,18 @@ from dataclasses import replace
 import pytest
 import torch
 
-from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
-from embedserve.worker.attention import AttentionMetadata, SeqSpan, paged_attention
-from embedserve.worker.attention_select import (
+from embedserve.attention.cpu import paged_attention
+from embedserve.attention.cuda import VarlenAttention, lower_right_attention, plan_varlen
+from embedserve.attention.metadata import AttentionFn, AttentionMetadata, SeqSpan, real_rows
+from embedserve.attention.select import (
     SELF_CHECK_TOLERANCE,
     Route,
     choose_route,
     select_attention,
     self_check,
 )
+from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
 from embedserve.worker.buckets import pad_step_inputs
-from embedserve.worker.cuda_attention import (
-    AttentionFn,
-    VarlenAttention,
-    lower_right_attention,
-    plan_varlen,
-    real_rows,
-)
 from embedserve.worker.input_batch import StepInputs, build_step_inputs
 from tests.helpers.varlen_reference import reference_varlen
 
@@ -67,6 +62,7 @@ ROUTES: dict[str, AttentionFn] = {
     "lower-right": lower_right_attention,
     "varlen": VarlenAttention(reference_varlen),
 }
+PADDED_ROUTES = {**ROUTES, "cpu": paged_attention}  # every route honours bucket padding
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))
@@ -78,12 +74,12 @@ def test_route_matches_paged_attention(route: str) -> None:
     torch.testing.assert_close(got_cache, want_cache)
 
 
-@pytest.mark.parametrize("route", sorted(ROUTES))
+@pytest.mark.parametrize("route", sorted(PADDED_ROUTES))
 def test_padding_rows_stay_out_of_cache_and_output(route: str) -> None:
     inputs = _step()
     n = inputs.input_ids.numel()
     want, want_cache = _run(paged_attention, inputs)
-    got, got_cache = _run(ROUTES[route], inputs, pad_to=n + 13)
+    got, got_cache = _run(PADDED_ROUTES[route], inputs, pad_to=n + 13)
     assert got.shape[0] == n + 13
     torch.testing.assert_close(got[:n], want, atol=1e-5, rtol=1e-5)
     assert torch.count_nonzero(got[n:]) == 0
@@ -136,7 +132,7 @@ def test_varlen_without_cache_is_bidirectional_like_paged_attention() -> None:
 
 def test_choose_route_policy() -> None:
     bf16, fp32 = torch.bfloat16, torch.float32
-    assert choose_route("cpu", bf16, None, varlen_ok=True) is Route.SDPA_MASK
+    assert choose_route("cpu", bf16, None, varlen_ok=True) is Route.CPU
     assert choose_route("cuda", bf16, (9, 0), varlen_ok=True) is Route.FLASH_VARLEN
     assert choose_route("cuda", torch.float16, (8, 0), varlen_ok=True) is Route.FLASH_VARLEN
     assert choose_route("cuda", fp32, (9, 0), varlen_ok=True) is Route.SDPA_LOWER_RIGHT
@@ -146,7 +142,7 @@ def test_choose_route_policy() -> None:
 
 def test_cpu_keeps_the_cpu_route() -> None:
     selected = select_attention(torch.device("cpu"), torch.float32)
-    assert selected.name == Route.SDPA_MASK.value and selected.fn is paged_attention
+    assert selected.name == Route.CPU.value and selected.fn is paged_attention
 
 
 def test_self_check_tells_a_right_route_from_a_wrong_one() -> None:

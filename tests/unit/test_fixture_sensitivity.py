@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from embedserve import Engine
+from embedserve.attention.metadata import SeqSpan
 from embedserve.worker import input_batch
-from embedserve.worker.attention import SeqSpan
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
 
 SEQS = [random_ids(n, seed=n) for n in (300, 1000)]

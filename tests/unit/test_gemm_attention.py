@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
-from embedserve.worker import attention, gemm_attention
-from embedserve.worker.attention import AttentionMetadata, SeqSpan, paged_attention
+from embedserve.attention import cpu as attention
+from embedserve.attention import cpu_gemm as gemm_attention
+from embedserve.attention.cpu import CpuRoute, paged_attention
+from embedserve.attention.metadata import AttentionMetadata, SeqSpan
 
 
 def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
@@ -94,7 +96,7 @@ def test_paged_bf16_takes_the_gemm_route_and_agrees_with_flash(monkeypatch: pyte
     not to take it)."""
     gen = torch.Generator().manual_seed(1)
     heads, kv_heads, d, start, n0, n1 = 8, 4, 32, 90, 40, 25
-    monkeypatch.setattr(attention, "CPU_SDPA_WHOLE_BELOW", 32)
+    monkeypatch.setattr(attention, "SDPA_WHOLE_BELOW", 32)
     slots = torch.randperm(400, generator=gen)[: start + n1]
     cache = torch.zeros(2, 400, kv_heads, d, dtype=torch.bfloat16)
     k_all = torch.randn(start + n1, kv_heads, d, generator=gen).bfloat16()
@@ -118,8 +120,7 @@ def test_paged_bf16_takes_the_gemm_route_and_agrees_with_flash(monkeypatch: pyte
     got = paged_attention(q, k, v, cache.clone(), meta, scale=0.2)
     assert len(calls) == 2  # both requests went through the matmul route
     want = torch.cat([_reference(q[:n0], k0, v0, 0.2), _reference(q[n0:], k_all, v_all, 0.2)])
-    monkeypatch.setattr(attention, "CPU_BF16_GEMM", False)
-    flash = paged_attention(q, k, v, cache.clone(), meta, scale=0.2)
+    flash = paged_attention(q, k, v, cache.clone(), meta, scale=0.2, route=CpuRoute.PYTORCH)
     assert len(calls) == 2
     for out in (got, flash):
         torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)

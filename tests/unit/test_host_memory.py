@@ -16,11 +16,11 @@ import torch
 
 from embedserve import Engine
 from embedserve.config import PoolingMethod
-from embedserve.engine import builder, layer_major_lane, loop
+from embedserve.engine import builder, loop
 from embedserve.engine.builder import build_engine
 from embedserve.engine.core import EngineCore
 from embedserve.request import EmbedParams, Request
-from embedserve.worker import layer_major
+from embedserve.worker import lane_runner, layer_major
 from tests.helpers.reference import random_ids
 
 GLIBC = platform.libc_ver()[0] == "glibc" and "malloc" not in os.environ.get("LD_PRELOAD", "")
@@ -166,7 +166,7 @@ def test_a_long_lane_job_releases_free_heap_after_every_layer(
 def test_the_lane_releases_free_heap_when_a_prompt_finishes(
     qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls = _count_trims(monkeypatch, layer_major_lane)
+    calls = _count_trims(monkeypatch, lane_runner)
     core = _lane_core(qwen3_dir)
     core.add(Request(0, random_ids(300, seed=2), EmbedParams(), PoolingMethod.LAST))
     finished = []

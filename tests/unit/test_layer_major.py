@@ -1,4 +1,4 @@
-"""Layer-major prefill of long prompts (engine/layer_major_lane.py) vs the HF reference."""
+"""Layer-major prefill of long prompts (scheduler/lane.py, worker/lane_runner.py) vs the HF reference."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import torch
 from embedserve import Engine
 from embedserve.config import PoolingMethod
 from embedserve.engine.builder import build_engine
-from embedserve.engine.core import RESPONSIVE_WINDOW_S
 from embedserve.errors import InternalEngineError, InvalidInputError, ModelLoadError
 from embedserve.models.decoder import DecoderModel
 from embedserve.pooling.head import apply_head
 from embedserve.request import EmbedParams, Priority, Request
+from embedserve.scheduler.lane import RESPONSIVE_WINDOW_S
 from embedserve.worker.layer_major import GRANULE, LayerMajorJob
 from embedserve.worker.model_runner import kv_bytes_per_block
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
@@ -77,7 +77,7 @@ def test_lane_equals_chunked_path_for_the_same_prompts(qwen3_dir: Path) -> None:
 
 def test_online_prompt_overtakes_a_started_batch_prompt(qwen3_dir: Path) -> None:
     core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1000).core
-    lane = core.lane
+    lane = core.scheduler.lane
     assert lane is not None
     doc, query = _request(0, random_ids(3000, seed=1), Priority.BATCH), _request(1, random_ids(1200, seed=2))
     core.add(doc)
@@ -94,73 +94,74 @@ def test_online_prompt_overtakes_a_started_batch_prompt(qwen3_dir: Path) -> None
 
 def test_batch_prompt_waits_while_online_work_waits(qwen3_dir: Path) -> None:
     core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1000).core
-    lane = core.lane
-    assert lane is not None
+    lane, runner = core.scheduler.lane, core.lane
+    assert lane is not None and runner is not None
     core.add(_request(0, random_ids(2000, seed=3), Priority.BATCH))
     core.add(_request(1, random_ids(900, seed=4)))  # online, chunked: 256, 256, 256, 132
     for _ in range(3):
         assert core.step() == []
-    assert not lane.started and lane.step_count == 3  # untouched, but aging
+    assert not lane.started and lane.clock.ticks == 3  # untouched, but aging
     (fin,) = core.step()  # the online prompt's last chunk: answered without a lane slice
     assert fin.request.request_id == 1 and not lane.started
-    core.online_step_s = 1e9  # a slow online step: the lane's unit may be a whole chunk
+    core.scheduler.online_step_s = 1e9  # a slow online step: the lane's unit may be a whole chunk
     core.step()
-    job = lane.started[0]
+    job = runner.jobs[0]
     assert job.tokens_left == lane.num_layers * 2000 - 256  # alone: one 256-token unit
 
 
 def test_finished_requests_are_published_before_the_lane_slice(qwen3_dir: Path) -> None:
     core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1000).core
-    lane = core.lane
-    assert lane is not None
+    lane, runner = core.scheduler.lane, core.lane
+    assert lane is not None and runner is not None
     core.add(_request(0, random_ids(3000, seed=1)))  # an online document: the lane runs this step
     core.add(_request(1, random_ids(20, seed=2)))
     events: list[object] = []
-    run = lane.step
+    run = runner.run
 
-    def step(token_layers: int) -> bool:
+    def step(req: Request, token_layers: int) -> bool:
         events.append("lane")
-        return run(token_layers)
+        return run(req, token_layers)
 
-    lane.step = step  # type: ignore[method-assign]
+    runner.run = step  # type: ignore[method-assign]
     done = core.step(lambda fins: events.append([f.request.request_id for f in fins]))
     assert events == [[1], "lane"] and done == []  # the query was answered before the lane ran
-    assert lane.started[0].tokens_left < lane.num_layers * 3000
+    assert runner.jobs[0].tokens_left < lane.num_layers * 3000
 
 
 def test_batch_prompt_ages_past_continuous_online_work(qwen3_dir: Path) -> None:
     core = build_engine(qwen3_dir, max_num_batched_tokens=64, layer_major_tokens=1000).core
-    assert core.lane is not None
-    core.lane.aging_steps = 3
+    lane, runner = core.scheduler.lane, core.lane
+    assert lane is not None and runner is not None
+    lane.clock.aging_steps = 3
     core.add(_request(0, random_ids(1000, seed=5), Priority.BATCH))
     core.add(_request(1, random_ids(640, seed=6)))  # ten steps of online work
     for _ in range(3):
         core.step()
-    assert not core.lane.started
+    assert not lane.started
     core.step()  # aged into the online class: it runs beside the online prompt
-    assert core.lane.started[0].tokens_left < core.lane.num_layers * 1000
+    assert runner.jobs[0].tokens_left < lane.num_layers * 1000
 
 
 def test_lane_units_shrink_to_the_online_step_time(qwen3_dir: Path) -> None:
     core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1000).core
-    lane = core.lane
-    assert lane is not None
+    runner, sched = core.lane, core.scheduler
+    assert runner is not None
     core.add(_request(0, random_ids(3000, seed=7), Priority.BATCH))
     core.step()  # no online traffic yet: whole chunks
-    job = lane.started[0]
-    assert (job.layer, job.pos) == (0, 256) and lane.flops_per_s is not None
+    job = runner.jobs[0]
+    assert (job.layer, job.pos) == (0, 256) and runner.flops_per_s is not None
     core.add(_request(1, random_ids(20, seed=8)))
     (fin,) = core.step()
-    assert fin.request.request_id == 1 and core.online_step_s is not None
-    core.online_step_s = 1e-9  # queries answered in no time: units of one row
+    assert fin.request.request_id == 1 and sched.online_step_s is not None
+    sched.online_step_s = 1e-9  # queries answered in no time: units of one row
     core.step()
     assert job.pos == 257
-    core.online_step_s = 1e9  # all the time in the world: up to the chunk boundary, no further
+    sched.online_step_s = 1e9  # all the time in the world: up to the chunk boundary, no further
     core.step()
     assert job.pos == 512
-    core.online_step_s = 1e-9
-    assert core.last_online_s is not None
-    core.last_online_s -= RESPONSIVE_WINDOW_S + 1  # no online request lately: whole chunks again
+    sched.online_step_s = 1e-9
+    assert sched.last_online_s is not None
+    sched.last_online_s -= RESPONSIVE_WINDOW_S + 1  # no online request lately: whole chunks again
     core.step()
     assert job.pos == 768
 
@@ -227,7 +228,8 @@ def test_units_keep_to_granules_and_chunk_boundaries(
     while not job.done:
         asked = int(rng.integers(1, 150))
         assert 1 <= job.run(asked) <= max(asked, 1)
-    job.pool()
+    for start, n, rows in job.pooled_rows():
+        job.request.pooling.update(start, n, rows)
     for start, end in units:
         assert start // chunk == (end - 1) // chunk, (start, end)  # inside one chunk
         assert _unit_is_aligned(start, end, chunk, length), (start, end)

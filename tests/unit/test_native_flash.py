@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from embedserve.attention import cpu as attention
+from embedserve.attention.cpu_gemm import gemm_attention
 from embedserve.kernels import flash_attention, native
-from embedserve.worker import attention
-from embedserve.worker.gemm_attention import gemm_attention
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler for native kernels")
 
@@ -119,8 +119,7 @@ def test_running_max_rises_across_key_blocks(monkeypatch: pytest.MonkeyPatch) ->
     v = torch.randn(1, kv, d, generator=gen)
     want = _want(q, k, v, 1.0)
     got = flash_attention.flash_attention(q, k, v, 1.0)
-    monkeypatch.setattr(attention, "CPU_NATIVE", False)
-    flash = attention.causal_attention(q, k, v, 1.0)
+    flash = attention.causal_attention(q, k, v, 1.0, attention.CpuRoute.PYTORCH)
     error, flash_error = ((x.double() - want).abs().max().item() for x in (got, flash))
     assert torch.isfinite(got).all() and 0 < error <= 2 * flash_error and error < 1e-4
 
@@ -166,14 +165,16 @@ def test_route_uses_the_kernel_from_native_min_rows(
     odd = torch.randn(2, 100, 15, generator=gen).to(dtype)  # bf16 needs an even head_dim
     attention.causal_attention(torch.randn(100, 4, 15, generator=gen).to(dtype), odd, odd, 0.25)
     assert calls == [least, 100, 100] if dtype == torch.float32 else calls == [least, 100]
-    monkeypatch.setattr(attention, "CPU_NATIVE", False)
-    attention.causal_attention(torch.randn(100, 4, 16).to(dtype), k, v, 0.25)
+    without = attention.cpu_route(100, 100, dtype, 16, native=False)  # the kernel did not build
+    fallback = attention.CpuRoute.BF16_GEMM if dtype == torch.bfloat16 else attention.CpuRoute.PYTORCH
+    assert without is fallback
+    attention.causal_attention(torch.randn(100, 4, 16).to(dtype), k, v, 0.25, without)
     assert len(calls) == (3 if dtype == torch.float32 else 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_short_whole_sequence_takes_sdpa(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype) -> None:
-    """A first chunk under CPU_SDPA_WHOLE_BELOW tokens (a short query) is one SDPA call; from
+    """A first chunk under SDPA_WHOLE_BELOW tokens (a short query) is one SDPA call; from
     that length, or with earlier context, the tiled routes take it."""
     routes: list[str] = []
     real_native, real_gemm = flash_attention.flash_attention, attention.gemm_attention
@@ -196,7 +197,7 @@ def test_a_short_whole_sequence_takes_sdpa(monkeypatch: pytest.MonkeyPatch, dtyp
     monkeypatch.setattr(attention, "scaled_dot_product_attention", sdpa_route)
     monkeypatch.setattr(attention, "NATIVE_MIN_ROWS", {torch.float32: 16, torch.bfloat16: 16})
     gen = torch.Generator().manual_seed(4)
-    below = attention.CPU_SDPA_WHOLE_BELOW
+    below = attention.SDPA_WHOLE_BELOW
     rtol, atol = (1e-5, 2e-6) if dtype == torch.float32 else (2e-2, 2e-2)
     for n, kv in ((1, 1), (16, 16), (below - 1, below - 1), (below, below), (16, below)):
         q = torch.randn(n, 4, 16, generator=gen).to(dtype)

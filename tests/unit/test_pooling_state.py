@@ -34,7 +34,7 @@ def test_methods_match_whole_sequence_pooling(chunk: int) -> None:
 
 def test_mean_without_prompt_skips_prompt_positions() -> None:
     hidden = torch.randn(9, 3)
-    state = PoolingState(PoolingMethod.MEAN, 9, skip=4)
+    state = PoolingState(PoolingMethod.MEAN, 9, excluded_prefix=4)
     _feed(state, hidden, 2)
     torch.testing.assert_close(state.finish(), hidden[4:].mean(0))
 

@@ -22,8 +22,11 @@ def req(rid: int, n: int, priority: Priority = Priority.ONLINE) -> Request:
 
 
 def complete(s: Scheduler, out: SchedulerOutput, reqs: dict[int, Request]) -> list[Request]:
-    rows = {c.request_id: torch.ones(c.pool_rows[1] - c.pool_rows[0], 2) for c in out.chunks}
-    return s.update_from_output(out, rows, reqs)
+    for c in out.chunks:  # the engine folds the pooled rows (engine/core.py), then the scheduler advances
+        r = reqs[c.request_id]
+        if r.status is RequestStatus.RUNNING:
+            r.pooling.update(c.start, c.num_tokens, torch.ones(c.pool_rows[1] - c.pool_rows[0], 2))
+    return s.update_from_output(out, reqs)
 
 
 def run_to_end(s: Scheduler, reqs: dict[int, Request], limit: int = 10_000) -> list[int]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
+from embedserve.attention.metadata import AttentionFn
 from embedserve.config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
 from embedserve.engine.core import EngineCore
-from embedserve.engine.layer_major_lane import LayerMajorLane
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager, blocks_for
 from embedserve.models.build import build_model, open_model
@@ -18,16 +18,19 @@ from embedserve.models.linear import prepack, prepack_enabled
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.tokenizer import Tokenizer
+from embedserve.worker.bucketed_runner import BucketedModelRunner
+from embedserve.worker.buckets import token_buckets as bucket_sizes
 from embedserve.worker.gpu_memory import check_utilization, gpu_kv_cache_memory
 from embedserve.worker.host_memory import keep_freed_heap, release_free_heap
+from embedserve.worker.lane_runner import LaneRunner
 from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 
 _DEFAULT_KV_CAP = 4 << 30  # default KV budget cap (bytes) unless one full prompt needs more
 # Decoders on the CPU run prompts of at least this many tokens (and two token budgets)
-# layer-major by default from 4K tokens: chunk-major would keep every layer's K/V (0.45 GB at
-# 4K for a 0.6B model in bf16) and gather it back from the paged cache for every later chunk;
-# layer-major reads one contiguous layer of K/V, reuses each layer's weights while they are
-# hot, and ran 4K inputs 1.18x (fp32) / 1.06x (bf16) faster at the 0.6B shape on the CPU.
+# layer-major by default: chunk-major would keep every layer's K/V and gather it back from the
+# paged cache for every later chunk; layer-major reads one contiguous layer of K/V and reuses
+# each layer's weights while they are hot (measured in docs/performance.md, "Layer-major
+# prefill for long inputs").
 _LAYER_MAJOR_DEFAULT = 4096
 
 
@@ -64,7 +67,14 @@ def build_engine(
     pooling: str | None = None,
     normalize: bool | None = None,
     gpu_memory_utilization: float | None = None,
+    token_buckets: bool = False,
+    compile_backend: str | None = None,
+    attention: AttentionFn | None = None,
 ) -> EngineParts:
+    """The engine's parts. `token_buckets`: run steps padded to a few fixed token counts
+    (worker/buckets.py); `compile_backend`: also through `torch.compile` with that backend
+    (implies buckets); `attention`: force an attention route (default: chosen per device and
+    dtype by attention/select.py)."""
     if isinstance(path, ModelSource):  # already opened, e.g. random weights made on the GPU
         files = replace(path, pooling=override_pooling(path.pooling, pooling, normalize))
     else:
@@ -126,7 +136,7 @@ def build_engine(
             raise ModelLoadError(
                 f"kv_cache_memory={kv_cache_memory} bytes is smaller than one KV block ({per_block} bytes)"
             )
-    model = build_model(files, dev, torch_dtype)
+    model = build_model(files, dev, torch_dtype, attention)
     if dev.type == "cpu" and prepack_enabled():
         prepack(model, release_free_heap)  # weights packed once for oneDNN's matmuls
     if gpu_memory_utilization is not None:
@@ -146,11 +156,12 @@ def build_engine(
     )
     kv = KVCacheManager(num_blocks, block_size)
     runner = ModelRunner(model, num_blocks, block_size, torch_dtype, dev)
+    if token_buckets or compile_backend is not None:
+        sizes = bucket_sizes(max_num_batched_tokens)
+        runner = BucketedModelRunner(model, num_blocks, block_size, torch_dtype, dev, sizes, compile_backend)
     lane = None
     if sched.layer_major_tokens is not None:
         assert isinstance(model, DecoderModel)
-        lane = LayerMajorLane(
-            model, sched.layer_major_tokens, max_num_batched_tokens, dev, sched.batch_aging_steps
-        )
-    core = EngineCore(Scheduler(sched, kv), runner, lane)
+        lane = LaneRunner(model, max_num_batched_tokens, dev)
+    core = EngineCore(Scheduler(sched, kv, mcfg.num_hidden_layers), runner, lane)
     return EngineParts(config, core, Tokenizer(files.tokenizer(), mcfg.vocab_size))

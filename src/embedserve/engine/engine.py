@@ -86,7 +86,7 @@ class Engine:
                 params,
                 pool.method,
                 prio,
-                pool_skip=0 if pool.include_prompt else t.prompt_tokens,
+                excluded_prefix=0 if pool.include_prompt else t.prompt_tokens,
             )
             for t in tokenized
         ]

@@ -23,7 +23,7 @@
 // In bf16, q is scaled then rounded, exp(s - m) is rounded to bf16 for the second matmul
 // (the sum l is taken in fp32), and brgemm's B operands (K^T and V, packed per head) are
 // in its VNNI layout. Scores, softmax and accumulation stay fp32: closer to float64 than
-// the tiled bf16 matmul route (worker/gemm_attention.py), which rounds scores to bf16.
+// the tiled bf16 matmul route (attention/cpu_gemm.py), which rounds scores to bf16.
 //
 // Query i of n sits at prompt position start + i with start = kv - n (the chunk's keys
 // are the last n), and sees keys 0 .. start + i. Built by embedserve/kernels/native.py

@@ -14,10 +14,11 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from embedserve.attention.cpu import paged_attention
+from embedserve.attention.metadata import AttentionMetadata
 from embedserve.config import ModelConfig
 from embedserve.models.linear import Linear
 from embedserve.models.weights import Route, load_fused
-from embedserve.worker.attention import AttentionMetadata, paged_attention
 
 
 class Embeddings(nn.Module):

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from embedserve.attention.metadata import AttentionFn
+from embedserve.attention.select import select_attention
 from embedserve.models.bert import EncoderModel
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.gguf import read_gguf
@@ -23,11 +25,21 @@ def open_model(path: str | Path, pooling: str | None = None, normalize: bool | N
     return read_model_dir(p, pooling=pooling, normalize=normalize)
 
 
-def build_model(source: ModelSource, device: torch.device, dtype: torch.dtype) -> EmbeddingModel:
+def build_model(
+    source: ModelSource, device: torch.device, dtype: torch.dtype, attention: AttentionFn | None = None
+) -> EmbeddingModel:
+    """The model with its weights; a decoder attends with `attention`, by default the route
+    `select_attention` picks for (device, dtype), chosen here once."""
     cfg = source.model
     model: EmbeddingModel
+    if cfg.is_causal and attention is None:
+        attention = select_attention(device, dtype)  # outside "meta": its self-check computes
     with torch.device("meta"):  # no memory until the real weights arrive
-        model = DecoderModel(cfg) if cfg.is_causal else EncoderModel(cfg)
+        if cfg.is_causal:
+            assert attention is not None
+            model = DecoderModel(cfg, attention)
+        else:
+            model = EncoderModel(cfg)
     model = model.to_empty(device=device).to(dtype)
     model.load_weights(source.weights())
     return model.eval()

@@ -8,17 +8,18 @@ nothing about pooling: it returns final hidden states for the rows it is asked f
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 from torch import nn
 
+from embedserve.attention.cpu import causal_attention, paged_attention
+from embedserve.attention.metadata import AttentionFn, AttentionMetadata
 from embedserve.config import ModelConfig
 from embedserve.kernels import norm_rope
 from embedserve.models.linear import Linear, SiluGateUp
 from embedserve.models.weights import Route, load_fused
-from embedserve.worker.attention import AttentionMetadata, causal_attention
-from embedserve.worker.attention_select import select_attention
 
 
 def _native_rows(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
@@ -72,8 +73,9 @@ class Rotary:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, attend: AttentionFn) -> None:
         super().__init__()
+        self.attend = attend  # the device's route, chosen once when the model is built
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
@@ -118,9 +120,7 @@ class Attention(nn.Module):
         """The attention output of every row, or of `rows` only (all rows' K/V still reach
         the cache: the output projection is what is spared)."""
         q, k, v = self.project(x, cos_sin)
-        # The device's attention route (CPU: tuned SDPA / bf16 matmuls; CUDA: flash varlen).
-        attend = select_attention(q.device, q.dtype)
-        out = attend(q, k, v, kv_cache, meta, self.scale)
+        out = self.attend(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out if rows is None else out.index_select(0, rows))
 
     def store_kv(
@@ -153,10 +153,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, attend: AttentionFn) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, attend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -215,12 +215,23 @@ _FUSED = {
 }
 
 
+@dataclass(frozen=True)
+class LayerFlops:
+    """FLOPs of one layer, for sizing work to a time (the layer-major lane)."""
+
+    per_row: float  # one row through the whole layer: 2 per weight
+    per_key: float  # attention's QK^T and PV, per row and per visible key
+    per_stored_row: float  # a row whose K/V are stored but whose output is unused: input norm + QKV
+
+
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, attend: AttentionFn = paged_attention) -> None:
+        """`attend`: the attention route for the device and dtype the model runs in
+        (attention/select.py); the CPU route by default."""
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, attend) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
 
@@ -245,6 +256,19 @@ class DecoderModel(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
+
+    def final_norm(self, rows: torch.Tensor) -> torch.Tensor:
+        """The last layer's output rows -> final hidden states (what `forward` returns)."""
+        return self.norm(rows)
+
+    def layer_flops(self) -> LayerFlops:
+        layer = cast(DecoderLayer, self.layers[0])
+        cfg = self.config
+        return LayerFlops(
+            per_row=2 * sum(p.numel() for p in layer.parameters() if p.dim() == 2),
+            per_key=4 * cfg.num_attention_heads * cfg.head_dim,
+            per_stored_row=2 * layer.self_attn.qkv_proj.weight.numel(),
+        )
 
     def run_layer(
         self,

@@ -3,9 +3,9 @@
 A chunk covers prompt positions [start, start + n). Only the rows a method needs leave the
 model runner, so LAST pooling over a 16K prompt moves one row, not 16K.
 
-    prompt:   0 1 2 ... skip ... start ............ start+n ... P-1
+    prompt:   0 1 2 ... E ... start ............ start+n ... P-1     (E: excluded_prefix)
     CLS:      ^ (position 0 only)
-    MEAN:                 [skip, P) -- every position at or after `skip`
+    MEAN:              [E, P) -- every position after the excluded prefix (a prompt)
     LAST:                                                         ^ (P-1 only)
 """
 
@@ -17,7 +17,7 @@ from embedserve.config import PoolingMethod
 
 
 def rows_to_pool(
-    method: PoolingMethod, start: int, n: int, num_prompt_tokens: int, skip: int
+    method: PoolingMethod, start: int, n: int, num_prompt_tokens: int, excluded_prefix: int
 ) -> tuple[int, int]:
     """Local row range [lo, hi) of the chunk [start, start+n) that `method` reads."""
     end = start + n
@@ -26,7 +26,7 @@ def rows_to_pool(
         return (last - start, last - start + 1) if start <= last < end else (0, 0)
     if method is PoolingMethod.CLS:
         return (0, 1) if start == 0 else (0, 0)
-    lo = min(max(skip, start), end)
+    lo = min(max(excluded_prefix, start), end)
     return lo - start, end - start
 
 

@@ -16,11 +16,11 @@ class PoolingState:
     lost or double-counted chunk raises instead of producing a plausible wrong vector.
     """
 
-    def __init__(self, method: PoolingMethod, num_prompt_tokens: int, skip: int = 0) -> None:
+    def __init__(self, method: PoolingMethod, num_prompt_tokens: int, excluded_prefix: int = 0) -> None:
         self.method = method
         self.num_prompt_tokens = num_prompt_tokens
-        # MEAN pooling without the prompt skips the first `skip` positions.
-        self.skip = skip
+        # MEAN pooling of a model with `include_prompt: false` leaves out the prompt's tokens.
+        self.excluded_prefix = excluded_prefix
         self.reset()
 
     def reset(self) -> None:
@@ -30,7 +30,7 @@ class PoolingState:
 
     def rows(self, start: int, n: int) -> tuple[int, int]:
         """Local row range the runner must hand over for chunk [start, start+n)."""
-        return rows_to_pool(self.method, start, n, self.num_prompt_tokens, self.skip)
+        return rows_to_pool(self.method, start, n, self.num_prompt_tokens, self.excluded_prefix)
 
     def update(self, start: int, n: int, rows: torch.Tensor) -> None:
         """Fold chunk [start, start+n); `rows` are its selected rows, [k, hidden]."""

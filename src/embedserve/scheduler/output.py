@@ -26,10 +26,23 @@ class ScheduledChunk:
 
 
 @dataclass(frozen=True)
+class LaneSlice:
+    """The layer-major lane's part of a step: `token_layers` of work on one prompt (one token
+    through one layer each), or, when `timed`, one unit sized to take about as long as an
+    online step (the scheduler's measure, taken after this step's chunks ran)."""
+
+    request_id: int
+    token_layers: int
+    timed: bool = False
+
+
+@dataclass(frozen=True)
 class SchedulerOutput:
     step: int
     chunks: list[ScheduledChunk]
     preempted_ids: list[int] = field(default_factory=list)
+    lane: LaneSlice | None = None  # run after the chunks (and after answering what they finish)
+    online: bool = False  # online work waited at this step (its time sizes the lane's units)
 
     @property
     def num_tokens(self) -> int:
@@ -37,4 +50,4 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        return not self.chunks and self.lane is None

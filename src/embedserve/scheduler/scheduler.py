@@ -1,37 +1,57 @@
 """Continuous batching for embeddings under a per-step token budget.
 
-Every request orders by key = (class, arrival): `online` before `batch` (a batch request
-that waited `batch_aging_steps` steps counts as online), then first come, first served.
-Each step walks requests in key order and gives each the largest chunk that the budget and
+Every request orders by the shared key (scheduler/policy.py): `online` before `batch` (a
+batch request that waited `batch_aging_steps` steps counts as online), then first come, first
+served. Each step walks requests in key order and gives each the largest chunk that the budget and
 the KV cache allow; while online work is queued, batch requests share only a small part of
 the step (`batch_tokens_with_online`), so an online query never rides in a long step.
 A request may take blocks from requests with a *larger* key (preemption by recompute).
 The smallest key can take every block and admission guaranteed its prompt fits the whole
 cache, so it always advances: nothing livelocks and nothing starves.
+
+Prompts of at least `layer_major_tokens` go to the layer-major lane's queue instead
+(scheduler/lane.py); each step's output also says how much of the step the lane gets. The
+scheduler holds no tensors: the engine folds the rows a step pooled, then calls
+`update_from_output` to advance the requests.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-
-import torch
 
 from embedserve.config import SchedulerConfig
 from embedserve.errors import InvalidInputError
 from embedserve.kv_cache.manager import KVCacheManager, blocks_for
-from embedserve.request import Priority, Request, RequestStatus
+from embedserve.request import Request, RequestStatus
+from embedserve.scheduler.lane import RESPONSIVE_WINDOW_S, LaneQueue
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
+from embedserve.scheduler.policy import PriorityClock, moving_average
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, num_layers: int = 0) -> None:
+        """`num_layers`: the model's, for the layer-major lane's slices (with `layer_major_tokens`)."""
         self.config = config
         self.kv = kv
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self.step_count = 0
+        self.clock = PriorityClock(config.batch_aging_steps)
         self.num_preemptions = 0
-        self._next_seq = 0
+        self.lane: LaneQueue | None = None
+        if config.layer_major_tokens is not None:
+            self.lane = LaneQueue(
+                config.layer_major_tokens, config.max_num_batched_tokens, num_layers, config.batch_aging_steps
+            )
+        self.last_online_s: float | None = None  # when online work last waited at a step
+        self.online_step_s: float | None = None  # how long such steps took, moving average
+
+    @property
+    def step_count(self) -> int:
+        return self.clock.ticks
+
+    def in_lane(self, num_tokens: int) -> bool:
+        return self.lane is not None and self.lane.accepts(num_tokens)
 
     # ---- admission -------------------------------------------------------------------------
 
@@ -41,6 +61,8 @@ class Scheduler:
             raise InvalidInputError("input is empty: it has no tokens")
         if num_tokens > self.config.max_model_len:
             raise InvalidInputError(f"{num_tokens} tokens exceed max_model_len ({self.config.max_model_len})")
+        if self.in_lane(num_tokens):
+            return  # the lane keeps no KV cache
         if blocks_for(num_tokens, self.kv.block_size) > self.kv.num_blocks:
             raise InvalidInputError(
                 f"{num_tokens} tokens exceed the whole KV cache ({self.kv.max_tokens} tokens); "
@@ -49,36 +71,54 @@ class Scheduler:
 
     def add_request(self, req: Request) -> None:
         self.check_admissible(req.num_prompt_tokens)
-        req.arrival_seq = self._next_seq
-        req.arrival_step = self.step_count
-        self._next_seq += 1
+        if self.lane is not None and self.lane.accepts(req.num_prompt_tokens):
+            self.lane.add(req)
+            return
+        self.clock.stamp(req)
         self.waiting.append(req)
 
     def abort(self, req: Request) -> None:
-        if req in self.running:
+        in_lane = self.lane is not None and self.lane.drop(req.request_id)
+        if not in_lane and req in self.running:
             self.running.remove(req)
-        elif req in self.waiting:
+        elif not in_lane and req in self.waiting:
             self.waiting.remove(req)
-        self.kv.free(req.request_id)
+        self.kv.free(req.request_id)  # none held by a lane prompt
         req.status = RequestStatus.ABORTED
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running) or (self.lane is not None and self.lane.has_work)
 
     def has_online_work(self) -> bool:
-        """Any request left that schedules as online (including aged batch requests)."""
-        return any(self._key(r)[0] == 0 for r in self.running + self.waiting)
+        """Any chunked request left that schedules as online (including aged batch requests)."""
+        return any(self.clock.is_online(r) for r in self.running + self.waiting)
 
     # ---- one step --------------------------------------------------------------------------
 
     def _key(self, req: Request) -> tuple[int, int]:
-        aged = self.step_count - req.arrival_step >= self.config.batch_aging_steps
-        klass = 0 if req.priority is Priority.ONLINE or aged else 1
-        return klass, req.arrival_seq
+        return self.clock.key(req)
 
     def schedule(self) -> SchedulerOutput:
-        self.step_count += 1
+        online = self.has_online_work()
+        alone = not (self.waiting or self.running)
+        self.clock.tick()
+        chunks, preempted = self._schedule_chunks()
+        lane = None
+        if self.lane is not None:
+            last = self.last_online_s
+            recent = last is not None and time.monotonic() - last <= RESPONSIVE_WINDOW_S
+            lane = self.lane.slice(online, recent, alone, self.config.max_num_batched_tokens)
+        return SchedulerOutput(self.step_count, chunks, preempted, lane, online)
+
+    def observe(self, output: SchedulerOutput, seconds: float) -> None:
+        """The chunks of `output` took `seconds`: a step with online work sizes the lane's
+        timed units."""
+        if output.online:
+            self.last_online_s = time.monotonic()
+            self.online_step_s = moving_average(self.online_step_s, seconds)
+
+    def _schedule_chunks(self) -> tuple[list[ScheduledChunk], list[int]]:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[int] = []
@@ -118,7 +158,7 @@ class Scheduler:
             budget -= n
             if is_batch:
                 batch_left -= n
-        return SchedulerOutput(step=self.step_count, chunks=chunks, preempted_ids=preempted)
+        return chunks, preempted
 
     def _victims(self, req: Request, scheduled: set[int]) -> list[Request]:
         """Requests `req` may preempt, cheapest loss first (largest key first)."""
@@ -158,19 +198,14 @@ class Scheduler:
 
     # ---- results ---------------------------------------------------------------------------
 
-    def update_from_output(
-        self,
-        output: SchedulerOutput,
-        pooled_rows: Mapping[int, torch.Tensor],
-        requests: Mapping[int, Request],
-    ) -> list[Request]:
-        """Advance every scheduled request; returns those whose prompt is now complete."""
+    def update_from_output(self, output: SchedulerOutput, requests: Mapping[int, Request]) -> list[Request]:
+        """Advance every scheduled request (its pooled rows already folded); returns those
+        whose prompt is now complete."""
         finished: list[Request] = []
         for chunk in output.chunks:
             req = requests.get(chunk.request_id)
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue  # aborted while its step ran
-            req.pooling.update(chunk.start, chunk.num_tokens, pooled_rows[chunk.request_id])
             req.num_computed_tokens += chunk.num_tokens
             if req.is_prefill_complete:
                 self.running.remove(req)
@@ -178,6 +213,11 @@ class Scheduler:
                 req.status = RequestStatus.FINISHED
                 finished.append(req)
         return finished
+
+    def finish_lane(self, req: Request) -> None:
+        """A lane prompt's last layer ran and its rows were folded."""
+        assert self.lane is not None
+        self.lane.finish(req)
 
     def fail(self, req: Request) -> None:
         self.abort(req)

@@ -1,9 +1,10 @@
-"""A ModelRunner whose steps run at token-bucket sizes, optionally through `torch.compile`.
+"""A ModelRunner whose steps run at token-bucket sizes, optionally through `torch.compile`
+(`build_engine(token_buckets=True, compile_backend=...)`, `--token-buckets`, `--compile`).
 
 Off by default and unmeasured on a GPU: engine steps here are long prefill steps (thousands
 of tokens, tens to hundreds of milliseconds), where launch overhead is a small share; the gain
 would come from compiling the memory-bound glue (RMSNorm, RoPE, SiLU) into fused kernels.
-Attention stays eager (the routes in worker/cuda_attention.py are graph breaks).
+Attention stays eager (the CUDA routes are graph breaks).
 """
 
 from __future__ import annotations
@@ -13,33 +14,32 @@ from typing import Any
 
 import torch
 
+from embedserve.models.build import EmbeddingModel
 from embedserve.worker.buckets import bucket_for, pad_step_inputs
 from embedserve.worker.input_batch import StepInputs
 from embedserve.worker.model_runner import ModelRunner
 
 
 class BucketedModelRunner(ModelRunner):
-    buckets: tuple[int, ...]
-    compiled: Callable[..., Any]  # the model, or torch.compile of it
-    step_sizes: set[int]  # bucket sizes run so far: one compiled graph set each
-
-    @classmethod
-    def adopt(
-        cls, runner: ModelRunner, buckets: Sequence[int], compile_backend: str | None = None
-    ) -> BucketedModelRunner:
-        """Take over `runner`'s model and KV cache tensors (no new allocation)."""
+    def __init__(
+        self,
+        model: EmbeddingModel,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        buckets: Sequence[int],
+        compile_backend: str | None = None,
+    ) -> None:
         if not buckets or list(buckets) != sorted(set(buckets)):
             raise ValueError(f"buckets must be a non-empty ascending list of sizes, got {list(buckets)}")
-        new = cls.__new__(cls)
-        new.__dict__.update(runner.__dict__)
-        new.buckets = tuple(buckets)
-        new.compiled = (
-            torch.compile(runner.model, dynamic=False, backend=compile_backend)
-            if compile_backend is not None
-            else runner.model
-        )
-        new.step_sizes = set()
-        return new
+        super().__init__(model, num_blocks, block_size, dtype, device)
+        self.buckets = tuple(buckets)
+        # the model, or torch.compile of it (one graph set per bucket size)
+        self.compiled: Callable[..., Any] = model
+        if compile_backend is not None:
+            self.compiled = torch.compile(model, dynamic=False, backend=compile_backend)
+        self.step_sizes: set[int] = set()  # bucket sizes run so far
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         size = bucket_for(inputs.input_ids.numel(), self.buckets)

@@ -10,7 +10,7 @@ Padding rows sit after the last sequence and belong to none:
     slots      where K/V go               -1   (never written: attention stores rows < n only)
     pooling    output_rows index real rows only, so padding never reaches a vector
 
-Only the routes in worker/cuda_attention.py honour the padding; `paged_attention` does not.
+Every attention route honours the padding (attention/cpu.py and attention/cuda.py).
 """
 
 from __future__ import annotations

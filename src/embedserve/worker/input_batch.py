@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from embedserve.attention.metadata import AttentionMetadata, SeqSpan, seq_span, slots
 from embedserve.scheduler.output import SchedulerOutput
-from embedserve.worker.attention import AttentionMetadata, SeqSpan
 
 
 @dataclass(frozen=True)
@@ -30,22 +30,6 @@ class StepInputs:
 def chunk_positions(start: int, n: int) -> np.ndarray:
     """Prompt positions of a chunk: they continue where the cached context ends."""
     return np.arange(start, start + n, dtype=np.int64)
-
-
-def slots(table: list[int], positions: np.ndarray, block_size: int) -> np.ndarray:
-    blocks = np.asarray(table, dtype=np.int64)
-    return blocks[positions // block_size] * block_size + positions % block_size
-
-
-def seq_span(
-    q_start: int, n: int, start: int, table: list[int], block_size: int, device: torch.device
-) -> SeqSpan:
-    """Where a chunk's queries sit and which cached keys (all earlier positions) they see."""
-    kv_slots = None
-    if start > 0:
-        kv = slots(table, np.arange(start + n, dtype=np.int64), block_size)
-        kv_slots = torch.from_numpy(kv).to(device)
-    return SeqSpan(q_start=q_start, q_len=n, start=start, kv_slots=kv_slots)
 
 
 def build_step_inputs(

@@ -14,12 +14,12 @@ can interleave it with its other requests step by step.
     layer 0:  c0 c1 c2 ... ck
     layer 1:  c0 c1 c2 ... ck      chunk c at layer l attends to K/V of chunks 0..c at layer l
     ...                            (written by this layer's earlier units: causal order holds)
-    final norm on the pooled rows only -> PoolingState, as the chunked path does
+    final norm on the pooled rows only -> `pooled_rows()`, folded by the engine as the
+                                   chunked path's rows are
 
 The last layer's output is read only at the pooled rows (LAST pooling: one row of the
 prompt). Its units store every row's K/V (the pooled rows attend to them) but run attention,
-the output projection and the MLP for the pooled rows only: the last of 28 layers of a 4K
-fp32 prompt ran in 0.16-0.20x another layer's time, about 3% of the prompt.
+the output projection and the MLP for the pooled rows only (docs/performance.md has its time).
 
 Units never cross a chunk boundary (multiples of `chunk`). Inside a chunk, from a position
 on the granule (64 rows) a unit is whole granules; a unit shorter than a granule (a query's
@@ -27,26 +27,24 @@ step left less time) is a power of two that starts on a multiple of itself, so p
 back to the granule in a few steps (64, 72, 80, 96, 128). oneDNN builds and keeps a kernel
 (about 0.55 MB) for every matmul shape it meets, and the allocator keeps holes of every size
 it served: units cut anywhere (a slice that ran into the next layer by a few rows, a unit
-sized to a time) gave every layer new shapes, and one 16K bf16 input grew the process by
-1.9 GB.
+sized to a time) gave every layer new shapes, and the process grew by gigabytes.
 """
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Iterator
 
 import torch
 
-from embedserve.models.decoder import DecoderLayer, DecoderModel
+from embedserve.models.decoder import DecoderModel
 from embedserve.request import Request
 from embedserve.worker.host_memory import release_free_heap
 
 GRANULE = 64  # rows; a power of two (see unit_rows)
 # Prompts of at least this many chunks give their freed heap pages back after every layer
 # (all prompts do when they end). A trim costs the next layer's first unit its page faults
-# again, about 80 ms at 2,048 rows in fp32: 7% of a 4K prompt's layer (two units) but about
-# 1% at 16K, where the holes it returns are worth more (one 16K bf16 prompt: +261 MB
-# untrimmed, +225 MB trimmed per layer).
+# again: a visible share of a short prompt's layer, little at 16K, where the holes it returns
+# are worth more (docs/performance.md, "Heap").
 TRIM_EVERY_LAYER_CHUNKS = 4
 
 
@@ -68,12 +66,10 @@ class LayerMajorJob:
         self._kv_shape = (2, cfg.num_key_value_heads, self.length, cfg.head_dim)  # head-major
         self.layer = 0
         self.pos = 0  # next chunk start at `layer`
-        # FLOPs of one row through one layer: 2 per weight, plus QK^T and PV per visible key
-        layer = cast(DecoderLayer, model.layers[0])
-        self.flops_per_row = 2 * sum(p.numel() for p in layer.parameters() if p.dim() == 2)
-        self.flops_per_key = 4 * cfg.num_attention_heads * cfg.head_dim
-        # the last layer's rows that are not pooled: the input norm and the QKV projection
-        self.flops_per_stored_row = 2 * layer.self_attn.qkv_proj.weight.numel()
+        flops = model.layer_flops()
+        self.flops_per_row = flops.per_row  # one row through one layer
+        self.flops_per_key = flops.per_key  # plus QK^T and PV per visible key
+        self.flops_per_stored_row = flops.per_stored_row  # the last layer's rows not pooled
         self.flops_done = 0.0
         self.trim_every_layer = self.length >= TRIM_EVERY_LAYER_CHUNKS * chunk
 
@@ -161,13 +157,13 @@ class LayerMajorJob:
         return spent
 
     @torch.inference_mode()
-    def pool(self) -> None:
-        """Fold the final hidden states into the request's pooling state, chunk by chunk."""
-        assert self.done and self.hidden is not None, "pool() before the last layer ran"
+    def pooled_rows(self) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """(start, n, rows) per chunk of the prompt: the final hidden states (float32, CPU) of
+        the rows pooling reads, for the caller to fold in order. Frees the hidden states."""
+        assert self.done and self.hidden is not None, "pooled_rows() before the last layer ran"
+        hidden, self.hidden = self.hidden, None
         state = self.request.pooling
         for start in range(0, self.length, self.chunk):
             n = min(self.chunk, self.length - start)
             lo, hi = state.rows(start, n)
-            rows = self.model.norm(self.hidden[start + lo : start + hi]).float().cpu()
-            state.update(start, n, rows)
-        self.hidden = None
+            yield start, n, self.model.final_norm(hidden[start + lo : start + hi]).float().cpu()

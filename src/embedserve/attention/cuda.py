@@ -1,4 +1,4 @@
-"""Attention routes for CUDA: the same contract as `worker.attention.paged_attention`.
+"""Attention routes for CUDA: the same contract as `attention.cpu.paged_attention`.
 
 `paged_attention` gives a chunk with cached context an explicit boolean mask and GQA-shaped
 K/V. On CUDA that combination reaches no fused kernel (flash refuses explicit masks, the
@@ -15,8 +15,8 @@ memory-efficient kernel has no GQA), so SDPA falls back to its math backend and 
       gathered keys    |A0..A36|B0 ........ B78|         cu_k = [0, 37, 116]
       causal mask per sequence aligned bottom-right: query i of B sees keys 0 .. 50 + i
 
-Both accept step inputs padded to a token bucket (worker/buckets.py): rows after the last
-sequence are never written to the cache and come out as zeros.
+Both accept step inputs padded to a token bucket (worker/buckets.py), as the CPU route does:
+rows after the last sequence are never written to the cache and come out as zeros.
 """
 
 from __future__ import annotations
@@ -30,11 +30,8 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 from torch.nn.functional import scaled_dot_product_attention
 
-from embedserve.worker.attention import AttentionMetadata
+from embedserve.attention.metadata import AttentionMetadata, real_rows, write_kv
 
-AttentionFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, AttentionMetadata, float], torch.Tensor
-]
 # (q [Tq, heads, d], k [Tk, kv_heads, d], v, cu_q [S+1] int32, cu_k, max_q, max_k, scale) -> [Tq, heads, d]
 VarlenKernel = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, float], torch.Tensor
@@ -46,19 +43,6 @@ def eager_only(fn: F) -> F:
     """Keep `fn` out of torch.compile graphs: per-step metadata is data-dependent Python."""
     disable: Any = torch.compiler.disable  # untyped in torch
     return cast(F, disable(fn))
-
-
-def real_rows(meta: AttentionMetadata) -> int:
-    """Packed rows that belong to a sequence; rows past them are bucket padding."""
-    return max((s.q_start + s.q_len for s in meta.seqs), default=0)
-
-
-def write_kv(
-    kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n: int
-) -> None:
-    """Store the first n rows' K/V; padding rows (slot -1) never reach the cache."""
-    kv_cache[0].index_copy_(0, slot_mapping[:n], k[:n])
-    kv_cache[1].index_copy_(0, slot_mapping[:n], v[:n])
 
 
 def _pad_rows(out: torch.Tensor, total: int) -> torch.Tensor:

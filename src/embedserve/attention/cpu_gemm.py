@@ -1,9 +1,9 @@
 """Causal attention for one sequence as tiled bf16 matmuls (the CPU bf16 route for chunks under
 the native kernel's NATIVE_MIN_ROWS, or where that kernel did not build).
 
-PyTorch's CPU flash kernel runs bf16 at its float32 speed (about 190 GFLOP/s on the 2-core
-Zen 4 box, where a bf16 matmul reaches 700-950). This route instead spends the FLOPs in
-oneDNN's bf16 matmuls, per KV head and per tile of query rows:
+PyTorch's CPU flash kernel runs bf16 at its float32 speed, far below what a bf16 matmul
+reaches. This route instead spends the FLOPs in oneDNN's bf16 matmuls, per KV head and per
+tile of query rows:
 
     scores = q_tile @ K_h^T      [groups * rows, keys]   bf16 out, fp32 accumulation
     mask the tile's own upper triangle (keys after each query), softmax (fp32 inside)
@@ -11,13 +11,13 @@ oneDNN's bf16 matmuls, per KV head and per tile of query rows:
 
 Grouped-query attention needs no expanded K/V: the query heads that share KV head h are
 rows of one matmul against it. Plain 2-D matmuls over the first `end` keys read K_h and V_h
-in place (a batched matmul copied those strided slices for every tile: 1.4 GB of copies per
-chunk at 16K, and a fragmented heap). Tiles of 256 query rows measured fastest at 2K-16K
-keys; every large buffer is kept per thread and reused.
+in place (a batched matmul copied those strided slices for every tile and fragmented the
+heap). Tiles of 256 query rows measured fastest at 2K-16K keys; every large buffer is kept
+per thread and reused. Measurements: docs/performance.md ("bf16 attention as tiled bf16
+matmuls", "Kept buffers in the attention loop").
 
-Numerics: scores are rounded to bf16 before the softmax, which flash keeps in fp32. On real
-SmolLM2 activations (4K tokens) the attention output's relative error vs float64 was
-2.4e-3 to 7.4e-3 against flash's 2.2e-3 to 6.5e-3; end-to-end parity is tested
+Numerics: scores are rounded to bf16 before the softmax, which flash keeps in fp32; the
+attention output's error vs float64 stays close to flash's, and end-to-end parity is tested
 (`tests/unit/test_gemm_attention.py`, `tests/unit/test_engine_bf16.py`).
 """
 
@@ -37,8 +37,7 @@ _local = threading.local()  # per engine thread: concurrent engines never share 
 def _workspace(name: str, numel: int, like: torch.Tensor) -> torch.Tensor:
     """A kept flat buffer of at least `numel` elements (grown to a power of two).
 
-    Fresh multi-MB tensors per tile cost more than the matmul (page faults: a 32 MB matmul
-    output took 14.6 ms allocated vs 5.1 ms into a kept buffer).
+    Fresh multi-MB tensors per tile cost more than the matmul (page faults).
     """
     cache: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = _local.__dict__.setdefault("bufs", {})
     key = (name, like.dtype, like.device)

@@ -1,6 +1,6 @@
 """Which attention route a device runs, decided once per (device, dtype).
 
-    CPU                          -> worker.attention.paged_attention (tuned for CPU)
+    CPU                          -> attention.cpu.paged_attention (its own choice per chunk)
     CUDA, fp16/bf16, sm80+, a flash varlen kernel that passes the self-check
                                  -> VarlenAttention (one flash varlen call per layer)
     other CUDA                   -> lower_right_attention (per-sequence SDPA, no mask tensor)
@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+import numpy as np
 import torch
 
-from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
-from embedserve.worker.attention import AttentionMetadata, paged_attention
-from embedserve.worker.cuda_attention import AttentionFn, VarlenAttention, VarlenKernel, lower_right_attention
-from embedserve.worker.input_batch import build_step_inputs
+from embedserve.attention.cpu import paged_attention
+from embedserve.attention.cuda import VarlenAttention, VarlenKernel, lower_right_attention
+from embedserve.attention.metadata import AttentionFn, AttentionMetadata, seq_span, slots
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ SELF_CHECK_TOLERANCE = 1e-2  # relative error vs float32: bf16 rounding is ~4e-3
 
 
 class Route(str, enum.Enum):
-    SDPA_MASK = "sdpa-mask"  # worker.attention.paged_attention
+    CPU = "cpu"  # attention.cpu.paged_attention
     SDPA_LOWER_RIGHT = "sdpa-lower-right"
     FLASH_VARLEN = "flash-varlen"
 
@@ -44,7 +44,7 @@ def choose_route(
 ) -> Route:
     """Pure policy: flash kernels need CUDA, sm80+ and a 16-bit dtype."""
     if device_type != "cuda":
-        return Route.SDPA_MASK
+        return Route.CPU
     sm80 = capability is not None and capability >= (8, 0)
     flash_capable = dtype in (torch.float16, torch.bfloat16) and sm80
     return Route.FLASH_VARLEN if flash_capable and varlen_ok else Route.SDPA_LOWER_RIGHT
@@ -111,15 +111,7 @@ def self_check(fn: AttentionFn, device: torch.device, dtype: torch.dtype, block_
     """
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, d = 8, 2, 128
-    step = SchedulerOutput(
-        step=0,
-        chunks=[
-            ScheduledChunk(0, 0, [0] * 37, [0, 1, 2], (36, 37)),
-            ScheduledChunk(1, 50, [0] * 29, [5, 3, 7, 4, 6], (28, 29)),
-        ],
-    )
-    inputs = build_step_inputs(step, block_size, device)
-    t = inputs.input_ids.numel()
+    meta, t = _check_step(block_size, device)
 
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
@@ -127,9 +119,20 @@ def self_check(fn: AttentionFn, device: torch.device, dtype: torch.dtype, block_
     q, k, v = rand(t, heads, d), rand(t, kv_heads, d), rand(t, kv_heads, d)
     cache = rand(2, 8 * block_size, kv_heads, d)
     scale = d**-0.5
-    want = paged_attention(q.float(), k.float(), v.float(), cache.float(), inputs.meta, scale)
-    got = fn(q, k, v, cache.clone(), inputs.meta, scale).float()
+    want = paged_attention(q.float(), k.float(), v.float(), cache.float(), meta, scale)
+    got = fn(q, k, v, cache.clone(), meta, scale).float()
     return float((want - got).abs().max() / want.abs().max())
+
+
+def _check_step(block_size: int, device: torch.device) -> tuple[AttentionMetadata, int]:
+    """The self-check's step: a 37-token first chunk (blocks 0-2), then 29 tokens after 50
+    cached ones (blocks 5, 3, 7, 4, 6). Returns its metadata and packed row count."""
+    parts = [(0, 37, 0, [0, 1, 2]), (37, 29, 50, [5, 3, 7, 4, 6])]  # (q_start, n, start, table)
+    seqs = [seq_span(q0, n, start, table, block_size, device) for q0, n, start, table in parts]
+    mapping = np.concatenate(
+        [slots(table, np.arange(start, start + n), block_size) for _, n, start, table in parts]
+    )
+    return AttentionMetadata(seqs, torch.from_numpy(mapping).to(device)), sum(p[1] for p in parts)
 
 
 def _working_kernel(device: torch.device, dtype: torch.dtype) -> tuple[str, VarlenKernel] | None:

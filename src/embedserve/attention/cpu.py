@@ -1,48 +1,55 @@
-"""Attention over packed tokens and a paged KV cache.
+"""CPU attention: `causal_attention` for one sequence's chunk and `paged_attention` over a
+packed step and the paged KV cache (the CPU's `AttentionFn`; see attention/metadata.py).
 
-Tokens of all scheduled requests are packed into one sequence (no padding). For a request
-whose chunk starts at prompt position `start`:
+Which kernel takes a chunk is a pure choice (`cpu_route`) from its shape and dtype:
 
-    KV cache (its blocks)   |k0 k1 ... k_{start-1}|      <- written by earlier steps
-    this step               |                     |q0 q1 ... q_{n-1}|  (also written now)
-    query i (position start+i) attends keys 0 .. start+i   (causal, aligned bottom-right)
+    a short whole sequence (no context, < SDPA_WHOLE_BELOW queries) -> one PyTorch SDPA call
+    fp32 / bf16, >= NATIVE_MIN_ROWS queries, native kernel built     -> native flash kernel
+    bf16 otherwise                                                   -> bf16 matmul tiles
+    fp32 otherwise                                                   -> PyTorch flash, the
+                                                  cached prefix and the chunk merged by LSE
 
-A first chunk (start == 0) needs no cache read: its own keys are all it may see.
+The numbers behind each threshold are in docs/performance.md ("CPU attention routes").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
 from functools import cache
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from embedserve.attention.cpu_gemm import gemm_attention
+from embedserve.attention.metadata import AttentionMetadata, real_rows, write_kv
 from embedserve.kernels import flash_attention as native_flash
-from embedserve.worker.gemm_attention import gemm_attention
 
 
-@dataclass(frozen=True)
-class SeqSpan:
-    """One request's part of the packed batch."""
-
-    q_start: int  # first row in the packed tensors
-    q_len: int
-    start: int  # prompt position of the first query == tokens already cached
-    kv_slots: torch.Tensor | None  # [start + q_len] flat cache slots; None when start == 0
-
-    @property
-    def kv_len(self) -> int:
-        return self.start + self.q_len
+class CpuRoute(str, enum.Enum):
+    NATIVE = "native-flash"  # kernels/flash_attention.cpp
+    BF16_GEMM = "bf16-gemm"  # attention/cpu_gemm.py
+    PYTORCH = "pytorch"  # SDPA (whole sequence), flash prefix + self merged, or a masked SDPA
 
 
-@dataclass(frozen=True)
-class AttentionMetadata:
-    """Per-step attention inputs, passed explicitly through the model (no globals)."""
+# Queries from which the native kernel takes a chunk, per dtype: below, packing each KV head
+# (K^T; bf16 also V) costs more than it saves.
+NATIVE_MIN_ROWS = {torch.float32: 16, torch.bfloat16: 64}
+# A whole sequence shorter than this (a first chunk: its keys are its queries), e.g. a short
+# query, is one SDPA call: the tiled routes loop over KV heads or pack each head, which costs
+# more than the math at that size.
+SDPA_WHOLE_BELOW = 64
 
-    seqs: list[SeqSpan]
-    slot_mapping: torch.Tensor | None  # [num_tokens] flat slots to write new K/V; None: no cache
-    causal: bool = True
+
+def cpu_route(n: int, kv: int, dtype: torch.dtype, head_dim: int, native: bool) -> CpuRoute:
+    """The route for n queries over kv keys (kv - n cached before them); `native`: the native
+    kernel built and passed its self-check in `dtype`."""
+    if kv == n and n < SDPA_WHOLE_BELOW:
+        return CpuRoute.PYTORCH
+    least = NATIVE_MIN_ROWS.get(dtype)
+    paired = dtype != torch.bfloat16 or head_dim % 2 == 0  # bf16 brgemm pairs head_dim
+    if native and least is not None and n >= least and paired:
+        return CpuRoute.NATIVE
+    return CpuRoute.BF16_GEMM if dtype == torch.bfloat16 else CpuRoute.PYTORCH
 
 
 def _causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
@@ -61,29 +68,12 @@ def _heads(x: torch.Tensor) -> torch.Tensor:
 # calls on the CPU); None where this PyTorch build lacks it.
 _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
-# fp32 and bf16 on the CPU: the native flash kernel (kernels/flash_attention.cpp, oneDNN
-# brgemm, GQA heads as rows) where it built and passed its self-check in that dtype, from
-# NATIVE_MIN_ROWS queries: below, packing each KV head (K^T; bf16 also V) costs more than it
-# saves. Set False to measure the PyTorch routes below.
-CPU_NATIVE = True
-NATIVE_MIN_ROWS = {torch.float32: 16, torch.bfloat16: 64}
-
-# bf16 on the CPU under NATIVE_MIN_ROWS (or without the kernel): tiled bf16 matmuls beat the
-# flash kernel 1.8-2.8x (worker/gemm_attention.py). Set False to measure flash instead.
-CPU_BF16_GEMM = True
-
-# A whole sequence shorter than this (a first chunk: its keys are its queries), e.g. a short
-# query: one SDPA call. The routes above loop over KV heads in Python or pack each head, which
-# costs more than the math: 16 tokens at the 0.6B shape took 1.48 ms a layer on the bf16
-# tiles, 0.39 on the native kernel, 0.09 in SDPA (fp32 native 0.31 vs 0.08); even at 64.
-CPU_SDPA_WHOLE_BELOW = 64
-
 
 @cache
 def _flash_broadcasts_kv_heads() -> bool:
     """The CPU flash op takes fewer KV heads than query heads (query head h reading KV head
     h // groups) and agrees with expanded K/V. Expanding copied the whole prefix for every
-    chunk: 25 MB per (layer, chunk) at 12K tokens of a small model, more than its math."""
+    chunk, which cost more than its math."""
     assert _FLASH_LSE is not None
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, h, 5, 8, generator=gen) for h in (4, 2, 2))  # [1, heads, n, d]
@@ -93,15 +83,6 @@ def _flash_broadcasts_kv_heads() -> bool:
         return False
     want = _FLASH_LSE(q, kv_expand(k[0], 2)[None], kv_expand(v[0], 2)[None], scale=0.5)[0]
     return bool(torch.allclose(got, want))
-
-
-def _native(q: torch.Tensor) -> bool:
-    """The native kernel takes this chunk: CPU, a dtype it has, enough queries, built here."""
-    rows = NATIVE_MIN_ROWS.get(q.dtype)
-    if not CPU_NATIVE or rows is None or q.shape[0] < rows:
-        return False
-    paired = q.dtype != torch.bfloat16 or q.shape[2] % 2 == 0  # bf16 brgemm pairs head_dim
-    return paired and native_flash.available(q.dtype)
 
 
 def _prefix_then_self(
@@ -131,18 +112,23 @@ def _prefix_then_self(
     return merged.to(q.dtype)
 
 
-def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, route: CpuRoute | None = None
+) -> torch.Tensor:
     """One sequence's chunk: q [n, heads, d] at positions kv-n .. kv-1; keys, values
     [kv_heads, kv, d] (head-major: each head's keys one contiguous run when the caller keeps
     them so), every key up to the chunk's last position. Returns [n, heads * d].
+    `route`: force a route (benchmarks, tests); by default `cpu_route` picks it.
     """
     n, kv = q.shape[0], keys.shape[1]
     start = kv - n
     cpu = q.device.type == "cpu"
-    tiled = cpu and (start > 0 or n >= CPU_SDPA_WHOLE_BELOW)  # a short whole sequence: SDPA
-    if tiled and _native(q):
+    if route is None:
+        native = cpu and q.dtype in NATIVE_MIN_ROWS and native_flash.available(q.dtype)
+        route = cpu_route(n, kv, q.dtype, q.shape[2], native) if cpu else CpuRoute.PYTORCH
+    if route is CpuRoute.NATIVE:
         return native_flash.flash_attention(q, keys, values, scale)
-    if tiled and q.dtype == torch.bfloat16 and CPU_BF16_GEMM:
+    if route is CpuRoute.BF16_GEMM:
         return gemm_attention(q, keys, values, scale)
     k4, v4 = keys.unsqueeze(0), values.unsqueeze(0)  # [1, kv_heads, kv, d], SDPA's layout
     if start == 0:  # no earlier context: plain causal attention over its own keys
@@ -170,15 +156,18 @@ def paged_attention(
     kv_cache: torch.Tensor | None,
     meta: AttentionMetadata,
     scale: float,
+    route: CpuRoute | None = None,
 ) -> torch.Tensor:
     """q: [T, heads, d]; k, v: [T, kv_heads, d]; kv_cache: [2, slots, kv_heads, d] or None.
 
-    Returns [T, heads * d].
+    Returns [T, heads * d]. Rows after the last sequence (bucket padding) never reach the
+    cache and come out as zeros.
     """
+    n = real_rows(meta)
     if kv_cache is not None and meta.slot_mapping is not None:
-        kv_cache[0].index_copy_(0, meta.slot_mapping, k)
-        kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+        write_kv(kv_cache, meta.slot_mapping, k, v, n)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+    out[n:] = 0
     for s in meta.seqs:
         rows = slice(s.q_start, s.q_start + s.q_len)
         if not meta.causal:  # an encoder: whole sequences, every token sees every token
@@ -187,12 +176,13 @@ def paged_attention(
             )
             out[rows] = o.squeeze(0).transpose(0, 1).flatten(1)
         elif s.kv_slots is None:
-            out[rows] = causal_attention(q[rows], k[rows].transpose(0, 1), v[rows].transpose(0, 1), scale)
+            keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
+            out[rows] = causal_attention(q[rows], keys, values, scale, route)
         else:  # the cache already holds this chunk's K/V (written above) after its context
             assert kv_cache is not None, "a chunk with cached context needs the KV cache"
             keys = kv_cache[0].index_select(0, s.kv_slots).transpose(0, 1)
             values = kv_cache[1].index_select(0, s.kv_slots).transpose(0, 1)
-            out[rows] = causal_attention(q[rows], keys, values, scale)
+            out[rows] = causal_attention(q[rows], keys, values, scale, route)
     return out
 
 
