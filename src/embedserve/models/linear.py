@@ -24,7 +24,6 @@ and a contiguous result for the down projection (the MLP 2-6% faster at 2,048 ro
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import cache
 
@@ -149,11 +148,6 @@ class SiluGateUp(Linear):
         self.up = nn.Parameter(_pack(plain[n:].contiguous()), requires_grad=False)
         self.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
         return True
-
-
-def prepack_enabled() -> bool:
-    """Engines pack their CPU weights unless EMBEDSERVE_PREPACK=0 (for A/B runs)."""
-    return os.environ.get("EMBEDSERVE_PREPACK", "1") != "0"
 
 
 def prepack(model: nn.Module, after_each: Callable[[], object] | None = None) -> int:

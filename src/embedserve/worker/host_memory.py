@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 from collections.abc import Callable
 from functools import cache
+
+from embedserve.settings import settings
 
 # mallopt's parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -53,7 +54,7 @@ def keep_freed_heap() -> bool:
     """Make the process's C heap keep freed memory for reuse (process-wide, once): large
     blocks from the heap instead of an mmap each, no trim of the heap's top on free. True if
     the C library took both settings; EMBEDSERVE_HEAP_REUSE=0 leaves the defaults."""
-    if os.environ.get("EMBEDSERVE_HEAP_REUSE", "1") == "0":
+    if not settings().heap_reuse:
         return False
     mallopt = _libc_function("mallopt", (ctypes.c_int, ctypes.c_int))
     if mallopt is None:
