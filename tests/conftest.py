@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from embedserve.settings import settings
 from tests.helpers.tiny_models import build_decoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,6 +26,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     flash_attention.available(torch.float32)
     flash_attention.available(torch.bfloat16)
     norm_rope.available()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings() -> Iterator[None]:
+    """Settings are read once per process: forget them around each test so an env var a test
+    sets with monkeypatch takes effect (and does not leak into the next test)."""
+    settings.cache_clear()
+    yield
+    settings.cache_clear()
 
 
 @pytest.fixture(scope="session")

@@ -34,3 +34,7 @@ class EngineDeadError(EmbedServeError):
 
 class InternalEngineError(EmbedServeError):
     """An invariant broke while computing a request: never returned as a vector (HTTP 500)."""
+
+
+class SettingsError(EmbedServeError, ValueError):
+    """An environment switch holds a value it does not accept (the message names both)."""

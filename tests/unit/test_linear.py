@@ -13,6 +13,7 @@ from embedserve import Engine
 from embedserve.engine.builder import build_engine
 from embedserve.models import linear
 from embedserve.models.linear import Linear, SiluGateUp, prepack
+from embedserve.settings import settings
 from tests.helpers.reference import random_ids
 
 FP32_OK = linear.onednn_available(torch.float32)
@@ -203,6 +204,7 @@ def test_cpu_engines_pack_every_projection_and_vectors_do_not_change(
     vectors = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("EMBEDSERVE_PREPACK", flag)
+        settings.cache_clear()  # read once per process: re-read for the second engine
         parts = build_engine(qwen3_dir, dtype=dtype, max_num_batched_tokens=128, kv_cache_memory=1 << 22)
         packed = _packed(parts.core.runner.model)
         assert packed and all(p == (flag == "1") for p in packed)

@@ -14,9 +14,10 @@ from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager, blocks_for
 from embedserve.models.build import build_model, open_model
 from embedserve.models.decoder import DecoderModel
-from embedserve.models.linear import prepack, prepack_enabled
+from embedserve.models.linear import prepack
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.scheduler.scheduler import Scheduler
+from embedserve.settings import settings
 from embedserve.tokenizer import Tokenizer
 from embedserve.worker.bucketed_runner import BucketedModelRunner
 from embedserve.worker.buckets import token_buckets as bucket_sizes
@@ -137,7 +138,7 @@ def build_engine(
                 f"kv_cache_memory={kv_cache_memory} bytes is smaller than one KV block ({per_block} bytes)"
             )
     model = build_model(files, dev, torch_dtype, attention)
-    if dev.type == "cpu" and prepack_enabled():
+    if dev.type == "cpu" and settings().prepack:  # EMBEDSERVE_PREPACK=0: plain weights (A/B runs)
         prepack(model, release_free_heap)  # weights packed once for oneDNN's matmuls
     if gpu_memory_utilization is not None:
         util = gpu_memory_utilization

@@ -104,7 +104,22 @@ class Engine:
         priority: str = "online",
         truncate: str = "error",
     ) -> tuple[list[Future[Finished]], list[Tokenized]]:
-        """Validate everything first (all or nothing), then queue every input."""
+        """Validate every input first (all or nothing, InvalidInputError naming the first bad
+        one), then queue each; returns one future per input and the inputs as tokenized.
+
+        `inputs`: a string, a list of strings, or a list of token-id lists. The options, the
+        same for every `embed*` method:
+
+        - `prompt_name`: a prompt of the model's table (`config_sentence_transformers.json`),
+          e.g. "query"; `prompt`: literal text put before each input instead (not both).
+          Neither: the model's default prompt, if any. Token-id inputs take no prompt (pass
+          `prompt=""` where the model has a default one).
+        - `dimensions`: keep the first `dimensions` values (Matryoshka), then normalize.
+        - `normalize`: L2-normalize the vector; None is the model's pooling config.
+        - `priority`: "online" (latency) or "batch" (throughput; yields to online work).
+        - `truncate`: "error" (an input over the model's limit is refused), "end" or "start"
+          (cut that end of the text, keeping the EOS token).
+        """
         self.check_dimensions(dimensions)
         _parse_priority(priority)
         tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
@@ -120,11 +135,31 @@ class Engine:
         normalize: bool | None = None,
         priority: str = "online",
     ) -> list[Future[Finished]]:
-        """Queue inputs that `tokenize()` already produced (a server counts tokens first)."""
+        """Queue inputs that `tokenize()` already produced (a server counts tokens first);
+        options as `submit`."""
         return self._loop.submit(self._requests(tokenized, dimensions, normalize, priority))
 
-    def embed_outputs(self, inputs: Inputs, **kwargs: Any) -> list[EmbeddingOutput]:
-        futures, tokenized = self.submit(inputs, **kwargs)
+    def embed_outputs(
+        self,
+        inputs: Inputs,
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+        truncate: str = "error",
+    ) -> list[EmbeddingOutput]:
+        """`embed` with each vector's token count, truncation and timings; options as `submit`."""
+        futures, tokenized = self.submit(
+            inputs,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            dimensions=dimensions,
+            normalize=normalize,
+            priority=priority,
+            truncate=truncate,
+        )
         try:
             return [_output(f.result(), t) for f, t in zip(futures, tokenized, strict=True)]
         except BaseException:
@@ -132,20 +167,89 @@ class Engine:
                 f.cancel()
             raise
 
-    def embed(self, inputs: Inputs, **kwargs: Any) -> np.ndarray:
-        """Embed strings or token-id lists; returns float32 [len(inputs), dim] in input order."""
-        return np.stack([o.embedding for o in self.embed_outputs(inputs, **kwargs)])
+    def embed(
+        self,
+        inputs: Inputs,
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+        truncate: str = "error",
+    ) -> np.ndarray:
+        """Embed strings or token-id lists; returns float32 [len(inputs), dim] in input order.
+        Options as `submit`."""
+        outputs = self.embed_outputs(
+            inputs,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            dimensions=dimensions,
+            normalize=normalize,
+            priority=priority,
+            truncate=truncate,
+        )
+        return np.stack([o.embedding for o in outputs])
 
-    async def embed_outputs_async(self, inputs: Inputs, **kwargs: Any) -> list[EmbeddingOutput]:
-        futures, tokenized = self.submit(inputs, **kwargs)
+    async def embed_outputs_async(
+        self,
+        inputs: Inputs,
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+        truncate: str = "error",
+    ) -> list[EmbeddingOutput]:
+        """`embed_outputs`, awaited (cancelling it frees the queued inputs); options as `submit`."""
+        futures, tokenized = self.submit(
+            inputs,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            dimensions=dimensions,
+            normalize=normalize,
+            priority=priority,
+            truncate=truncate,
+        )
         return await _gather(futures, tokenized)
 
-    async def embed_tokenized_async(self, tokenized: list[Tokenized], **kwargs: Any) -> list[EmbeddingOutput]:
-        """`submit_tokenized`, awaited; options as there (dimensions, normalize, priority)."""
-        return await _gather(self.submit_tokenized(tokenized, **kwargs), tokenized)
+    async def embed_tokenized_async(
+        self,
+        tokenized: list[Tokenized],
+        *,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+    ) -> list[EmbeddingOutput]:
+        """`submit_tokenized`, awaited; options as `submit` (those after tokenizing)."""
+        futures = self.submit_tokenized(
+            tokenized, dimensions=dimensions, normalize=normalize, priority=priority
+        )
+        return await _gather(futures, tokenized)
 
-    async def embed_async(self, inputs: Inputs, **kwargs: Any) -> np.ndarray:
-        return np.stack([o.embedding for o in await self.embed_outputs_async(inputs, **kwargs)])
+    async def embed_async(
+        self,
+        inputs: Inputs,
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+        truncate: str = "error",
+    ) -> np.ndarray:
+        """`embed`, awaited; options as `submit`."""
+        outputs = await self.embed_outputs_async(
+            inputs,
+            prompt_name=prompt_name,
+            prompt=prompt,
+            dimensions=dimensions,
+            normalize=normalize,
+            priority=priority,
+            truncate=truncate,
+        )
+        return np.stack([o.embedding for o in outputs])
 
     # ---- introspection and lifecycle -------------------------------------------------------
 

@@ -10,7 +10,7 @@ parallel CPU op of the model, from loading and the kernels' self-checks to servi
 thread that starts OpenMP work keeps a pool of OpenMP threads; with a second pool alive (the
 loading thread's) GNU OpenMP manages more threads than there are cores and stops spinning
 between parallel regions: the idle thread sleeps and waits to be woken at every op, and the
-compute threads stood idle ~5% of each unit on 2 cores (docs/performance.md).
+compute threads stand idle part of each unit (docs/performance.md, 'One OpenMP pool').
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """float32 and bfloat16 causal attention on the CPU through the native flash kernel
 (flash_attention.cpp).
 
-PyTorch's CPU flash kernel computes its blocks with MKL's sgemm (half speed on AMD Zen) and
-reads each KV head once per query head; the native kernel runs the same online-softmax
-algorithm on oneDNN's brgemm with a KV head's query heads as rows of one tile. bf16 inputs
-give fp32 scores, softmax and accumulation (bf16 probabilities into the second matmul). It
-is used only after it matched a float64 reference on this machine (`available(dtype)`);
-elsewhere the caller keeps its PyTorch route.
+PyTorch's CPU flash kernel computes its blocks with MKL's sgemm (slow on AMD Zen) and reads
+each KV head once per query head (docs/performance.md, 'fp32 attention: native flash
+kernel'); the native kernel runs the same online-softmax algorithm on oneDNN's brgemm with a
+KV head's query heads as rows of one tile. bf16 inputs give fp32 scores, softmax and
+accumulation (bf16 probabilities into the second matmul). It is used only after it matched a
+float64 reference on this machine (`available(dtype)`); elsewhere the caller keeps its
+PyTorch route.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from embedserve.settings import settings
+
 log = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).parent
@@ -34,13 +36,8 @@ _FLAGS = ("-O3", "-march=native", "-DNDEBUG", "-std=c++17", "-shared", "-fPIC", 
 BUILD_TIMEOUT_S = 300
 
 
-def enabled() -> bool:
-    return os.environ.get("EMBEDSERVE_NATIVE_KERNELS", "1") != "0"
-
-
 def cache_dir() -> Path:
-    env = os.environ.get("EMBEDSERVE_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "embedserve" / "kernels"
+    return settings().kernel_cache or Path.home() / ".cache" / "embedserve" / "kernels"
 
 
 def _cpu_identity() -> str:
@@ -85,9 +82,9 @@ def _key(compiler: str, source: Path) -> str:
 def compiler() -> str | None:
     """The C++ compiler kernels are built with ($CXX, else g++ or c++ on PATH); None where
     native kernels are off or not supported (Linux only)."""
-    if not enabled() or platform.system() != "Linux":
+    if not settings().native_kernels or platform.system() != "Linux":
         return None
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")  # CXX may hold flags
+    return settings().cxx or shutil.which("g++") or shutil.which("c++")  # CXX may hold flags
 
 
 def _build(compiler: str, source: Path, target: Path) -> None:

@@ -1,16 +1,16 @@
 """`Linear` whose CPU matmuls run on oneDNN, with the weight packed once for it.
 
-Two measured reasons, both on the AMD EPYC (Zen 4) boxes this project runs on:
+Two reasons, both measured on the AMD EPYC (Zen 4) boxes this project runs on (the numbers:
+docs/performance.md, 'float32 linears on oneDNN' and 'Weights packed once for oneDNN'):
 
-- float32: torch's `F.linear` sends float32 on the CPU to MKL's sgemm, about 190 GFLOP/s on
-  the model's projection shapes; oneDNN's float32 matmul (the library torch already uses for
-  bf16, and vLLM's CPU backend calls) ran the same shapes about 2x faster.
+- float32: torch's `F.linear` sends float32 on the CPU to MKL's sgemm, slow on AMD CPUs;
+  oneDNN's float32 matmul (the library torch already uses for bf16, and vLLM's CPU backend
+  calls) runs the model's projection shapes much faster.
 - packing: given a plain [out, in] weight, oneDNN reorders it into its blocked layout inside
   every call. `prepack()` does that once and keeps the packed tensor as the only copy of the
-  weight (an opaque `torch._mkldnn` tensor, the same bytes). At the 0.6B model's shapes the
-  same matmul then ran 1.7-2.7x (bf16) and 1.1-2.0x (fp32) faster at 1-8 rows (short queries,
-  the pooled rows of the last layer) and 0-5% faster at 512-2,048 rows
-  (`benchmarks/packed_linear.py`).
+  weight (an opaque `torch._mkldnn` tensor, the same bytes). The reorder is most of a call at
+  a few rows (short queries, the pooled rows of the last layer) and little of one at
+  thousands (`benchmarks/packed_linear.py`).
 
 Same arithmetic, different kernels: each dtype's path is checked once against `F.linear`
 (plain and packed weight, 1 and 7 rows), and a mismatch or a missing op keeps `F.linear`.
@@ -19,12 +19,11 @@ Other dtypes and devices always keep `F.linear`.
 `SiluGateUp` is the gated MLP's input projection, silu(x G^T) * (x U^T) from one fused
 [gate; up] weight. Packed, it runs as two oneDNN matmuls whose epilogues apply silu and the
 product on the accumulators: no [T, 2 * intermediate] output, no separate elementwise passes,
-and a contiguous result for the down projection (the MLP 2-6% faster at 2,048 rows).
+and a contiguous result for the down projection.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import cache
 
@@ -36,8 +35,8 @@ _POINTWISE = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _BINARY = getattr(_POINTWISE, "binary", None)  # (x W^T + b) <op> other, fused
 _REORDER = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
 _DTYPES = (torch.float32, torch.bfloat16)
-# The row count oneDNN chooses the packed layout for. Layouts chosen for 64, 512 and 2,048
-# rows ran every count from 1 to 2,048 within 2-5% of each other, so one hint serves all steps.
+# The row count oneDNN chooses the packed layout for. Layouts chosen for other counts ran no
+# step size faster (docs/performance.md, 'Weights packed once'), so one hint serves all steps.
 PACK_ROWS = 512
 
 
@@ -151,15 +150,11 @@ class SiluGateUp(Linear):
         return True
 
 
-def prepack_enabled() -> bool:
-    """Engines pack their CPU weights unless EMBEDSERVE_PREPACK=0 (for A/B runs)."""
-    return os.environ.get("EMBEDSERVE_PREPACK", "1") != "0"
-
-
 def prepack(model: nn.Module, after_each: Callable[[], object] | None = None) -> int:
     """Pack every `Linear` weight of a finished CPU model for oneDNN; returns how many.
     `after_each` runs after each weight is replaced: the engine returns the freed plain copy
-    to the OS there (packing 0.6B bf16 weights peaked at +198 MB without, +24 MB with)."""
+    to the OS there, so the plain copies do not pile up in the heap while packing
+    (docs/performance.md, 'Weights packed once for oneDNN')."""
     packed = 0
     for m in model.modules():
         if isinstance(m, Linear) and m.prepack():

@@ -3,10 +3,10 @@ back to the OS when a long prompt ends or the engine goes idle.
 
 glibc's defaults suit short-lived allocations badly here. A block of at least 32 MB (a
 2,048-row unit's QKV or gate/up output) gets its own mmap, unmapped when freed, so the next
-unit's block faults in again page by page (the kernel zeroes each one): about 55,000 page
-faults per layer of a 4K prompt, 7% of the CPU time in the kernel. Smaller blocks come from
-the heap, which free() trims from the top. `keep_freed_heap` turns both off, so a unit reuses
-the pages the previous one freed.
+unit's block faults in again page by page (the kernel zeroes each one): tens of thousands of
+page faults per layer of a 4K prompt (docs/performance.md, 'The C heap kept for reuse').
+Smaller blocks come from the heap, which free() trims from the top. `keep_freed_heap` turns
+both off, so a unit reuses the pages the previous one freed.
 
 A long prompt allocates activations of many sizes; glibc keeps what they freed inside its
 arenas, and holes of odd sizes pile up. `malloc_trim(0)` returns every free page of every
@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 from collections.abc import Callable
 from functools import cache
+
+from embedserve.settings import settings
 
 # mallopt's parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -53,7 +54,7 @@ def keep_freed_heap() -> bool:
     """Make the process's C heap keep freed memory for reuse (process-wide, once): large
     blocks from the heap instead of an mmap each, no trim of the heap's top on free. True if
     the C library took both settings; EMBEDSERVE_HEAP_REUSE=0 leaves the defaults."""
-    if os.environ.get("EMBEDSERVE_HEAP_REUSE", "1") == "0":
+    if not settings().heap_reuse:
         return False
     mallopt = _libc_function("mallopt", (ctypes.c_int, ctypes.c_int))
     if mallopt is None:
