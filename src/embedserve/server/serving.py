@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from embedserve.bench.stats import bucket_of
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.errors import EngineDeadError, InternalEngineError, InvalidInputError
+from embedserve.lengths import bucket_of
 from embedserve.server.admission import Admission
 from embedserve.server.metadata import ModelMetadata
 from embedserve.server.metrics import ServerMetrics
