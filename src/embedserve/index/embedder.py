@@ -88,7 +88,7 @@ class EngineEmbedder:
     ) -> None:
         engine.check_dimensions(dimensions)
         self.engine = engine
-        from embedserve.server.metadata import ModelMetadata, fingerprint_model_dir
+        from embedserve.schema import ModelMetadata, fingerprint_model_dir
 
         metadata = ModelMetadata.from_engine_config(
             engine.config, name, model_version, fingerprint_model_dir(engine.config.model_path)

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.errors import EngineDeadError, InternalEngineError, InvalidInputError
 from embedserve.lengths import bucket_of
+from embedserve.schema import ModelMetadata
 from embedserve.server.admission import Admission
-from embedserve.server.metadata import ModelMetadata
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.protocol import ApiError, EmbeddingRequest, encode_vector
 from embedserve.tokenizer import Tokenized
