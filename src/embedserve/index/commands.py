@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from embedserve.cli import engine_kwargs
+from embedserve.engine.options import engine_kwargs
 from embedserve.index.chunking import Chunker
 from embedserve.index.documents import read_documents
 from embedserve.index.embedder import Embedder, EmbedderSpec
