@@ -23,7 +23,7 @@ from embedserve import Engine
 from embedserve.cli import main
 from embedserve.index.chunking import Chunker
 from embedserve.index.documents import read_documents
-from embedserve.index.embedder import EngineEmbedder
+from embedserve.index.engine_embedder import EngineEmbedder
 from embedserve.index.pipeline import chunk_id
 from embedserve.index.store import LIVE, Store
 from tests.helpers import cranfield

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from embedserve import Engine
-from embedserve.index.embedder import EngineEmbedder
+from embedserve.index.engine_embedder import EngineEmbedder
 from embedserve.index.http_embedder import HttpEmbedder
 from embedserve.index.search import search
 from embedserve.index.store import LIVE, Store

@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from embedserve.bench.inputs import TextMaker, draw_mix_lengths, parse_lengths, parse_mix
-from embedserve.bench.stats import bucket_of
 from embedserve.errors import InvalidInputError
+from embedserve.lengths import bucket_of
 
 DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 

@@ -13,7 +13,7 @@ import pytest
 
 from embedserve.bench.report import COLUMNS
 from embedserve.bench.runner import Cell, CellResult, Group, _record_failure
-from embedserve.bench.targets import parse_target
+from embedserve.bench.target import parse_target
 from embedserve.cli import main
 
 

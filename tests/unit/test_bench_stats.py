@@ -11,8 +11,6 @@ from embedserve.bench.interference import DOCS, FLOOD, IDLE, interference_stats
 from embedserve.bench.stats import (
     ALL,
     Sample,
-    bucket_of,
-    bucket_range,
     bucket_stats,
     per_bucket,
     percentile,
@@ -20,6 +18,7 @@ from embedserve.bench.stats import (
     samples_json,
 )
 from embedserve.errors import InvalidInputError
+from embedserve.lengths import bucket_of, bucket_range
 
 
 @pytest.mark.parametrize(
@@ -33,7 +32,7 @@ from embedserve.errors import InvalidInputError
         (8192, "4K-8K"),
         (8193, "8K-16K"),
         (16384, "8K-16K"),
-        (16385, ">16K"),
+        (16385, "16K+"),
     ],
 )
 def test_bucket_boundaries_are_inclusive_on_the_upper_end(tokens: int, bucket: str) -> None:

@@ -12,7 +12,8 @@ import torch
 
 from embedserve.bench.baselines import Encode, FifoBatcher, pool_padded
 from embedserve.bench.http_target import HttpSession
-from embedserve.bench.targets import parse_target
+from embedserve.bench.target import parse_target
+from embedserve.bench.targets import open_target
 from embedserve.config import PoolingMethod
 from embedserve.errors import InvalidInputError
 
@@ -76,7 +77,7 @@ def test_padded_pooling_reads_the_right_rows_for_either_padding_side() -> None:
 def test_engine_target_opens_with_every_option_typed(qwen3_dir: Path) -> None:
     spec = parse_target(f"engine:{qwen3_dir}?dtype=bfloat16&max_num_seqs=3&layer_major_tokens=0&name=e")
     assert spec.typed_options() == {"dtype": "bfloat16", "max_num_seqs": 3, "layer_major_tokens": 0}
-    session = spec.open(token_budget=128)
+    session = open_target(spec, token_budget=128)
     cfg = session.engine.config  # type: ignore[attr-defined]
     try:
         assert (cfg.dtype, cfg.scheduler.max_num_seqs) == (torch.bfloat16, 3)
@@ -98,7 +99,7 @@ def test_the_baseline_loads_its_model_on_the_thread_that_encodes(qwen3_dir: Path
     spec = parse_target(f"hf:{qwen3_dir}")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(transformers.AutoModel, "from_pretrained", recorded_load)
-        session = spec.open(token_budget=None)
+        session = open_target(spec, token_budget=None)
     assert isinstance(session, FifoBatcher)
     try:
         reply = asyncio.run(session.embed("hello there", "online"))

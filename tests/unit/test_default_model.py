@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from embedserve.cli import add_engine_options
+from embedserve.engine.options import add_engine_options
 from embedserve.errors import ModelLoadError
 from embedserve.models import default_model_path
 from embedserve.models.default import DEFAULT_MODEL_NAME, WEIGHTS_SHA256, verified_model_dir

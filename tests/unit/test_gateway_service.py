@@ -11,12 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
+from embedserve.api.protocol import ApiError, EmbeddingRequest
 from embedserve.gateway.config import GatewayConfig, parse_config
 from embedserve.gateway.counting import TokenCounter
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.service import POOLS_HEADER, GatewayService
 from embedserve.gateway.upstreams import UpstreamSet
-from embedserve.server.protocol import ApiError, EmbeddingRequest
 from tests.helpers.server_process import words
 
 SHORT, LONG, SHORT2 = "http://short:1", "http://long:2", "http://short2:3"

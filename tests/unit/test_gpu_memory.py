@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from embedserve.cli import build_parser, engine_kwargs
+from embedserve.cli import build_parser
 from embedserve.config import SchedulerConfig
 from embedserve.engine.builder import build_engine
+from embedserve.engine.options import engine_kwargs
 from embedserve.errors import ModelLoadError
 from embedserve.models.build import build_model, open_model
 from embedserve.worker.gpu_memory import (

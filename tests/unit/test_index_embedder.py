@@ -10,8 +10,8 @@ import pytest
 
 from embedserve import Engine
 from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.index.embedder import EngineEmbedder
-from embedserve.server.metadata import ModelMetadata, fingerprint_model_dir
+from embedserve.index.engine_embedder import EngineEmbedder
+from embedserve.schema import ModelMetadata, fingerprint_model_dir
 
 MAX_LEN = 64
 

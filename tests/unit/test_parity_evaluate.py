@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from embedserve.lengths import bucket_of
 from embedserve.parity.datasets import Dataset
-from embedserve.parity.evaluate import Vectors, bucket_of, evaluate
+from embedserve.parity.evaluate import Vectors, evaluate
 
 
 def test_bucket_edges() -> None:

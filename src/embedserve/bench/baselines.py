@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embedserve.bench.targets import Reply, TargetSpec
+from embedserve.bench.target import Reply, TargetSpec
 from embedserve.config import PoolingMethod, parse_dtype
 from embedserve.engine.loop import start_thread
 from embedserve.models.loader import read_model_dir

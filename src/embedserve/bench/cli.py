@@ -84,7 +84,7 @@ def register(sub: Any) -> None:
 def config_from_args(args: argparse.Namespace) -> Any:
     from embedserve.bench.config import BenchConfig
     from embedserve.bench.inputs import parse_mix
-    from embedserve.bench.targets import parse_target
+    from embedserve.bench.target import parse_target
 
     if args.requests < 1:
         raise InvalidInputError(f"--requests must be positive, got {args.requests}")

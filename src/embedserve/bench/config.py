@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedserve.bench.targets import TargetSpec
+from embedserve.bench.target import TargetSpec
 from embedserve.errors import InvalidInputError
 
 SCENARIOS = ("matrix", "interference")

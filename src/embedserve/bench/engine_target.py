@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from embedserve.bench.targets import Reply, TargetSpec
+from embedserve.bench.target import Reply, TargetSpec
 from embedserve.engine.engine import Engine
 
 

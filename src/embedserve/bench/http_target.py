@@ -13,7 +13,7 @@ import math
 import httpx
 import numpy as np
 
-from embedserve.bench.targets import Reply, TargetSpec
+from embedserve.bench.target import Reply, TargetSpec
 
 
 class TargetError(RuntimeError):

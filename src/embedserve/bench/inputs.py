@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
-from embedserve.bench.stats import BUCKET_NAMES, bucket_range
 from embedserve.errors import InvalidInputError
+from embedserve.lengths import BUCKET_NAMES, bucket_range
 
 MIX = "mix"
 _WORD = re.compile(r"^[a-z]{3,10}$")

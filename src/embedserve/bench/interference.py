@@ -14,8 +14,9 @@ from typing import Any
 
 from embedserve.bench.load import Flood, open_loop
 from embedserve.bench.memory import PeakMemory
-from embedserve.bench.stats import BucketStats, Sample, bucket_of, bucket_stats, per_bucket, samples_json
-from embedserve.bench.targets import Session
+from embedserve.bench.stats import BucketStats, Sample, bucket_stats, per_bucket, samples_json
+from embedserve.bench.target import Session
+from embedserve.lengths import bucket_of
 
 IDLE, FLOOD, DOCS = "interference-idle", "interference-flood", "interference-docs"
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from embedserve.bench.stats import Sample
-from embedserve.bench.targets import Session
+from embedserve.bench.target import Session
 
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from embedserve.bench.interference import DOCS, FLOOD, IDLE
-from embedserve.bench.stats import ALL, BUCKET_NAMES
+from embedserve.bench.stats import ALL
+from embedserve.lengths import BUCKET_NAMES
 
 NA = "n/a"
 

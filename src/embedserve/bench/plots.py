@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from embedserve.bench.interference import FLOOD, IDLE
-from embedserve.bench.stats import ALL, BUCKET_NAMES
+from embedserve.bench.stats import ALL
+from embedserve.lengths import BUCKET_NAMES
 
 NA = "n/a"
 

@@ -18,7 +18,8 @@ from embedserve.bench.config import BenchConfig
 from embedserve.bench.inputs import MIX, Workload
 from embedserve.bench.interference import DOCS, FLOOD, IDLE, interference_stats
 from embedserve.bench.runner import Cell, CellResult, Group
-from embedserve.bench.stats import ALL, BucketStats, bucket_of, per_bucket, samples_from_json
+from embedserve.bench.stats import ALL, BucketStats, per_bucket, samples_from_json
+from embedserve.lengths import bucket_of
 
 NA = "n/a"
 COLUMNS = [

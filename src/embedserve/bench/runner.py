@@ -27,7 +27,7 @@ import numpy as np
 from embedserve.bench.config import BenchConfig
 from embedserve.bench.inputs import MIX, TextMaker, Workload, draw_mix_lengths
 from embedserve.bench.stats import Sample, samples_from_json
-from embedserve.bench.targets import TargetSpec
+from embedserve.bench.target import TargetSpec
 from embedserve.bench.worker import PREFIX
 
 SHORT, FLOOD = "short", "flood"

@@ -1,8 +1,7 @@
-"""Length buckets and the per-bucket statistics of one cell.
+"""Percentiles and the per-bucket statistics of one cell.
 
-Buckets are half-open on the left: a request of n tokens falls in the bucket with lo < n <= hi,
-so 1024 is "0-1K" and 1025 is "1K-4K". Short and long requests are never averaged together:
-every statistic below is computed per bucket (plus an "all" row for mixed cells).
+Short and long requests are never averaged together: every statistic below is computed per
+length bucket (`embedserve.lengths`) plus an "all" row for mixed cells.
 """
 
 from __future__ import annotations
@@ -12,35 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from embedserve.errors import InvalidInputError
+from embedserve.lengths import BUCKET_NAMES, bucket_of
 
-# (name, lo, hi): tokens in (lo, hi]. ">16K" only exists so 32K-context models are not rejected.
-BUCKETS: tuple[tuple[str, int, int], ...] = (
-    ("0-1K", 0, 1024),
-    ("1K-4K", 1024, 4096),
-    ("4K-8K", 4096, 8192),
-    ("8K-16K", 8192, 16384),
-    (">16K", 16384, 1 << 40),
-)
-BUCKET_NAMES = tuple(name for name, _, _ in BUCKETS)
 ALL = "all"
-
-
-def bucket_of(num_tokens: int) -> str:
-    if num_tokens < 1:
-        raise InvalidInputError(f"a request has at least one token, got {num_tokens}")
-    for name, lo, hi in BUCKETS:
-        if lo < num_tokens <= hi:
-            return name
-    raise AssertionError("unreachable: the last bucket is unbounded")
-
-
-def bucket_range(name: str) -> tuple[int, int]:
-    """(lo, hi] token range of a bucket name such as "1K-4K"."""
-    for n, lo, hi in BUCKETS:
-        if n == name:
-            return lo, hi
-    raise InvalidInputError(f"unknown length bucket {name!r}; known: {', '.join(BUCKET_NAMES)}")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

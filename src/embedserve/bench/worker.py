@@ -21,7 +21,8 @@ from embedserve.bench.interference import run_interference
 from embedserve.bench.load import closed_loop, describe, is_oom, timed
 from embedserve.bench.memory import PeakMemory
 from embedserve.bench.stats import Sample, samples_json
-from embedserve.bench.targets import Session, parse_target
+from embedserve.bench.target import Session, parse_target
+from embedserve.bench.targets import open_target
 
 PREFIX = "@@bench "
 
@@ -74,7 +75,7 @@ async def run_job(job: dict[str, Any]) -> None:
         torch.set_num_threads(job["threads"])
     t0 = time.perf_counter()
     try:
-        session = spec.open(job["token_budget"])
+        session = open_target(spec, job["token_budget"])
     except Exception as e:
         emit("open_failed", error=describe(e), oom=is_oom(e))
         return

@@ -12,18 +12,19 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from embedserve.gateway.config import TRAFFIC_CLASSES
-from embedserve.gateway.service import GatewayService
-from embedserve.server.http import (
+from embedserve.api.http import (
     CLIENT_CLOSED,
     EMBEDDINGS_PATH,
+    ClientGone,
     api_error_handler,
     disconnect_waiter,
     http_error_handler,
     read_body,
+    unless_disconnected,
 )
-from embedserve.server.protocol import ApiError, parse_request
-from embedserve.server.serving import ClientGone, unless_disconnected
+from embedserve.api.protocol import ApiError, parse_request
+from embedserve.gateway.config import TRAFFIC_CLASSES
+from embedserve.gateway.service import GatewayService
 
 log = logging.getLogger(__name__)
 

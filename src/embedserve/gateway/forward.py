@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
+from embedserve.api.protocol import ApiError
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.upstreams import Pool, Upstream, UpstreamSet
-from embedserve.server.protocol import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
+from embedserve.api.protocol import ApiError, EmbeddingRequest
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.gateway.config import GatewayConfig
 from embedserve.gateway.counting import TokenCounter
@@ -22,7 +23,6 @@ from embedserve.gateway.forward import Forwarder, Part, PartResult
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.routing import NoPoolAvailable, group_placements, place_inputs
 from embedserve.gateway.upstreams import UpstreamSet
-from embedserve.server.protocol import ApiError, EmbeddingRequest
 
 log = logging.getLogger(__name__)
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from embedserve.cli import add_engine_options
+from embedserve.engine.options import add_engine_options, positive_int
 from embedserve.index.store import LIVE, PREVIOUS, SHADOW
 from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
-from embedserve.server.cli import positive_int
 
 DEFAULT_STORE = "./embedserve.db"
 

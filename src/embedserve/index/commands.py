@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from embedserve.cli import engine_kwargs
+from embedserve.engine.options import engine_kwargs
 from embedserve.index.chunking import Chunker
 from embedserve.index.documents import read_documents
 from embedserve.index.embedder import Embedder, EmbedderSpec
+from embedserve.index.embedders import build_embedder
 from embedserve.index.errors import DocumentError, StoreError
 from embedserve.index.pipeline import IndexStats, chunk_tokens, index_documents
 from embedserve.index.store import Store
@@ -71,7 +72,7 @@ def opened_store(args: argparse.Namespace) -> Iterator[Store]:
 
 @contextlib.contextmanager
 def built(spec: EmbedderSpec) -> Iterator[Embedder]:
-    embedder = spec.build()
+    embedder = build_embedder(spec)
     try:
         yield embedder
     finally:

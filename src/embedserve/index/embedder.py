@@ -1,23 +1,20 @@
-"""Embedders: the in-process Engine, or any embedserve endpoint (server or gateway).
+"""The embedder contract: the Embedder protocol, the vector metadata it reports, how it sends
+each kind of input, and the EmbedderSpec that `index/embedders.py` builds one from.
 
-Both report the vector metadata every stored vector carries (model, model_version, dtype,
-backend_profile, embedding_schema). The in-process embedder computes it with the server's own
-function, so a vector indexed in-process and a query embedded by `embedserve serve` over the
-same model files share a schema, and any difference in the vector space does not.
+Every embedder (in-process engine, `index/engine_embedder.py`; an embedserve server or gateway,
+`index/http_embedder.py`) reports the metadata every stored vector carries (model,
+model_version, dtype, backend_profile, embedding_schema).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from embedserve.tokenizer import Tokenizer
-
-if TYPE_CHECKING:  # torch loads only when a model runs here, not for endpoints or the store
-    from embedserve.engine.engine import Engine
 
 DOCUMENT_PROMPT, QUERY_PROMPT = "document", "query"
 
@@ -75,75 +72,6 @@ def pick_prompt(known: list[str] | dict[str, str], wanted: str, override: str | 
     return wanted if wanted in known else None
 
 
-class EngineEmbedder:
-    """The engine in this process; documents go in as batch-class traffic."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        name: str,
-        model_version: str | None = None,
-        dimensions: int | None = None,
-        query_prompt_name: str | None = None,
-    ) -> None:
-        engine.check_dimensions(dimensions)
-        self.engine = engine
-        from embedserve.server.metadata import ModelMetadata, fingerprint_model_dir
-
-        metadata = ModelMetadata.from_engine_config(
-            engine.config, name, model_version, fingerprint_model_dir(engine.config.model_path)
-        )
-        self.meta = VectorMeta(**metadata.fields(dimensions))
-        self.dimension = dimensions or engine.config.model.hidden_size
-        self.dimensions = dimensions
-        self.tokenizer: Tokenizer | None = engine.tokenizer
-        self.max_tokens: int | None = engine.config.scheduler.max_model_len
-        prompts = engine.config.prompts
-        self._docs = Traffic.documents(pick_prompt(prompts, DOCUMENT_PROMPT, None))
-        self._queries = Traffic.queries(pick_prompt(prompts, QUERY_PROMPT, query_prompt_name))
-        # The engine validates a prompt name only when it embeds: fail now, not mid-run.
-        engine.resolve_prompt(self._queries.prompt_name, None)
-
-    @classmethod
-    def load(
-        cls,
-        model: str | Path,
-        engine_kwargs: dict[str, Any],
-        name: str | None = None,
-        model_version: str | None = None,
-        dimensions: int | None = None,
-        query_prompt_name: str | None = None,
-    ) -> EngineEmbedder:
-        from embedserve.engine.engine import Engine
-
-        engine = Engine.from_pretrained(model, **engine_kwargs)
-        try:
-            return cls(engine, name or Path(model).name, model_version, dimensions, query_prompt_name)
-        except BaseException:
-            engine.close()
-            raise
-
-    def _embed(self, texts: list[str], traffic: Traffic) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        return self.engine.embed(
-            texts,
-            prompt_name=traffic.prompt_name,
-            dimensions=self.dimensions,
-            priority=traffic.priority,
-            truncate=traffic.truncate,
-        )
-
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
-        return self._embed(texts, self._docs)
-
-    def embed_queries(self, texts: list[str]) -> np.ndarray:
-        return self._embed(texts, self._queries)
-
-    def close(self) -> None:
-        self.engine.close()
-
-
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """A model directory's tokenizer.json (or that file itself), for chunking without an engine."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -160,7 +88,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 @dataclass(frozen=True)
 class EmbedderSpec:
-    """How to build an embedder: picklable, so Ray actors can build their own."""
+    """How to build an embedder (`embedders.build_embedder`): picklable, so Ray actors can build their own."""
 
     model: str | None = None
     engine_kwargs: dict[str, Any] | None = None
@@ -172,26 +100,3 @@ class EmbedderSpec:
     tokenizer: str | None = None  # for chunking with an endpoint
     dimensions: int | None = None
     query_prompt_name: str | None = None
-
-    def build(self) -> Embedder:
-        if self.endpoint is not None:
-            from embedserve.index.http_embedder import HttpEmbedder
-
-            return HttpEmbedder(
-                self.endpoint,
-                api_key=self.api_key,
-                model=self.endpoint_model,
-                dimensions=self.dimensions,
-                tokenizer=load_tokenizer(self.tokenizer) if self.tokenizer else None,
-                query_prompt_name=self.query_prompt_name,
-            )
-        if self.model is None:
-            raise ValueError("an embedder needs a model or an endpoint")
-        return EngineEmbedder.load(
-            self.model,
-            self.engine_kwargs or {},
-            self.name,
-            self.model_version,
-            self.dimensions,
-            self.query_prompt_name,
-        )

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from embedserve.index.chunking import Chunker
 from embedserve.index.documents import Document
 from embedserve.index.embedder import EmbedderSpec, VectorMeta
+from embedserve.index.embedders import build_embedder
 from embedserve.index.errors import SchemaMismatchError, StoreError
 from embedserve.index.pipeline import (
     Batch,
@@ -54,7 +55,7 @@ class Described:
 
 
 def _describe(spec: EmbedderSpec) -> Described:
-    embedder = spec.build()
+    embedder = build_embedder(spec)
     try:
         return Described(embedder.meta, embedder.dimension, embedder.max_tokens, embedder.tokenizer)
     finally:
@@ -67,7 +68,7 @@ class EmbedActor:
     def __init__(self, spec: EmbedderSpec, schema: str, stored: Any) -> None:
         import ray
 
-        self.embedder = spec.build()
+        self.embedder = build_embedder(spec)
         if self.embedder.meta.embedding_schema != schema:
             raise SchemaMismatchError(
                 "a Ray worker's embedder disagrees with the driver",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from embedserve.lengths import BUCKET_NAMES, bucket_of
 from embedserve.parity.datasets import Dataset
 from embedserve.parity.metrics import (
     cosine_rows,
@@ -20,21 +20,9 @@ from embedserve.parity.metrics import (
     retrieval_scores,
 )
 
-# Length buckets in model tokens (lo, hi]: never averaged together, overall reported apart.
-BUCKETS: list[tuple[str, int, float]] = [
-    ("0-1K", 0, 1024),
-    ("1K-4K", 1024, 4096),
-    ("4K-8K", 4096, 8192),
-    ("8K-16K", 8192, 16384),
-    ("16K+", 16384, math.inf),
-]
 OVERALL = "overall"
 TOP_K = 10
 SEARCH_DEPTH = 100  # deepest cut any metric reads (Recall@100)
-
-
-def bucket_of(num_tokens: int) -> str:
-    return next(name for name, lo, hi in BUCKETS if lo < num_tokens <= hi)
 
 
 @dataclass(frozen=True)
@@ -84,7 +72,7 @@ def evaluate(
     q_bucket = {q: bucket_of(n) for q, n in q_bucket_len.items()}
 
     out: dict[str, dict[str, Any]] = {}
-    for name in [b[0] for b in BUCKETS] + [OVERALL]:
+    for name in (*BUCKET_NAMES, OVERALL):
         mask = np.ones(len(lengths), bool) if name == OVERALL else text_bucket == name
         qids = [q for q in query_ids if name in (OVERALL, q_bucket[q])]
         if not mask.any() and not qids:

@@ -23,7 +23,8 @@ from typing import Any
 
 import yaml
 
-from embedserve.parity.evaluate import BUCKETS, OVERALL
+from embedserve.lengths import BUCKET_NAMES
+from embedserve.parity.evaluate import OVERALL
 from embedserve.parity.options import ParityError
 
 Thresholds = dict[str, dict[str, float]]
@@ -42,7 +43,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "preemption": ("cosine_min", "preemptions_min"),
 }
 BUILTIN_PROFILES: dict[str, dict[str, Any]] = {"multimodal": {"vector_cosine": {"p01": 0.995}}}
-BUCKET_NAMES = [b[0] for b in BUCKETS] + [OVERALL]
+SCOPES = (*BUCKET_NAMES, OVERALL)  # what a gate's `buckets:` may override
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,8 @@ def _split_level(raw: Any, where: str) -> tuple[Thresholds, dict[str, Thresholds
         raise ParityError(f"gate: {where}.buckets must be a mapping")
     buckets: dict[str, Thresholds] = {}
     for name, sections in buckets_raw.items():
-        if str(name) not in BUCKET_NAMES:
-            raise ParityError(f"gate: unknown bucket {name!r} in {where}; known: {', '.join(BUCKET_NAMES)}")
+        if str(name) not in SCOPES:
+            raise ParityError(f"gate: unknown bucket {name!r} in {where}; known: {', '.join(SCOPES)}")
         buckets[str(name)] = _sections(sections, f"{where}.buckets.{name}")
     return _sections(body, where), buckets
 
@@ -127,7 +128,7 @@ class Gate:
         else:
             p_base, p_buckets = {}, {}
         self.base = _merge(_merge(DEFAULTS, base), p_base)
-        self.buckets = {name: _merge(buckets.get(name, {}), p_buckets.get(name, {})) for name in BUCKET_NAMES}
+        self.buckets = {name: _merge(buckets.get(name, {}), p_buckets.get(name, {})) for name in SCOPES}
 
     @classmethod
     def load(cls, path: str | None, profile: str | None = None) -> Gate:
@@ -148,7 +149,7 @@ class Gate:
 
     def effective(self) -> dict[str, Any]:
         """Every threshold in force, per bucket (for the report)."""
-        overridden = {b: self.thresholds(b) for b in BUCKET_NAMES if self.buckets[b]}
+        overridden = {b: self.thresholds(b) for b in SCOPES if self.buckets[b]}
         return {"profile": self.profile, "default": self.base, "buckets": overridden}
 
     def check_bucket(self, scope: str, bucket: str, entry: dict[str, Any]) -> list[Check]:

@@ -16,18 +16,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from embedserve.server.http import (
+from embedserve.api.http import (
     CLIENT_CLOSED,
     EMBEDDINGS_PATH,
+    ClientGone,
     api_error_handler,
     disconnect_waiter,
     http_error_handler,
     read_body,
 )
+from embedserve.api.protocol import ApiError, parse_request
 from embedserve.server.metrics import ServerMetrics
-from embedserve.server.protocol import ApiError, parse_request
 from embedserve.server.runtime import ServerRuntime, ServerSettings
-from embedserve.server.serving import ClientGone, EmbeddingService
+from embedserve.server.serving import EmbeddingService
 
 log = logging.getLogger(__name__)
 

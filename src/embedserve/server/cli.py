@@ -9,23 +9,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from embedserve.cli import add_engine_options, engine_kwargs
+from embedserve.engine.options import add_engine_options, engine_kwargs, positive_int
 
 if TYPE_CHECKING:
     from embedserve.server.runtime import ServerSettings
 
 API_KEY_ENV = "EMBEDSERVE_API_KEY"
-
-
-def positive_int(text: str) -> int:
-    """argparse `type=` for counts and sizes: an integer >= 1, or a clear parser error."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
 
 
 def _lengths(text: str) -> tuple[int, ...]:

@@ -40,7 +40,7 @@ class ServerMetrics:
         self.inference_time = seconds(
             "embedserve_inference_seconds", "Time from an input's first engine step to its vector"
         )
-        # By length bucket (bench.stats: 0-1K ... >16K) because a 16K document and a query are
+        # By length bucket (embedserve.lengths: 0-1K ... 16K+) because a 16K document and a query are
         # different jobs: their latencies are never averaged together.
         self.latency = seconds(
             "embedserve_request_latency_seconds",

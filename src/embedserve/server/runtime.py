@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from embedserve.engine.engine import Engine
+from embedserve.schema import ModelMetadata, fingerprint_model_dir
 from embedserve.server.admission import Admission, ThroughputMeter
-from embedserve.server.metadata import ModelMetadata, fingerprint_model_dir
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.serving import EmbeddingService
 from embedserve.server.warmup import probe, warm_up

@@ -12,22 +12,17 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from embedserve.bench.stats import bucket_of
+from embedserve.api.http import unless_disconnected
+from embedserve.api.protocol import ApiError, EmbeddingRequest, encode_vector
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.errors import EngineDeadError, InternalEngineError, InvalidInputError
+from embedserve.lengths import bucket_of
+from embedserve.schema import ModelMetadata
 from embedserve.server.admission import Admission
-from embedserve.server.metadata import ModelMetadata
 from embedserve.server.metrics import ServerMetrics
-from embedserve.server.protocol import ApiError, EmbeddingRequest, encode_vector
 from embedserve.tokenizer import Tokenized
-
-T = TypeVar("T")
-
-
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready; its pending work was cancelled."""
 
 
 @dataclass(frozen=True)
@@ -144,26 +139,6 @@ class EmbeddingService:
         self.admission.meter.add(n_tokens)
         m.tokenization_time.observe(tokenize_time)
         m.latency.labels(bucket_of(max(o.num_tokens for o in outputs))).observe(total)
-
-
-async def unless_disconnected(work: Awaitable[T], wait_disconnect: Callable[[], Awaitable[None]]) -> T:
-    """Await `work`; if the client disconnects first, cancel it and raise ClientGone.
-
-    Cancelling an `Engine.embed_outputs_async` aborts its queued inputs and frees their blocks.
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_disconnect())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from embedserve.engine.engine import Engine
 from embedserve.parity.backends.base import Backend, split_items
 from embedserve.parity.datasets import Item
 from embedserve.parity.options import Options
-from embedserve.server.metadata import ModelMetadata, fingerprint_model_dir
+from embedserve.schema import ModelMetadata, fingerprint_model_dir
 
 ENGINE_KEYWORDS = {
     name: param

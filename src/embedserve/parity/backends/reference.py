@@ -19,7 +19,7 @@ import torch
 from embedserve.parity.backends.base import Backend, split_items
 from embedserve.parity.datasets import Item
 from embedserve.parity.options import Options, ParityError
-from embedserve.server.metadata import fingerprint_model_dir
+from embedserve.schema import fingerprint_model_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

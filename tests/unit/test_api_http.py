@@ -7,9 +7,8 @@ import asyncio
 import pytest
 from starlette.requests import Request
 
-from embedserve.server.http import read_body
-from embedserve.server.protocol import ApiError
-from embedserve.server.serving import ClientGone
+from embedserve.api.http import ClientGone, read_body
+from embedserve.api.protocol import ApiError
 
 
 def _request(messages: list[dict]) -> Request:

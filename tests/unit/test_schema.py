@@ -12,7 +12,7 @@ import torch
 from embedserve import Engine
 from embedserve.config import EngineConfig, PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
-from embedserve.server.metadata import ModelMetadata, backend_profile, fingerprint_model_dir
+from embedserve.schema import ModelMetadata, backend_profile, fingerprint_model_dir
 
 
 def _config(model_dir: Path) -> EngineConfig:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from embedserve.server.protocol import ApiError, encode_vector, parse_request
+from embedserve.api.protocol import ApiError, encode_vector, parse_request
 
 
 def _parse(body: object) -> list[str] | list[list[int]]:

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from embedserve.server.protocol import ApiError, error_body
-from embedserve.server.serving import ClientGone
+from embedserve.api.protocol import ApiError, error_body
 
 EMBEDDINGS_PATH = "/v1/embeddings"
 # Not a real HTTP status: the nginx convention for "client closed the request", used in metrics.
 CLIENT_CLOSED = 499
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready; its pending work was cancelled."""
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -31,6 +39,26 @@ async def read_body(request: Request, limit: int) -> bytes:
     except ClientDisconnect:
         raise ClientGone("client disconnected while sending the body") from None
     return bytes(body)
+
+
+async def unless_disconnected(work: Awaitable[T], wait_disconnect: Callable[[], Awaitable[None]]) -> T:
+    """Await `work`; if the client disconnects first, cancel it and raise ClientGone.
+
+    Cancelling an `Engine.embed_outputs_async` aborts its queued inputs and frees their blocks.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise ClientGone()
+    return task.result()
 
 
 def disconnect_waiter(request: Request) -> Callable[[], Awaitable[None]]:

