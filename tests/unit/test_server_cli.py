@@ -27,6 +27,14 @@ def test_options_become_settings_and_api_keys_merge_with_the_environment(
     assert s.model_name == "qwen3"
 
 
+def test_bucket_and_compile_options_reach_the_engine() -> None:
+    plain = _settings(build_parser().parse_args(["serve"])).engine_kwargs
+    assert (plain["token_buckets"], plain["compile_backend"]) == (False, None)
+    args = build_parser().parse_args(["serve", "--token-buckets", "--compile", "eager"])
+    kwargs = _settings(args).engine_kwargs
+    assert (kwargs["token_buckets"], kwargs["compile_backend"]) == (True, "eager")
+
+
 def test_the_default_model_is_served_under_its_model_name() -> None:
     default = _settings(build_parser().parse_args(["serve"]))  # no --model: the bundled MiniLM
     assert default.served_model_name == DEFAULT_MODEL_NAME

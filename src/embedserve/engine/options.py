@@ -59,6 +59,19 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--pooling", choices=["lasttoken", "mean", "cls"], default=None, help="override the model's pooling"
     )
+    g.add_argument(
+        "--token-buckets",
+        action="store_true",
+        help="pad each step to one of a few fixed token counts (bounded shapes for torch.compile / "
+        "CUDA graphs; padding never reaches the KV cache or a vector; off by default)",
+    )
+    g.add_argument(
+        "--compile",
+        default=None,
+        metavar="BACKEND",
+        help="run the model through torch.compile with this backend, e.g. inductor (implies "
+        "--token-buckets; off by default, not measured to pay on the CPU)",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
@@ -73,4 +86,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "kv_cache_memory": args.kv_cache_memory,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "pooling": args.pooling,
+        "token_buckets": args.token_buckets,
+        "compile_backend": args.compile,
     }
