@@ -1,5 +1,6 @@
-"""`embedserve migrate` between two tiny models on a Cranfield subset: build a shadow index,
-shadow report with qrels, cutover, rollback (each step through the CLI)."""
+"""`embedserve migrate` between two tiny models on real text with known-item qrels (Python's
+help() topics, as the built-in `pydocs` dataset pairs them): build a shadow index, shadow
+report with qrels, cutover, rollback (each step through the CLI)."""
 
 from __future__ import annotations
 
@@ -9,24 +10,19 @@ from pathlib import Path
 import pytest
 
 from embedserve.cli import main
-from tests.helpers import cranfield
+from tests.helpers.real_text import known_items
 
-NUM_DOCS = 150
+NUM_DOCS = 40
 CHUNKING = ["--max-tokens", "128", "--overlap", "16", "--progress", "off"]
 
 
 def _write_subset(tmp: Path) -> tuple[Path, Path, Path]:
-    data = cranfield.load()
+    corpus, questions = known_items()
+    ids = list(corpus)[:NUM_DOCS]
     docs, queries, qrels = tmp / "docs.jsonl", tmp / "queries.jsonl", tmp / "qrels.tsv"
-    docs.write_text(
-        "".join(json.dumps({"id": str(i + 1), "text": t}) + "\n" for i, t in enumerate(data.docs[:NUM_DOCS]))
-    )
-    judged = {q: {d: g for d, g in j.items() if d < NUM_DOCS} for q, j in data.qrels.items()}
-    judged = {q: j for q, j in judged.items() if j}
-    queries.write_text(
-        "".join(json.dumps({"id": str(q + 1), "text": data.queries[q]}) + "\n" for q in judged)
-    )
-    qrels.write_text("".join(f"{q + 1}\t{d + 1}\t{g}\n" for q, j in judged.items() for d, g in j.items()))
+    docs.write_text("".join(json.dumps({"id": i, "text": corpus[i]}) + "\n" for i in ids))
+    queries.write_text("".join(json.dumps({"id": i, "text": questions[i]}) + "\n" for i in ids))
+    qrels.write_text("".join(f"{i}\t{i}\t1\n" for i in ids))
     return docs, queries, qrels
 
 
