@@ -1,7 +1,8 @@
 """`pydocs`: known-item retrieval built from Python's own documentation, on every machine.
 
 Short and medium documents come from `pydoc_data.topics` (the help() topics bundled with
-CPython, about 80 texts of 50 to 4,000 tokens): the query is a topic's first paragraph, the
+CPython, 60 usable of about 80, a hundred to several thousand tokens, the longest past 16K in
+a WordPiece vocabulary): the query is a topic's first paragraph, the
 document is the topic without that paragraph (its title kept), so the query's words do not
 appear verbatim. Long documents (the 4K-8K and 8K-16K buckets) come from the standard
 library's sources: the query is the first paragraph of a module's docstring, the document is
