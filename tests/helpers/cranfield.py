@@ -1,4 +1,4 @@
-"""The Cranfield collection (../shared/data/cranfield): 1,400 abstracts, 225 queries, graded qrels.
+"""The Cranfield collection (`<shared data>/cranfield`, CI only): 1,400 abstracts, 225 queries, graded qrels.
 
 Records look like `.I 12` then fields `.T` (title) `.A` (authors) `.B` (source) `.W` (text).
 Queries carry printed numbers (`.I 001, 002, 004, ...`) but `cranqrel` refers to them by
@@ -12,7 +12,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "cranfield"
+from tests.helpers.shared_data import SHARED_DATA
+
+DATA_DIR = SHARED_DATA / "cranfield"
 
 
 @dataclass(frozen=True)

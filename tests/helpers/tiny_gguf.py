@@ -1,6 +1,6 @@
 """Tiny GGUF files written the way llama.cpp's converter writes them (offline, in seconds).
 
-A small byte-level BPE is trained on Cranfield text, a tiny random decoder is saved as a
+A small byte-level BPE is trained on real text (Python's help() topics), a tiny random decoder is saved as a
 Hugging Face directory (the reference), and its weights are written to GGUF under llama.cpp's
 names, with llama's Q/K rows interleaved as `convert_hf_to_gguf.py` does.
 """
@@ -15,7 +15,7 @@ import numpy as np
 from safetensors.numpy import load_file
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tests.helpers.cranfield import load as load_cranfield
+from tests.helpers.real_text import documents
 from tests.helpers.tiny_models import build_decoder
 
 QWEN2_SPLIT = (
@@ -56,7 +56,7 @@ def train_tokenizer(vocab_size: int = 800) -> Tokenizer:
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - 1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
     )
-    tok.train_from_iterator(load_cranfield().docs[:400], trainer)
+    tok.train_from_iterator(documents(), trainer)
     tok.add_special_tokens([EOS])
     return tok
 

@@ -19,7 +19,7 @@ import pytest
 
 from embedserve.cli import main
 from embedserve.index.store import LIVE, Store
-from tests.helpers import cranfield
+from tests.helpers.real_text import documents
 
 CHUNKING = ["--max-tokens", "96", "--overlap", "8", "--batch-size", "32"]
 
@@ -50,7 +50,7 @@ def _rows_and_vectors(path: str) -> tuple[list[dict[str, object]], dict[str, np.
 @pytest.mark.skipif(_isolated_network() is not None, reason=str(_isolated_network()))
 def test_ray_data_run_matches_the_local_run(qwen3_dir: Path, tmp_path: Path) -> None:
     docs = tmp_path / "docs.jsonl"
-    texts = cranfield.load().docs[:40]
+    texts = documents()[:40]
     docs.write_text("".join(json.dumps({"id": str(i + 1), "text": t}) + "\n" for i, t in enumerate(texts)))
     common = [str(docs), "--model", str(qwen3_dir), *CHUNKING, "--progress", "off"]
     assert main(["index", *common, "--store", str(tmp_path / "local.db")]) == 0

@@ -11,8 +11,7 @@ from tokenizers import Tokenizer
 from embedserve.bench.inputs import TextMaker, draw_mix_lengths, parse_lengths, parse_mix
 from embedserve.errors import InvalidInputError
 from embedserve.lengths import bucket_of
-
-DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+from tests.helpers.shared_data import SHARED_DATA, needs_shared_data
 
 
 def test_parse_mix_normalizes_and_orders_buckets() -> None:
@@ -58,11 +57,11 @@ def test_mix_draws_stay_in_their_bucket_with_the_weights() -> None:
         draw_mix_lengths(mix, 10, np.random.default_rng(0), min_tokens=16, max_tokens=2000)
 
 
-@pytest.mark.parametrize("source", ["random", "data"])
+@pytest.mark.parametrize(
+    "source", ["random", "pydocs", pytest.param("peps", marks=needs_shared_data("peps"))]
+)
 def test_texts_have_exact_token_counts_in_the_model_tokenizer(qwen3_dir: Path, source: str) -> None:
-    if source == "data" and not (DATA_DIR / "peps").is_dir():
-        pytest.skip(f"real text not present at {DATA_DIR}")
-    maker = TextMaker(qwen3_dir / "tokenizer.json", source, DATA_DIR)
+    maker = TextMaker(qwen3_dir / "tokenizer.json", source, SHARED_DATA)
     reference = Tokenizer.from_file(str(qwen3_dir / "tokenizer.json"))
     lengths = [2, 3, 17, 512, 1500, 9000]
     w = maker.workload("x", lengths, seed=7)

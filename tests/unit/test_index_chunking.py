@@ -12,8 +12,7 @@ from embedserve.errors import InvalidInputError
 from embedserve.index.chunking import Chunker
 from embedserve.index.embedder import load_tokenizer
 from embedserve.tokenizer import Tokenizer
-
-PEPS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "peps"
+from tests.helpers.real_text import topic
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ def _words(text: str) -> list[str]:
 
 
 def test_chunks_fit_the_limit_and_cover_the_text_in_order(tok: Tokenizer) -> None:
-    text = (PEPS / "pep-0008.rst").read_text()
+    text = topic("compound")  # ~14K characters of prose and grammar rules
     chunks = Chunker(tok, 96, 0).split(text)
     assert len(chunks) > 20
     assert max(_model_len(tok, c.text) for c in chunks) <= 96
@@ -45,7 +44,7 @@ def test_chunks_fit_the_limit_and_cover_the_text_in_order(tok: Tokenizer) -> Non
 
 
 def test_overlap_repeats_at_most_the_overlap(tok: Tokenizer) -> None:
-    text = (PEPS / "pep-0020.rst").read_text() * 3
+    text = topic("assert") * 3
     chunks = Chunker(tok, 64, 12).split(text)
     for a, b in itertools.pairwise(chunks):
         assert b.start < a.end, "consecutive chunks must share text"

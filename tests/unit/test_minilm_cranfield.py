@@ -17,6 +17,7 @@ from embedserve.models import default_model_path
 from tests.helpers.cranfield import Cranfield
 from tests.helpers.cranfield import load as load_cranfield
 from tests.helpers.reference import cosine, st_embed
+from tests.helpers.shared_data import needs_shared_data
 
 
 def ndcg_at_10(ranking: list[int], gains: dict[int, int]) -> float:
@@ -35,6 +36,7 @@ def mean_ndcg(rankings: list[list[int]], data: Cranfield) -> float:
     return float(np.mean([ndcg_at_10(rankings[q], data.qrels.get(q, {})) for q in range(len(rankings))]))
 
 
+@needs_shared_data("cranfield")
 def test_engine_matches_sentence_transformers_on_cranfield() -> None:
     data = load_cranfield()
     assert len(data.docs) == 1400 and len(data.queries) == 225

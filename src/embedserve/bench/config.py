@@ -22,8 +22,8 @@ class BenchConfig:
     requests: int
     scenario: str = "matrix"
     seed: int = 0
-    text: str = "random"  # random | data
-    data_dir: Path = Path("../shared/data")
+    text: str = "random"  # random | pydocs | peps
+    data_dir: Path | None = None  # holds peps/ (default: $EMBEDSERVE_DATA_DIR or the cache)
     tokenizer: Path | None = None
     min_tokens: int = 16
     max_tokens: int = 16384

@@ -4,9 +4,11 @@ Every target gets the same texts. A text of "n tokens" has exactly n ids after t
 tokenizer *including* its post-processor (e.g. Qwen3-Embedding's appended <|endoftext|>), so the
 engine, sentence-transformers and a served peer all see n tokens.
 
-Two sources: `random` joins words that are single tokens in this vocabulary (so the count is
-exact by construction and only the first word needs checking); `data` cuts windows out of real
-text (the PEPs under ../shared/data) and nudges the window end until the count is exact.
+Three sources: `random` joins words that are single tokens in this vocabulary (so the count is
+exact by construction and only the first word needs checking); `pydocs` (Python's bundled
+documentation and standard library sources, on every machine) and `peps` (the PEP .rst files
+under `<data dir>/peps`) cut windows out of real text and nudge the window end until the count
+is exact.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import InvalidInputError
 from embedserve.lengths import BUCKET_NAMES, bucket_range
+from embedserve.parity.datasets.base import find_data_dir
+from embedserve.parity.datasets.pydocs import plain_text
 
 MIX = "mix"
+SOURCES = ("random", "pydocs", "peps")
 _WORD = re.compile(r"^[a-z]{3,10}$")
 
 
@@ -85,18 +90,20 @@ def draw_mix_lengths(
 
 
 class TextMaker:
-    def __init__(self, tokenizer_file: str | Path, source: str = "random", data_dir: str | Path = "") -> None:
+    def __init__(
+        self, tokenizer_file: str | Path, source: str = "random", data_dir: str | Path | None = None
+    ) -> None:
         self._tok = HFTokenizer.from_file(str(tokenizer_file))
         self._tok.no_truncation()
         self._tok.no_padding()
         self.num_special = self._tok.num_special_tokens_to_add(is_pair=False)
+        if source not in SOURCES:
+            raise InvalidInputError(f"unknown text source {source!r}; choose one of {', '.join(SOURCES)}")
         if source == "random":
             self._words = self._single_token_words()
-        elif source == "data":
-            self._corpus = _read_corpus(Path(data_dir))
-            self._ids, self._offsets = self._index_corpus()
         else:
-            raise InvalidInputError(f"unknown text source {source!r}; choose 'random' or 'data'")
+            self._corpus = _read_peps(data_dir) if source == "peps" else plain_text()
+            self._ids, self._offsets = self._index_corpus()
         self.source = source
 
     def count(self, text: str) -> int:
@@ -162,12 +169,12 @@ class TextMaker:
         return text
 
 
-def _read_corpus(data_dir: Path, max_chars: int = 1_000_000) -> str:
-    files = sorted((data_dir / "peps").glob("*.rst")) if (data_dir / "peps").is_dir() else []
+def _read_peps(data_dir: str | Path | None, max_chars: int = 1_000_000) -> str:
+    peps = find_data_dir(data_dir) / "peps"
+    files = sorted(peps.glob("*.rst")) if peps.is_dir() else []
     if not files:
         raise InvalidInputError(
-            f"no real text found: expected PEPs under {data_dir / 'peps'} "
-            "(set --data-dir or use --text random)"
+            f"no PEPs found under {peps}: pass --data-dir (the folder holding peps/) or use --text pydocs"
         )
     parts, size = [], 0
     for f in files:

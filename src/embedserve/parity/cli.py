@@ -14,8 +14,11 @@ EPILOG = """\
 backends:  hf:PATH | sentence-transformers:PATH  (reference: sentence-transformers, float32; ?dtype=...)
            engine:PATH?dtype=bfloat16&max_num_batched_tokens=512&...  (any Engine.from_pretrained option)
            http://HOST:PORT?model=NAME&api_key_env=VAR&tokenizer=MODEL_DIR  (OpenAI-compatible)
-datasets:  cranfield | peps | passkey | needle | random-tokens | BEIR folder, each with ?options, e.g.
-           passkey?lengths=256,1024,4096&per_length=2   cranfield?queries=50&docs=300   peps?docs=40
+datasets:  pydocs | passkey | needle | random-tokens  (built in, offline)
+           beir:NAME  (e.g. beir:scifact: <data dir>/beir/NAME, downloaded once when missing)
+           cranfield | peps | BEIR folder  (local files), each with ?options, e.g.
+           pydocs?docs=20&long=6   passkey?lengths=256,1024,4096&per_length=2   cranfield?queries=50
+data dir:  --data-dir, else $EMBEDSERVE_DATA_DIR, else ~/.cache/embedserve/datasets
 """
 
 
@@ -30,7 +33,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--reference", required=True, help="reference backend, e.g. hf:MODEL_DIR")
     p.add_argument("--candidate", required=True, help="candidate backend, e.g. engine:DIR?dtype=bfloat16")
     p.add_argument(
-        "--dataset", action="append", default=[], help="NAME[,NAME...] or a BEIR folder (repeatable)"
+        "--dataset",
+        action="append",
+        default=[],
+        help="NAME[,NAME...], beir:NAME or a BEIR folder (repeatable), e.g. pydocs",
     )
     p.add_argument("--scenario", choices=["preemption"], default=None, help="run a built-in scenario too")
     p.add_argument("--scenario-length", type=int, default=15_500, help="long input of the scenario (tokens)")
@@ -39,7 +45,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gate-profile", default=None, help="gate profile, e.g. multimodal")
     p.add_argument("--out", required=True, type=Path, help="folder for report.json and report.md")
     p.add_argument(
-        "--data-dir", default=None, help="evaluation data (default: $EMBEDSERVE_DATA_DIR or ../shared/data)"
+        "--data-dir",
+        default=None,
+        help="folder of local datasets and BEIR downloads "
+        "(default: $EMBEDSERVE_DATA_DIR, else ~/.cache/embedserve/datasets)",
     )
     p.add_argument("--query-prompt", default=None, help="override the model's query prompt")
     p.add_argument("--document-prompt", default=None, help="override the model's document prompt")

@@ -170,7 +170,8 @@ def _run_all(settings: Settings, gate: Gate, ref: Backend, cand: Backend) -> Out
     known = [s.max_length for s in sides if s.max_length]
     limit = min(known) if known else None
     cache = VectorCache(settings.reference_cache) if settings.reference_cache else None
-    ctx = DatasetContext(find_data_dir(settings.data_dir), counter.count, counter.ordinary_ids, limit)
+    data_dir = find_data_dir(settings.data_dir)
+    ctx = DatasetContext(data_dir, counter.count, counter.ordinary_ids, limit, settings.progress)
     head = {"tool": "embedserve parity", "gate": gate.effective(), "length_tokenizer": counter.source}
     outcome = Outcome({**head, "datasets": {}})
     total = {"reference": Timing(), "candidate": Timing()}

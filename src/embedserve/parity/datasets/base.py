@@ -10,6 +10,8 @@ from typing import Any
 
 from embedserve.parity.options import ParityError
 
+DATA_DIR_ENV = "EMBEDSERVE_DATA_DIR"
+
 # A text, or raw token ids sent as they are (pure numerical parity, no prompt, no specials).
 Item = str | tuple[int, ...]
 
@@ -38,39 +40,32 @@ class Dataset:
 class DatasetContext:
     """What loaders may use: the data folder, the model's tokenizer and its limits."""
 
-    data_dir: Path | None
+    data_dir: Path
     # Tokens the model sees for a text, its special tokens included.
     count_tokens: Callable[[str], int]
     # Ordinary (non-special) token ids the random-tokens dataset draws from.
     ordinary_ids: Sequence[int]
     max_length: int | None  # the smaller input limit of the two backends, when known
+    progress: bool = False  # progress bars for downloads
 
     def require_data(self, sub: str) -> Path:
-        if self.data_dir is None:
-            raise ParityError(
-                "no data folder found: pass --data-dir or set EMBEDSERVE_DATA_DIR "
-                "(expected ../shared/data beside the project)"
-            )
         path = self.data_dir / sub
         if not path.is_dir():
-            raise ParityError(f"data folder {path} does not exist")
+            raise ParityError(
+                f"data folder {path} does not exist: pass --data-dir (or set {DATA_DIR_ENV}) "
+                f"to the folder that holds {sub}/"
+            )
         return path
 
 
-def find_data_dir(explicit: str | None) -> Path | None:
-    """--data-dir, then $EMBEDSERVE_DATA_DIR, then ../shared/data beside the project root."""
+def find_data_dir(explicit: str | Path | None = None) -> Path:
+    """--data-dir, then $EMBEDSERVE_DATA_DIR, then ~/.cache/embedserve/datasets."""
     if explicit:
-        return Path(explicit)
-    env = os.environ.get("EMBEDSERVE_DATA_DIR")
+        return Path(explicit).expanduser()
+    env = os.environ.get(DATA_DIR_ENV)
     if env:
-        return Path(env)
-    # src/embedserve/parity/datasets/base.py -> parents[4] is the project root (editable install).
-    candidates = [Path(__file__).resolve().parents[4], Path.cwd()]
-    for root in candidates:
-        data = root.parent / "shared" / "data"
-        if data.is_dir():
-            return data
-    return None
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "embedserve" / "datasets"
 
 
 def take_first(ids: Sequence[str], limit: int | None) -> list[str]:
