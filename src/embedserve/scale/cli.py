@@ -60,13 +60,11 @@ def _cmd_serve_cluster(args: argparse.Namespace) -> int:
 
 
 def _emit(config: Any, args: argparse.Namespace) -> int:
-    import yaml
-
     from embedserve.scale.app import serve_config
-    from embedserve.scale.manifests import rayservice
+    from embedserve.scale.manifests import dump, rayservice
 
     doc = serve_config(config) if args.emit == "serve-config" else rayservice(config, args.image)
-    sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+    sys.stdout.write(dump(doc))
     return 0
 
 

@@ -145,6 +145,13 @@ def parse_scale_config(raw: object) -> ScaleConfig:
     return ScaleConfig(gateway=gateway, pools=pools, model=pools[0].model, raw=raw)
 
 
+def resolve_model(model: str) -> str:
+    """A pool's `model:` read like --model (the bundled default model by its name)."""
+    from embedserve.models.default import model_argument
+
+    return model_argument(model)
+
+
 def _pool(name: str, max_tokens: int, body: dict[str, Any], default_model: object) -> ServePool:
     where = f"pools.{name}"
     model = body.get("model", default_model)

@@ -25,7 +25,7 @@ from embedserve.gateway.config import GatewayConfigError
 from embedserve.gateway.forward import Part, PartResult, Refusal
 from embedserve.gateway.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
 from embedserve.gateway.metrics import GatewayMetrics
-from embedserve.scale.config import ScaleConfig
+from embedserve.scale.config import ScaleConfig, resolve_model
 from embedserve.scale.metrics import ReplicaCollector
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ class Ingress:
         from embedserve.gateway.counting import TokenCounter
         from embedserve.gateway.service import GatewayService
 
-        counter = await asyncio.to_thread(TokenCounter, _model_path(config.model))
+        counter = await asyncio.to_thread(TokenCounter, resolve_model(config.model))
         self.pools = ServePools(config, handles)
         await self.pools.start()
         metrics = GatewayMetrics(None)
@@ -231,12 +231,6 @@ class Ingress:
                 await self.pools.poll()
             with contextlib.suppress(Exception):
                 self.replica_metrics.snapshots = await self._hub.snapshots.remote()
-
-
-def _model_path(model: str) -> str:
-    from embedserve.models.default import model_argument
-
-    return model_argument(model)
 
 
 async def _awaitable(response: Any) -> Any:

@@ -49,6 +49,25 @@ def rayservice(config: ScaleConfig, image: str) -> dict[str, Any]:
     }
 
 
+class _Dumper(yaml.SafeDumper):
+    """Block literals for multi-line strings (serveConfigV2 stays readable), no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump(doc: dict[str, Any]) -> str:
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False)
+
+
 def _worker_resources(gpus: float) -> dict[str, str]:
     out = {"cpu": "4", "memory": "16Gi"}
     if gpus:

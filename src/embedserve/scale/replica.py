@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from embedserve.api.protocol import ApiError, EmbeddingRequest
-from embedserve.scale.config import ServePool
+from embedserve.scale.config import ServePool, resolve_model
 from embedserve.scale.policy import QUEUED_TOKENS
 from embedserve.server.app import model_card
 from embedserve.server.metrics import ServerMetrics
@@ -37,7 +37,7 @@ class PoolReplica:
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.metrics = ServerMetrics()
         settings = ServerSettings(
-            model=pool.model,
+            model=resolve_model(pool.model),
             engine_kwargs=dict(pool.engine),
             served_model_name=served_model_name,
             max_queued_tokens=pool.max_queued_tokens,
