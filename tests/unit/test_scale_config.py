@@ -53,3 +53,11 @@ def test_pools_become_deployments_with_engine_options_and_scaling() -> None:
 def test_errors_name_the_key(short: dict[str, Any], message: str) -> None:
     with pytest.raises(GatewayConfigError, match=message):
         parse_scale_config(_raw(**short))
+
+
+def test_the_single_machine_cli_does_not_import_ray() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, embedserve, embedserve.cli; assert 'ray' not in sys.modules, 'ray imported'"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
