@@ -13,6 +13,7 @@ from embedserve.errors import EmbedServeError
 from embedserve.gateway.cli import register as register_gateway
 from embedserve.index.cli import register as register_index
 from embedserve.parity.cli import register as register_parity
+from embedserve.scale.cli import register as register_scale
 from embedserve.server.cli import register as register_serve
 
 
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_parity(sub)
     register_index(sub)
     register_gateway(sub)
+    register_scale(sub)
     return parser
 
 

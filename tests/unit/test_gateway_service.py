@@ -14,6 +14,7 @@ import pytest
 from embedserve.api.protocol import ApiError, EmbeddingRequest
 from embedserve.gateway.config import GatewayConfig, parse_config
 from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.forward import Forwarder
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.service import POOLS_HEADER, GatewayService
 from embedserve.gateway.upstreams import UpstreamSet
@@ -109,7 +110,9 @@ def gateway(counter: TokenCounter) -> Any:
         upstreams = UpstreamSet(config, client)
         await upstreams.start()
         await upstreams.close()  # no background polling in unit tests: state changes are explicit
-        return GatewayService(config, counter, upstreams, GatewayMetrics(upstreams)), fakes
+        metrics = GatewayMetrics(upstreams)
+        forwarder = Forwarder(upstreams, metrics, config.balance)
+        return GatewayService(config, counter, upstreams, metrics, forwarder), fakes
 
     return start
 

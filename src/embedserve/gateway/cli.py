@@ -77,6 +77,7 @@ async def _serve(config: GatewayConfig, counter: TokenCounter, host: str, port: 
     import uvicorn
 
     from embedserve.gateway.app import create_app
+    from embedserve.gateway.forward import Forwarder
     from embedserve.gateway.metrics import GatewayMetrics
     from embedserve.gateway.service import GatewayService
     from embedserve.gateway.upstreams import UpstreamSet
@@ -94,7 +95,9 @@ async def _serve(config: GatewayConfig, counter: TokenCounter, host: str, port: 
         upstreams = UpstreamSet(config, client)
         await upstreams.start()  # refuses to start on mixed schemas
         try:
-            service = GatewayService(config, counter, upstreams, GatewayMetrics(upstreams))
+            metrics = GatewayMetrics(upstreams)
+            forwarder = Forwarder(upstreams, metrics, config.balance)
+            service = GatewayService(config, counter, upstreams, metrics, forwarder)
             server = uvicorn.Server(
                 uvicorn.Config(create_app(service), host=host, port=port, log_level=log_level)
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +47,7 @@ class PartResult:
     part: Part
     pool: str
     body: dict[str, Any]
-    headers: httpx.Headers
+    headers: Mapping[str, str]  # the upstream's timing headers (x-queue-time, ...)
     elapsed: float  # seconds of the successful upstream call
 
 

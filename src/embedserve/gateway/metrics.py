@@ -14,7 +14,8 @@ _TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 
 class GatewayMetrics:
-    def __init__(self, upstreams: UpstreamSet) -> None:
+    def __init__(self, upstreams: UpstreamSet | None) -> None:
+        """`upstreams`: HTTP upstreams whose health is exported (None: pools export their own)."""
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)
 
@@ -71,13 +72,15 @@ class GatewayMetrics:
             "Inputs whose token count at the upstream differed from the gateway's (routing was inexact)",
             ("pool",),
         )
-        r.register(_HealthCollector(upstreams))
+        if upstreams is not None:
+            r.register(_HealthCollector(upstreams))
 
 
 class _HealthCollector(Collector):
     """Upstream health and load, read at scrape time."""
 
     def __init__(self, upstreams: UpstreamSet) -> None:
+        """`upstreams`: HTTP upstreams whose health is exported (None: pools export their own)."""
         self.upstreams = upstreams
 
     def collect(self) -> Iterator[Metric]:

@@ -13,16 +13,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from embedserve.api.protocol import ApiError, EmbeddingRequest
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.gateway.config import GatewayConfig
 from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.forward import Forwarder, Part, PartResult
+from embedserve.gateway.forward import Part, PartResult
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.routing import NoPoolAvailable, group_placements, place_inputs
-from embedserve.gateway.upstreams import UpstreamSet
 
 log = logging.getLogger(__name__)
 
@@ -30,15 +29,39 @@ POOLS_HEADER = "x-embedserve-pools"
 _METADATA = ("model_version", "dtype", "backend_profile")
 
 
+class PoolDirectory(Protocol):
+    """What the service and the app ask about the pools: HTTP upstreams (upstreams.UpstreamSet)
+    or Ray Serve deployments (embedserve.scale.ingress)."""
+
+    schema: str | None  # the gateway's embedding_schema, fixed once known
+
+    def available(self) -> set[str]: ...
+
+    def model_card(self) -> dict[str, Any] | None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class PartRunner(Protocol):
+    """Runs one part on its candidate pools, falling back in order (forward.Forwarder over HTTP)."""
+
+    async def run(self, part: Part, traffic_class: str) -> PartResult: ...
+
+
 class GatewayService:
     def __init__(
-        self, config: GatewayConfig, counter: TokenCounter, upstreams: UpstreamSet, metrics: GatewayMetrics
+        self,
+        config: GatewayConfig,
+        counter: TokenCounter,
+        upstreams: PoolDirectory,
+        metrics: GatewayMetrics,
+        forwarder: PartRunner,
     ) -> None:
         self.config = config
         self.counter = counter
         self.upstreams = upstreams
         self.metrics = metrics
-        self.forwarder = Forwarder(upstreams, metrics, config.balance)
+        self.forwarder = forwarder
         self._limits = config.limits()
 
     @property

@@ -72,11 +72,11 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
 
     @app.get("/v1/models", dependencies=[auth])
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(_service(runtime))]}
+        return {"object": "list", "data": [model_card(_service(runtime))]}
 
     @app.get("/v1/models/{model_id:path}", dependencies=[auth])
     async def model(model_id: str) -> dict[str, Any]:
-        card = _model_card(_service(runtime))
+        card = model_card(_service(runtime))
         if model_id != card["id"]:
             raise ApiError(
                 404, f"model {model_id!r} not found; this server serves {card['id']!r}", "not_found_error"
@@ -111,7 +111,7 @@ def _service(runtime: ServerRuntime) -> EmbeddingService:
     )
 
 
-def _model_card(service: EmbeddingService) -> dict[str, Any]:
+def model_card(service: EmbeddingService) -> dict[str, Any]:
     meta = service.metadata
     pooling = service.engine.config.pooling
     return {

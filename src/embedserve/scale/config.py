@@ -1,0 +1,244 @@
+"""pools.yaml for `embedserve serve-cluster`: the gateway's pools and routes, where a pool names
+the model its replicas run instead of the URLs of servers started by hand.
+
+```yaml
+model: /models/qwen3-embedding-0.6b          # every pool's model unless a pool sets its own (same one)
+pools:
+  short:
+    max_tokens: 1024                          # routing limit, as for the gateway
+    dtype: float32                            # engine options of each replica
+    max_num_batched_tokens: 2048
+    replicas: {min: 1, max: 4, target_queued_tokens: 8192, upscale_delay_s: 5, downscale_delay_s: 30}
+    resources: {num_cpus: 2, num_gpus: 0}
+  long:
+    max_tokens: 16384
+    replicas: {min: 1, max: 2, target_queued_tokens: 65536}
+routes:
+  - {class: online, order: [short, long]}
+  - {class: batch,  order: [long]}
+```
+
+Everything the gateway validates (max_tokens, classes, schema pins, routes) is validated by the
+gateway's own parser; this module only takes out the serving keys first. A pool's
+`max_model_len` defaults to its `max_tokens` (a replica must accept whatever is routed to it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_config
+
+_ENGINE_KEYS = {
+    "dtype": str,
+    "device": str,
+    "max_num_batched_tokens": int,
+    "max_model_len": int,
+    "max_num_seqs": int,
+    "kv_cache_memory": int,
+    "layer_major_tokens": int,
+    "gpu_memory_utilization": float,
+}
+_SERVING_KEYS = {"model", "replicas", "resources", "warmup_lengths", "max_queued_tokens", *_ENGINE_KEYS}
+_REPLICA_KEYS = {
+    "min",
+    "max",
+    "target_queued_tokens",
+    "upscale_delay_s",
+    "downscale_delay_s",
+    "metrics_interval_s",
+    "look_back_period_s",
+}
+_RESOURCE_KEYS = {"num_cpus", "num_gpus"}
+# The gateway's parser wants upstream URLs; a Serve pool's single "upstream" is its deployment.
+_PLACEHOLDER = "http://serve.invalid"
+
+
+@dataclass(frozen=True)
+class Scaling:
+    min_replicas: int = 1
+    max_replicas: int = 1
+    target_queued_tokens: int = 8192  # per replica: more queued than this adds replicas
+    upscale_delay_s: float = 5.0
+    downscale_delay_s: float = 30.0
+    metrics_interval_s: float = 1.0  # how often replicas report their queued tokens
+    look_back_period_s: float = 5.0  # the window those reports are averaged over
+
+
+@dataclass(frozen=True)
+class ServePool:
+    name: str
+    model: str
+    engine: dict[str, Any]  # Engine.from_pretrained options (max_model_len always set)
+    scaling: Scaling
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    warmup_lengths: tuple[int, ...] | None = None
+    max_queued_tokens: int | None = None
+
+    @property
+    def deployment(self) -> str:
+        return f"pool-{self.name}"
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    gateway: GatewayConfig  # pools' upstreams are ("serve:<deployment>",): the guard's report keys
+    pools: tuple[ServePool, ...]
+    model: str
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)  # as read: app args, manifests
+
+    def pool(self, name: str) -> ServePool:
+        return next(p for p in self.pools if p.name == name)
+
+
+def load_scale_config(path: str | Path) -> ScaleConfig:
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise GatewayConfigError(f"cannot read {path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise GatewayConfigError(f"{path} is not valid YAML: {e}") from None
+    try:
+        return parse_scale_config(raw)
+    except GatewayConfigError as e:
+        raise GatewayConfigError(f"{path}: {e}") from None
+
+
+def parse_scale_config(raw: object) -> ScaleConfig:
+    if not isinstance(raw, dict) or not isinstance(raw.get("pools"), dict):
+        raise GatewayConfigError("the config needs a 'pools' mapping")
+    stripped: dict[str, Any] = {}
+    serving: dict[str, dict[str, Any]] = {}
+    for name, body in raw["pools"].items():
+        if not isinstance(body, dict):
+            raise GatewayConfigError(f"pools.{name}: expected a mapping")
+        if "upstreams" in body:
+            raise GatewayConfigError(
+                f"pools.{name}: serve-cluster pools give 'model:' (run by Ray Serve), not 'upstreams:'"
+            )
+        serving[str(name)] = {k: v for k, v in body.items() if k in _SERVING_KEYS}
+        stripped[str(name)] = {
+            **{k: v for k, v in body.items() if k not in _SERVING_KEYS},
+            "upstreams": [_PLACEHOLDER],
+        }
+    gateway = parse_config({**raw, "pools": stripped})
+    default_model = raw.get("model")
+    pools = tuple(_pool(p.name, p.max_tokens, serving[p.name], default_model) for p in gateway.pools)
+    models = {p.model for p in pools}
+    if len(models) > 1:
+        # One token counter and one embedding schema per gateway (embedserve.gateway.guard).
+        raise GatewayConfigError(f"pools name different models {sorted(models)}: one app serves one model")
+    gateway = replace(
+        gateway,
+        model=pools[0].model,
+        pools=tuple(
+            replace(g, upstreams=(f"serve:{p.deployment}",))
+            for g, p in zip(gateway.pools, pools, strict=True)
+        ),
+    )
+    return ScaleConfig(gateway=gateway, pools=pools, model=pools[0].model, raw=raw)
+
+
+def resolve_model(model: str) -> str:
+    """A pool's `model:` read like --model (the bundled default model by its name)."""
+    from embedserve.models.default import model_argument
+
+    return model_argument(model)
+
+
+def _pool(name: str, max_tokens: int, body: dict[str, Any], default_model: object) -> ServePool:
+    where = f"pools.{name}"
+    model = body.get("model", default_model)
+    if not isinstance(model, str) or not model:
+        raise GatewayConfigError(f"{where}: no model: set 'model:' on the pool or at the top")
+    engine: dict[str, Any] = {}
+    for key, kind in _ENGINE_KEYS.items():
+        if key in body:
+            engine[key] = _typed(body[key], f"{where}.{key}", kind)
+    engine.setdefault("max_model_len", max_tokens)
+    if engine["max_model_len"] < max_tokens:
+        raise GatewayConfigError(
+            f"{where}.max_model_len {engine['max_model_len']} is below max_tokens {max_tokens}: "
+            "the replicas would refuse inputs routed to them"
+        )
+    scaling = _scaling(body.get("replicas", {}), f"{where}.replicas")
+    resources = _section(body.get("resources", {}), f"{where}.resources", _RESOURCE_KEYS)
+    warmup = body.get("warmup_lengths")
+    if warmup is not None and (
+        not isinstance(warmup, list) or not all(isinstance(n, int) and n > 0 for n in warmup)
+    ):
+        raise GatewayConfigError(f"{where}.warmup_lengths: expected a list of positive integers")
+    queued = body.get("max_queued_tokens")
+    return ServePool(
+        name=name,
+        model=model,
+        engine=engine,
+        scaling=scaling,
+        num_cpus=_number(resources.get("num_cpus", 1.0), f"{where}.resources.num_cpus", zero=True),
+        num_gpus=_number(resources.get("num_gpus", 0.0), f"{where}.resources.num_gpus", zero=True),
+        warmup_lengths=tuple(warmup) if warmup is not None else None,
+        max_queued_tokens=None if queued is None else _typed(queued, f"{where}.max_queued_tokens", int),
+    )
+
+
+def _scaling(raw: object, where: str) -> Scaling:
+    body = _section(raw, where, _REPLICA_KEYS)
+    d = Scaling()
+    lo = _typed(body.get("min", d.min_replicas), f"{where}.min", int)
+    hi = _typed(body.get("max", max(lo, d.max_replicas)), f"{where}.max", int)
+    if hi < lo:
+        raise GatewayConfigError(f"{where}: max ({hi}) is below min ({lo})")
+    return Scaling(
+        min_replicas=lo,
+        max_replicas=hi,
+        target_queued_tokens=_typed(
+            body.get("target_queued_tokens", d.target_queued_tokens), f"{where}.target_queued_tokens", int
+        ),
+        upscale_delay_s=_number(
+            body.get("upscale_delay_s", d.upscale_delay_s), f"{where}.upscale_delay_s", zero=True
+        ),
+        downscale_delay_s=_number(
+            body.get("downscale_delay_s", d.downscale_delay_s), f"{where}.downscale_delay_s", zero=True
+        ),
+        metrics_interval_s=_number(
+            body.get("metrics_interval_s", d.metrics_interval_s), f"{where}.metrics_interval_s"
+        ),
+        look_back_period_s=_number(
+            body.get("look_back_period_s", d.look_back_period_s), f"{where}.look_back_period_s"
+        ),
+    )
+
+
+def _section(raw: object, where: str, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise GatewayConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    unknown = sorted(str(k) for k in raw if k not in allowed)
+    if unknown:
+        raise GatewayConfigError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+    return raw
+
+
+def _typed(value: object, where: str, kind: type) -> Any:
+    if kind is str:
+        if not isinstance(value, str) or not value:
+            raise GatewayConfigError(f"{where}: expected a non-empty string, got {value!r}")
+        return value
+    if kind is float:
+        return _number(value, where)
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if where.endswith(".min") else 1):
+        raise GatewayConfigError(f"{where}: expected a positive integer, got {value!r}")
+    return value
+
+
+def _number(value: object, where: str, zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise GatewayConfigError(f"{where}: expected a number, got {value!r}")
+    if value < 0 or (value == 0 and not zero):
+        raise GatewayConfigError(f"{where}: expected a {'non-negative' if zero else 'positive'} number")
+    return float(value)

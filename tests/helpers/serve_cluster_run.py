@@ -1,0 +1,197 @@
+"""End-to-end run of `serve-cluster` on a local Ray (run inside a loopback-only network namespace
+by tests/integration/test_serve_cluster.py): correctness, a killed replica, the ingress's overhead
+next to a direct `embedserve serve`, and the short pool scaled 1 -> 2 -> 1 on queued tokens.
+
+    python -m tests.helpers.serve_cluster_run MODEL_DIR OUT.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import ray
+from openai import AsyncOpenAI
+from ray import serve
+
+from embedserve import Engine
+from embedserve.scale.app import APP_NAME, build_app
+from embedserve.scale.config import parse_scale_config
+from tests.helpers.server_process import free_port, words
+
+SHORT_MAX, LONG_MAX = 64, 2048
+
+
+def pools_yaml(model: str) -> dict[str, Any]:
+    quick = {"metrics_interval_s": 0.5, "look_back_period_s": 1.0}
+    return {
+        "model": model,
+        "health_interval_s": 0.5,
+        "pools": {
+            "short": {
+                "max_tokens": SHORT_MAX,
+                "max_num_batched_tokens": 256,
+                "warmup_lengths": [16],
+                "replicas": {"min": 1, "max": 2, "target_queued_tokens": 64, "upscale_delay_s": 1,
+                             "downscale_delay_s": 3, **quick},
+                "resources": {"num_cpus": 0.5},
+            },
+            "long": {
+                "max_tokens": LONG_MAX,
+                "max_num_batched_tokens": 512,
+                "warmup_lengths": [16],
+                "replicas": {"min": 1, "max": 1, **quick},
+                "resources": {"num_cpus": 0.5},
+            },
+        },
+        "routes": [{"class": "online", "order": ["short", "long"]}, {"class": "batch", "order": ["long"]}],
+    }  # fmt: skip
+
+
+def short_replicas() -> int:
+    app = serve.status().applications[APP_NAME]
+    return int(app.deployments["pool-short"].replica_states.get("RUNNING", 0))
+
+
+def kill_one_short_replica() -> str:
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "pool-short" in a["name"]]
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+    return str(names[0])
+
+
+async def correctness(base: str, model: str) -> dict[str, Any]:
+    """40 mixed requests (some with several inputs), a short replica killed after the 10th answer."""
+    lengths = [5, 40, 300, 12, 1500, 30, 800, 8, 50, 200] * 4
+    requests = [
+        [words(n, seed=i)] if i % 3 else [words(n, seed=i), words(7, seed=i)] for i, n in enumerate(lengths)
+    ]
+    client = AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    done = 0
+    killed: str | None = None
+    sem = asyncio.Semaphore(4)
+
+    async def one(inputs: list[str]) -> list[list[float]]:
+        nonlocal done, killed
+        async with sem:
+            r = await client.embeddings.create(model=Path(model).name, input=inputs)
+        done += 1
+        if done == 10 and killed is None:
+            killed = await asyncio.to_thread(kill_one_short_replica)
+        return [d.embedding for d in r.data]
+
+    got = await asyncio.gather(*(one(inputs) for inputs in requests))
+    flat = [t for inputs in requests for t in inputs]
+    with Engine.from_pretrained(model, max_model_len=LONG_MAX) as engine:
+        want = engine.embed(flat)
+    diff = float(np.max(np.abs(np.asarray([v for vs in got for v in vs]) - np.asarray(want))))
+    return {"requests": len(requests), "inputs": len(flat), "max_abs_diff": diff, "killed": killed}
+
+
+def latency(url: str, n: int = 60) -> float:
+    with httpx.Client(timeout=30) as c:
+        c.post(url, json={"input": [words(10)]}).raise_for_status()
+        times = []
+        for i in range(n):
+            t = time.perf_counter()
+            c.post(url, json={"input": [words(10, seed=i)]}).raise_for_status()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1000
+
+
+def overhead(base: str, model: str) -> dict[str, float]:
+    port = free_port()
+    options = ["--max-model-len", str(SHORT_MAX), "--max-num-batched-tokens", "256", "--warmup-lengths", "16"]
+    cmd = [sys.executable, "-m", "embedserve", "serve", "--model", model, "--port", str(port), *options]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        direct = f"http://127.0.0.1:{port}"
+        for _ in range(240):
+            try:
+                if httpx.get(f"{direct}/health/ready").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        return {
+            "direct_p50_ms": latency(f"{direct}/v1/embeddings"),
+            "ingress_p50_ms": latency(f"{base}/v1/embeddings"),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def scale(base: str) -> list[tuple[float, int, str]]:
+    """Sustained short-input load until the short pool runs 2 replicas, then idle until 1."""
+    trace: list[tuple[float, int, str]] = []
+    start = time.monotonic()
+    stop = False
+
+    async def load() -> None:
+        async with httpx.AsyncClient(timeout=60) as c:
+
+            async def worker(k: int) -> None:
+                while not stop:
+                    await c.post(f"{base}/v1/embeddings", json={"input": [words(40, seed=k)] * 4})
+
+            await asyncio.gather(*(worker(k) for k in range(12)))
+
+    def watch(phase: str, until: int, limit_s: float) -> None:
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end:
+            n = short_replicas()
+            trace.append((round(time.monotonic() - start, 1), n, phase))
+            if n == until:
+                return
+            time.sleep(0.5)
+
+    async def loaded() -> None:
+        nonlocal stop
+        task = asyncio.create_task(load())
+        await asyncio.to_thread(watch, "load", 2, 90)
+        stop = True
+        await task
+
+    asyncio.run(loaded())
+    watch("idle", 1, 90)
+    return trace
+
+
+def main(model: str, out: str) -> None:
+    ray.init(num_cpus=2, include_dashboard=False)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        t = time.monotonic()
+        serve.run(build_app(parse_scale_config(pools_yaml(model))), name=APP_NAME, route_prefix="/")
+        for _ in range(120):
+            if httpx.get(f"{base}/health/ready").status_code == 200:
+                break
+            time.sleep(0.5)
+        result: dict[str, Any] = {"startup_s": round(time.monotonic() - t, 1)}
+        result["correctness"] = asyncio.run(correctness(base, model))
+        time.sleep(3)  # the killed replica's replacement comes up
+        result["overhead"] = overhead(base, model)
+        result["scale_trace"] = scale(base)
+        metrics = httpx.get(f"{base}/metrics").text
+        counts = [
+            x for x in metrics.splitlines() if x.startswith("embedserve_request_latency_seconds_count{")
+        ]
+        result["metrics_pool_labels"] = sorted({x.split('pool="')[1].split('"')[0] for x in counts})
+        Path(out).write_text(json.dumps(result, indent=1))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
