@@ -149,7 +149,7 @@ def _engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
     except InvalidInputError as e:
         raise ApiError(400, str(e)) from None
     except EngineDeadError as e:
-        raise ApiError(503, str(e), "service_unavailable") from None
+        raise ApiError(503, str(e), "service_unavailable", {"Retry-After": "2"}) from None
     except InternalEngineError as e:
         on_forward_failure()
         raise ApiError(500, f"the engine failed to compute this request: {e}", "server_error") from None
