@@ -109,7 +109,7 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     async def embeddings(request: Request) -> Response:
         service = _service(runtime)
         try:
-            body = await read_body(request, settings.max_body_bytes)
+            body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
             result = await service.embed(parse_request(body), disconnect_waiter(request))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)

@@ -45,11 +45,18 @@ class ServerSettings:
     max_body_bytes: int = 32 << 20
     warmup_lengths: tuple[int, ...] | None = None  # None: DEFAULT_WARMUP_LENGTHS within max_model_len
     max_engine_restarts: int = 3  # engine loop deaths rebuilt in-process before the server fails
+    body_timeout_s: float = 30.0  # whole body within this, else 408
+    request_timeout_s: float = 300.0  # queue + compute within this, else 503 + Retry-After
+    timeout_keep_alive_s: float = 5.0  # idle keep-alive connections closed after this
+    limit_concurrency: int = 1024  # open connections + tasks beyond this get 503 from uvicorn
 
     def __post_init__(self) -> None:
         for name in ("max_queued_requests", "max_inputs_per_request", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        for name in ("body_timeout_s", "request_timeout_s", "timeout_keep_alive_s", "limit_concurrency"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
         if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
             raise ValueError("max_queued_tokens must be >= 1")
         if self.max_inputs_per_request > self.max_queued_requests:
@@ -121,7 +128,13 @@ class ServerRuntime:
         self.metrics.warmup_seconds.set(seconds)
         log.info("warm-up done in %.2f s; ready", seconds)
         self.service = EmbeddingService(
-            engine, metadata, admission, self.metrics, s.max_inputs_per_request, self._forward_failure
+            engine,
+            metadata,
+            admission,
+            self.metrics,
+            s.max_inputs_per_request,
+            self._forward_failure,
+            s.request_timeout_s,
         )
         if self.phase is Phase.WARMING_UP:  # a shutdown may have begun meanwhile
             self.phase = Phase.READY

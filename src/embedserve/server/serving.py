@@ -40,6 +40,7 @@ class EmbeddingService:
         metrics: ServerMetrics,
         max_inputs_per_request: int,
         on_forward_failure: Callable[[], None],
+        request_timeout_s: float = 300.0,
     ) -> None:
         self.engine = engine
         self.metadata = metadata
@@ -47,6 +48,7 @@ class EmbeddingService:
         self.metrics = metrics
         self.max_inputs_per_request = max_inputs_per_request
         self._on_forward_failure = on_forward_failure
+        self.request_timeout_s = request_timeout_s
 
     async def embed(
         self, req: EmbeddingRequest, wait_disconnect: Callable[[], Awaitable[None]]
@@ -86,7 +88,17 @@ class EmbeddingService:
             )
         try:
             with _engine_errors(self._on_forward_failure):
-                outputs = await unless_disconnected(self._run(req, tokenized), wait_disconnect)
+                run = unless_disconnected(self._run(req, tokenized), wait_disconnect)
+                outputs = await asyncio.wait_for(run, self.request_timeout_s)  # cancelling aborts it
+        except asyncio.TimeoutError:
+            wait = str(self.admission.retry_after())
+            raise ApiError(
+                503,
+                f"request not answered within {self.request_timeout_s:g} s (queue and compute); "
+                f"its work was cancelled: retry in {wait} s",
+                "service_unavailable",
+                {"Retry-After": wait},
+            ) from None
         finally:
             self.admission.release(ticket)
         total = time.perf_counter() - start
