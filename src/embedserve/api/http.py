@@ -88,7 +88,7 @@ async def api_error_handler(_: Request, exc: ApiError) -> JSONResponse:
 
 async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Routing errors (unknown path 404, wrong method 405) in the same error shape."""
-    message = f"{exc.detail}: {request.method} {request.url.path}"
+    message = f"{exc.detail}: {request.method} {request.url.path[:200]}"
     return JSONResponse(
         error_body(message, "invalid_request_error", exc.status_code),
         exc.status_code,

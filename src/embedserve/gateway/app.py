@@ -30,7 +30,7 @@ from embedserve.api.openapi import (
     error_responses,
     metrics_route,
 )
-from embedserve.api.protocol import ApiError, parse_request
+from embedserve.api.protocol import ApiError, clip, parse_request
 from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.service import GatewayService
 
@@ -81,7 +81,9 @@ def create_app(service: GatewayService) -> FastAPI:
         card = _model_card(service)
         if model_id != card["id"]:
             raise ApiError(
-                404, f"model {model_id!r} not found; this gateway serves {card['id']!r}", "not_found_error"
+                404,
+                f"model {clip(model_id)} not found; this gateway serves {card['id']!r}",
+                "not_found_error",
             )
         return card
 

@@ -33,7 +33,7 @@ from embedserve.api.openapi import (
     error_responses,
     metrics_route,
 )
-from embedserve.api.protocol import ApiError, parse_request
+from embedserve.api.protocol import ApiError, clip, parse_request
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 from embedserve.server.serving import EmbeddingService
@@ -98,7 +98,7 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
         card = _model_card(_service(runtime))
         if model_id != card["id"]:
             raise ApiError(
-                404, f"model {model_id!r} not found; this server serves {card['id']!r}", "not_found_error"
+                404, f"model {clip(model_id)} not found; this server serves {card['id']!r}", "not_found_error"
             )
         return card
 

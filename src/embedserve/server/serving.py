@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedserve.api.http import unless_disconnected
-from embedserve.api.protocol import ApiError, EmbeddingRequest, encode_vector
+from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, encode_vector
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.errors import EngineDeadError, InternalEngineError, InvalidInputError
 from embedserve.lengths import bucket_of
@@ -57,7 +57,7 @@ class EmbeddingService:
         if req.model is not None and req.model != self.metadata.model:
             raise ApiError(
                 404,
-                f"model {req.model!r} not found; this server serves {self.metadata.model!r}",
+                f"model {clip(req.model)} not found; this server serves {self.metadata.model!r}",
                 "not_found_error",
             )
         items = req.items
