@@ -119,7 +119,7 @@ def resolve_prompt(
         return ""
     if name not in prompts:
         known = ", ".join(sorted(prompts)) or "none"
-        raise InvalidInputError(f"unknown prompt name {name!r}; this model defines: {known}")
+        raise InvalidInputError(f"unknown prompt name {name[:80]!r}; this model defines: {known}")
     return prompts[name]
 
 

@@ -25,19 +25,30 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready; its pending work was cancelled."""
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+BODY_TIMEOUT_S = 30.0
+
+
+async def read_body(request: Request, limit: int, timeout: float = BODY_TIMEOUT_S) -> bytes:
+    """The body, refused before parsing when over `limit` bytes (413) or when it does not
+    arrive whole within `timeout` seconds (408: a client sending one byte a second)."""
     too_big = ApiError(413, f"request body exceeds the limit of {limit} bytes")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_big
     body = bytearray()
-    try:
+
+    async def receive() -> None:
         async for chunk in request.stream():  # counted as it arrives: chunked bodies have no length
-            body += chunk
+            body.extend(chunk)
             if len(body) > limit:
                 raise too_big
+
+    try:
+        await asyncio.wait_for(receive(), timeout)
     except ClientDisconnect:
         raise ClientGone("client disconnected while sending the body") from None
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"request body not received within {timeout:g} s") from None
     return bytes(body)
 
 
@@ -77,7 +88,7 @@ async def api_error_handler(_: Request, exc: ApiError) -> JSONResponse:
 
 async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Routing errors (unknown path 404, wrong method 405) in the same error shape."""
-    message = f"{exc.detail}: {request.method} {request.url.path}"
+    message = f"{exc.detail}: {request.method} {request.url.path[:200]}"
     return JSONResponse(
         error_body(message, "invalid_request_error", exc.status_code),
         exc.status_code,

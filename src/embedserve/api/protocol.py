@@ -43,6 +43,12 @@ def error_body(message: str, kind: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
+def clip(value: object, limit: int = 80) -> str:
+    """`repr(value)` cut to `limit` characters: error messages never echo a whole input back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 15]}... ({len(text)} chars)"
+
+
 def _is_id(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -63,7 +69,7 @@ def _check_input(value: object) -> EmbeddingInput:
         for i, ids in enumerate(value):
             bad = next((x for x in ids if not _is_id(x)), None)
             if bad is not None:
-                raise ValueError(f"input[{i}] must be a list of integer token ids; found {bad!r}")
+                raise ValueError(f"input[{i}] must be a list of integer token ids; found {clip(bad)}")
         return [list(ids) for ids in value]
     kinds = sorted({type(x).__name__ for x in value})
     raise ValueError(f"input must be {_INPUT_SHAPES}, not a mix of {', '.join(kinds)}")

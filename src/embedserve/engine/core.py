@@ -91,6 +91,7 @@ class EngineCore:
             rows = self.runner.execute(out)
         except Exception as e:  # a failed forward fails this step's requests, not the engine
             log.exception("forward pass failed at step %d", out.step)
+            _release_device_memory(e)
             return [self._fail(c.request_id, e) for c in out.chunks]
         self.tokens_computed += out.num_tokens
         try:
@@ -165,6 +166,12 @@ class EngineCore:
             "num_running": len(self.scheduler.running) + lane.get("layer_major_started", 0),
             "num_waiting": len(self.scheduler.waiting) + lane.get("layer_major_waiting", 0),
         }
+
+
+def _release_device_memory(error: Exception) -> None:
+    """After an out-of-memory error, give the allocator's cached blocks back before the next step."""
+    if isinstance(error, torch.OutOfMemoryError) and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _forward_error(error: Exception) -> InternalEngineError:

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -22,7 +22,15 @@ from embedserve.api.http import (
     read_body,
     unless_disconnected,
 )
-from embedserve.api.protocol import ApiError, parse_request
+from embedserve.api.openapi import (
+    Health,
+    ModelCard,
+    ModelList,
+    embeddings_route,
+    error_responses,
+    metrics_route,
+)
+from embedserve.api.protocol import ApiError, clip, parse_request
 from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.service import GatewayService
 
@@ -39,11 +47,11 @@ def create_app(service: GatewayService) -> FastAPI:
     app.add_exception_handler(ApiError, api_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, http_error_handler)  # type: ignore[arg-type]
 
-    @app.get("/health/live")
+    @app.get("/health/live", response_model=None, responses={200: {"model": Health}})
     async def live() -> dict[str, str]:
         return {"status": "alive"}
 
-    @app.get("/health/ready")
+    @app.get("/health/ready", response_model=None, responses=_READY)
     async def ready() -> JSONResponse:
         available = upstreams.available()
         # Ready when every traffic class it routes has at least one pool that can take work.
@@ -56,24 +64,32 @@ def create_app(service: GatewayService) -> FastAPI:
         }
         return JSONResponse(body, 503 if missing else 200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, **metrics_route())
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=None, responses={200: {"model": ModelList}, **error_responses(503)})
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [_model_card(service)]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get(
+        "/v1/models/{model_id:path}",
+        response_model=None,
+        responses={200: {"model": ModelCard}, **error_responses(404, 503)},
+    )
     async def model(model_id: str) -> dict[str, Any]:
         card = _model_card(service)
         if model_id != card["id"]:
             raise ApiError(
-                404, f"model {model_id!r} not found; this gateway serves {card['id']!r}", "not_found_error"
+                404,
+                f"model {clip(model_id)} not found; this gateway serves {card['id']!r}",
+                "not_found_error",
             )
         return card
 
-    @app.post(EMBEDDINGS_PATH)
+    statuses = (400, 404, 408, 413, 422, 429, 500, 502, 503, 504)
+
+    @app.post(EMBEDDINGS_PATH, **embeddings_route(service.config.max_inputs_per_request, statuses))
     async def embeddings(request: Request) -> Response:
         traffic_class = "unknown"
         try:
@@ -97,6 +113,12 @@ def create_app(service: GatewayService) -> FastAPI:
         return JSONResponse(data, headers=headers)
 
     return app
+
+
+_READY: dict[int | str, dict[str, Any]] = {
+    200: {"model": Health, "description": "every traffic class has a pool that can take work"},
+    503: {"model": Health, "description": "some traffic class has no ready pool"},
+}
 
 
 def _traffic_class(request: Request, body_priority: str, body_set: bool) -> str:

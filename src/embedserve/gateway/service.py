@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
-from embedserve.api.protocol import ApiError, EmbeddingRequest
+from embedserve.api.protocol import ApiError, EmbeddingRequest, clip
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.gateway.config import GatewayConfig
 from embedserve.gateway.counting import TokenCounter
@@ -77,7 +77,7 @@ class GatewayService:
         name = self.model_name
         if req.model is not None and name is not None and req.model != name:
             raise ApiError(
-                404, f"model {req.model!r} not found; this gateway serves {name!r}", "not_found_error"
+                404, f"model {clip(req.model)} not found; this gateway serves {name!r}", "not_found_error"
             )
         items = req.items
         if len(items) > self.config.max_inputs_per_request:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -25,7 +25,15 @@ from embedserve.api.http import (
     http_error_handler,
     read_body,
 )
-from embedserve.api.protocol import ApiError, parse_request
+from embedserve.api.openapi import (
+    Health,
+    ModelCard,
+    ModelList,
+    embeddings_route,
+    error_responses,
+    metrics_route,
+)
+from embedserve.api.protocol import ApiError, clip, parse_request
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 from embedserve.server.serving import EmbeddingService
@@ -56,38 +64,52 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     app.add_exception_handler(ApiError, api_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, http_error_handler)  # type: ignore[arg-type]
     auth = Depends(_bearer_check(settings.api_keys))
+    keyed = (401,) if settings.api_keys else ()
 
-    @app.get("/health/live")
+    @app.get("/health/live", response_model=None, responses={200: {"model": Health}})
     async def live() -> dict[str, str]:
         return {"status": "alive", "phase": runtime.phase.value}
 
-    @app.get("/health/ready")
+    @app.get("/health/ready", response_model=None, responses=_READY)
     async def ready() -> JSONResponse:
         ok, reason = await runtime.readiness()
         return JSONResponse({"status": "ready" if ok else "not_ready", "detail": reason}, 200 if ok else 503)
 
-    @app.get("/metrics", dependencies=[auth])
+    @app.get("/metrics", dependencies=[auth], response_class=PlainTextResponse, **metrics_route(*keyed))
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", dependencies=[auth])
+    @app.get(
+        "/v1/models",
+        dependencies=[auth],
+        response_model=None,
+        responses={200: {"model": ModelList}, **error_responses(*keyed, 503)},
+    )
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_card(_service(runtime))]}
 
-    @app.get("/v1/models/{model_id:path}", dependencies=[auth])
+    @app.get(
+        "/v1/models/{model_id:path}",
+        dependencies=[auth],
+        response_model=None,
+        responses={200: {"model": ModelCard}, **error_responses(*keyed, 404, 503)},
+    )
     async def model(model_id: str) -> dict[str, Any]:
         card = model_card(_service(runtime))
         if model_id != card["id"]:
             raise ApiError(
-                404, f"model {model_id!r} not found; this server serves {card['id']!r}", "not_found_error"
+                404, f"model {clip(model_id)} not found; this server serves {card['id']!r}", "not_found_error"
             )
         return card
 
-    @app.post(EMBEDDINGS_PATH, dependencies=[auth])
+    statuses = (400, *keyed, 404, 408, 413, 422, 429, 500, 503)
+    embed_doc = embeddings_route(settings.max_inputs_per_request, statuses)
+
+    @app.post(EMBEDDINGS_PATH, dependencies=[auth], **embed_doc)
     async def embeddings(request: Request) -> Response:
         service = _service(runtime)
         try:
-            body = await read_body(request, settings.max_body_bytes)
+            body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
             result = await service.embed(parse_request(body), disconnect_waiter(request))
         except ClientGone:
             return Response(status_code=CLIENT_CLOSED)
@@ -99,6 +121,12 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
         return JSONResponse(result.body, headers=result.headers)
 
     return app
+
+
+_READY: dict[int | str, dict[str, Any]] = {
+    200: {"model": Health, "description": "loaded, warmed up, engine healthy"},
+    503: {"model": Health, "description": "loading, warming up, failed, draining or engine unhealthy"},
+}
 
 
 def _service(runtime: ServerRuntime) -> EmbeddingService:

@@ -21,6 +21,16 @@ def _lengths(text: str) -> tuple[int, ...]:
     return tuple(positive_int(x.strip()) for x in text.split(",") if x.strip())
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults, except None and those the help text already explains."""
 
@@ -84,6 +94,36 @@ def register(sub: Any) -> None:
         default=32 << 20,
         help="largest request body in bytes (more: 413)",
     )
+    h = p.add_argument_group("limits on slow and hostile clients, and on faults")
+    h.add_argument(
+        "--body-timeout", type=_seconds, default=30.0, help="seconds for a whole request body (more: 408)"
+    )
+    h.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=300.0,
+        help="seconds a request may wait in the queue and run; then its work is cancelled and it "
+        "gets 503 + Retry-After",
+    )
+    h.add_argument(
+        "--timeout-keep-alive",
+        type=_seconds,
+        default=5.0,
+        help="seconds before an idle keep-alive connection is closed",
+    )
+    h.add_argument(
+        "--limit-concurrency",
+        type=positive_int,
+        default=1024,
+        help="open connections plus running requests beyond which uvicorn answers 503",
+    )
+    h.add_argument(
+        "--max-engine-restarts",
+        type=int,
+        default=3,
+        help="times the engine is rebuilt in-process after its loop dies (503 + Retry-After "
+        "meanwhile) before the server exits 1",
+    )
     g.add_argument(
         "--warmup-lengths",
         type=_lengths,
@@ -131,6 +171,11 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         max_inputs_per_request=args.max_inputs_per_request,
         max_body_bytes=args.max_body_bytes,
         warmup_lengths=args.warmup_lengths,
+        body_timeout_s=args.body_timeout,
+        request_timeout_s=args.request_timeout,
+        timeout_keep_alive_s=args.timeout_keep_alive,
+        limit_concurrency=args.limit_concurrency,
+        max_engine_restarts=args.max_engine_restarts,
     )
 
 

@@ -40,7 +40,15 @@ def serve(settings: ServerSettings, host: str, port: int, log_level: str = "info
         server.should_exit = True
 
     app = create_app(settings, on_fatal)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        timeout_keep_alive=max(1, round(settings.timeout_keep_alive_s)),
+        limit_concurrency=settings.limit_concurrency,
+    )
     server = DrainingServer(config, app.state.runtime.begin_drain)
     # uvicorn re-raises a caught SIGTERM after its graceful shutdown so that the previous
     # handler runs; the default handler would then kill the process (exit 143). The drain

@@ -4,6 +4,9 @@ The HTTP socket opens before the model is loaded, so liveness answers at once wh
 readiness stays 503 until a warmed-up engine has produced correct vectors:
 
     LOADING -> WARMING_UP -> READY -> DRAINING        (FAILED from LOADING / WARMING_UP)
+                               READY <-> RESTARTING    (the engine loop died: a new engine
+                                                        is built and warmed up; FAILED after
+                                                        `max_engine_restarts`)
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from embedserve.server.warmup import probe, warm_up
 log = logging.getLogger(__name__)
 
 _PROBE_TIMEOUT_S = 30.0
+_WATCH_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -40,11 +44,19 @@ class ServerSettings:
     max_inputs_per_request: int = 2048
     max_body_bytes: int = 32 << 20
     warmup_lengths: tuple[int, ...] | None = None  # None: DEFAULT_WARMUP_LENGTHS within max_model_len
+    max_engine_restarts: int = 3  # engine loop deaths rebuilt in-process before the server fails
+    body_timeout_s: float = 30.0  # whole body within this, else 408
+    request_timeout_s: float = 300.0  # queue + compute within this, else 503 + Retry-After
+    timeout_keep_alive_s: float = 5.0  # idle keep-alive connections closed after this
+    limit_concurrency: int = 1024  # open connections + tasks beyond this get 503 from uvicorn
 
     def __post_init__(self) -> None:
         for name in ("max_queued_requests", "max_inputs_per_request", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        for name in ("body_timeout_s", "request_timeout_s", "timeout_keep_alive_s", "limit_concurrency"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
         if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
             raise ValueError("max_queued_tokens must be >= 1")
         if self.max_inputs_per_request > self.max_queued_requests:
@@ -69,6 +81,7 @@ class Phase(str, enum.Enum):
     READY = "ready"
     FAILED = "failed"
     DRAINING = "draining"
+    RESTARTING = "restarting"
 
 
 class ServerRuntime:
@@ -83,6 +96,8 @@ class ServerRuntime:
         self.service: EmbeddingService | None = None
         self._on_fatal = on_fatal
         self._forward_failed = False
+        self.restarts = 0
+        self._watcher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -113,10 +128,55 @@ class ServerRuntime:
         self.metrics.warmup_seconds.set(seconds)
         log.info("warm-up done in %.2f s; ready", seconds)
         self.service = EmbeddingService(
-            engine, metadata, admission, self.metrics, s.max_inputs_per_request, self._forward_failure
+            engine,
+            metadata,
+            admission,
+            self.metrics,
+            s.max_inputs_per_request,
+            self._forward_failure,
+            s.request_timeout_s,
         )
         if self.phase is Phase.WARMING_UP:  # a shutdown may have begun meanwhile
             self.phase = Phase.READY
+            self._watcher = asyncio.create_task(self._watch())
+
+    async def _watch(self) -> None:
+        """Rebuild the engine when its loop dies (a bug, a fault outside a forward pass): the
+        requests it held got EngineDeadError (503); new ones get 503 + Retry-After meanwhile."""
+        while self.phase in (Phase.READY, Phase.RESTARTING):
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            if self.phase is not Phase.READY or self.engine is None or self.engine.alive:
+                continue
+            if self.restarts >= self.settings.max_engine_restarts:
+                self.phase, self.error = Phase.FAILED, f"the engine loop died {self.restarts + 1} times"
+                log.error("%s; giving up", self.error)
+                if self._on_fatal is not None:
+                    self._on_fatal(self.error)
+                return
+            self.restarts += 1
+            self.phase = Phase.RESTARTING
+            log.error("the engine loop died; restarting the engine (restart %d)", self.restarts)
+            try:
+                await self._rebuild()
+            except Exception as e:
+                log.exception("engine restart failed")
+                self.phase, self.error = Phase.FAILED, f"engine restart failed: {type(e).__name__}: {e}"
+                if self._on_fatal is not None:
+                    self._on_fatal(self.error)
+                return
+            if self.phase is Phase.RESTARTING:
+                self.phase = Phase.READY
+
+    async def _rebuild(self) -> None:
+        assert self.engine is not None and self.service is not None
+        s = self.settings
+        await asyncio.to_thread(self.engine.close)
+        engine = await asyncio.to_thread(Engine.from_pretrained, s.model, **s.engine_kwargs)
+        await warm_up(engine, s.warmup_lengths)
+        self.engine = self.service.engine = engine
+        self.metrics.bind(engine, self.service.admission)
+        self._forward_failed = False
+        log.info("engine restarted; ready")
 
     def _forward_failure(self) -> None:
         self._forward_failed = True
@@ -146,5 +206,7 @@ class ServerRuntime:
         return self.phase is Phase.READY
 
     async def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         if self.engine is not None:
             await asyncio.to_thread(self.engine.close)

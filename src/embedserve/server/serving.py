@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedserve.api.http import unless_disconnected
-from embedserve.api.protocol import ApiError, EmbeddingRequest, encode_vector
+from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, encode_vector
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.errors import EngineDeadError, InternalEngineError, InvalidInputError
 from embedserve.lengths import bucket_of
@@ -40,6 +40,7 @@ class EmbeddingService:
         metrics: ServerMetrics,
         max_inputs_per_request: int,
         on_forward_failure: Callable[[], None],
+        request_timeout_s: float = 300.0,
     ) -> None:
         self.engine = engine
         self.metadata = metadata
@@ -47,6 +48,7 @@ class EmbeddingService:
         self.metrics = metrics
         self.max_inputs_per_request = max_inputs_per_request
         self._on_forward_failure = on_forward_failure
+        self.request_timeout_s = request_timeout_s
 
     async def embed(
         self, req: EmbeddingRequest, wait_disconnect: Callable[[], Awaitable[None]]
@@ -55,7 +57,7 @@ class EmbeddingService:
         if req.model is not None and req.model != self.metadata.model:
             raise ApiError(
                 404,
-                f"model {req.model!r} not found; this server serves {self.metadata.model!r}",
+                f"model {clip(req.model)} not found; this server serves {self.metadata.model!r}",
                 "not_found_error",
             )
         items = req.items
@@ -86,7 +88,17 @@ class EmbeddingService:
             )
         try:
             with _engine_errors(self._on_forward_failure):
-                outputs = await unless_disconnected(self._run(req, tokenized), wait_disconnect)
+                run = unless_disconnected(self._run(req, tokenized), wait_disconnect)
+                outputs = await asyncio.wait_for(run, self.request_timeout_s)  # cancelling aborts it
+        except asyncio.TimeoutError:
+            wait = str(self.admission.retry_after())
+            raise ApiError(
+                503,
+                f"request not answered within {self.request_timeout_s:g} s (queue and compute); "
+                f"its work was cancelled: retry in {wait} s",
+                "service_unavailable",
+                {"Retry-After": wait},
+            ) from None
         finally:
             self.admission.release(ticket)
         total = time.perf_counter() - start
@@ -149,7 +161,7 @@ def _engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
     except InvalidInputError as e:
         raise ApiError(400, str(e)) from None
     except EngineDeadError as e:
-        raise ApiError(503, str(e), "service_unavailable") from None
+        raise ApiError(503, str(e), "service_unavailable", {"Retry-After": "2"}) from None
     except InternalEngineError as e:
         on_forward_failure()
         raise ApiError(500, f"the engine failed to compute this request: {e}", "server_error") from None

@@ -1,0 +1,188 @@
+"""What `/openapi.json` says about the server's and the gateway's routes, true to the handlers.
+
+The embeddings route parses its body itself (api/protocol.py: 400 for bad JSON, 422 for a
+wrong shape), so FastAPI cannot see a request model: the request body is declared here from
+`EmbeddingRequest`'s own JSON schema, and every route lists the statuses it can answer with
+the error body they carry and `Retry-After` where a retry can help.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from embedserve.api.protocol import EmbeddingRequest
+
+PROMETHEUS_TEXT = "text/plain"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, authentication_error, not_found_error, "
+                      "rate_limit_error, service_unavailable or server_error")  # fmt: skip
+    param: None = None
+    code: int = Field(description="the HTTP status")
+
+
+class ErrorResponse(BaseModel):
+    """The body of every non-200 answer (OpenAI's error shape)."""
+
+    error: ErrorDetail
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"]
+    index: int = Field(ge=0, description="position of the input in the request")
+    embedding: list[float] | str = Field(
+        description="float list, or base64 of little-endian float32 with encoding_format=base64"
+    )
+    num_tokens: int = Field(ge=1, description="tokens embedded (prompt included, after truncation)")
+    truncated: bool = Field(default=False, description="the input was cut to the model's limit")
+    pool: str | None = Field(default=None, description="gateway only: the pool that embedded it")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[EmbeddingItem]
+    usage: Usage
+    model: str
+    model_version: str
+    dtype: str
+    backend_profile: str
+    embedding_schema: str = Field(description="vectors with different schemas are not comparable")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    model_version: str | None = None
+    dtype: str | None = None
+    backend_profile: str | None = None
+    embedding_schema: str | None = None
+    dimensions: int | None = None
+    max_model_len: int | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    prompt_names: list[str] | None = None
+    pools: dict[str, Any] | None = Field(default=None, description="gateway only: its pools' state")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["alive", "ready", "not_ready"]
+    phase: str | None = Field(default=None, description="server: loading, warming_up, ready, ...")
+    detail: str | None = None
+    pools: dict[str, Any] | None = Field(default=None, description="gateway only: its pools' state")
+
+
+_WHY = {
+    400: "bad JSON, an invalid input (empty, unknown token id, too long with truncate=error, "
+    "dimensions over the model's size, unknown prompt name) or too many inputs",
+    401: "missing or wrong API key (only when the server has keys)",
+    404: "the model named is not the one served",
+    408: "the request body did not arrive in time",
+    413: "body over the byte limit, or more inputs / tokens than the server ever queues",
+    422: "the body does not have the request's shape or types",
+    429: "at capacity: retry after Retry-After seconds",
+    500: "internal error (e.g. a forward pass failed); other requests are unaffected",
+    502: "gateway: an upstream answered something invalid",
+    503: "not ready (loading, draining, engine stopped), no pool available, or the request "
+    "waited longer than the server's request timeout; retry after Retry-After seconds",
+    504: "gateway: an upstream did not answer in time",
+}
+_RETRY = {429, 503}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """FastAPI `responses=` entries: each status with the error body, Retry-After where it applies."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        entry: dict[str, Any] = {"model": ErrorResponse, "description": _WHY[status]}
+        if status in _RETRY:
+            entry["headers"] = {
+                "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer", "minimum": 1}}
+            }
+        out[status] = entry
+    return out
+
+
+def _ids(min_items: int) -> dict[str, Any]:
+    return {"type": "array", "minItems": min_items, "items": {"type": "integer", "minimum": 0}}
+
+
+def input_schema(max_inputs: int) -> dict[str, Any]:
+    """The four OpenAI input shapes, as `protocol._check_input` reads them."""
+    text = {"type": "string", "minLength": 1}
+    return {
+        "description": "a string, a list of strings, a list of token ids (one tokenized input) or a "
+        f"list of token-id lists; at most {max_inputs} inputs, token ids below the model's "
+        "vocabulary size, each input within the model's max_model_len unless truncate is set",
+        "anyOf": [
+            text,
+            {"type": "array", "minItems": 1, "maxItems": max_inputs, "items": text},
+            _ids(1),
+            {"type": "array", "minItems": 1, "maxItems": max_inputs, "items": _ids(1)},
+        ],
+    }
+
+
+def request_schema(max_inputs: int) -> dict[str, Any]:
+    schema = copy.deepcopy(EmbeddingRequest.model_json_schema())
+    schema["properties"]["input"] = input_schema(max_inputs)
+    schema["properties"]["dimensions"]["description"] = "Matryoshka: keep the first N values (at most the "
+    "model's hidden size), then normalize"
+    schema["properties"]["user"]["description"] = "accepted and ignored (OpenAI compatibility)"
+    return schema
+
+
+def embeddings_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of the `POST /v1/embeddings` route decorator."""
+    ms = {"schema": {"type": "string"}}
+    return {
+        "summary": "Embed one or more inputs",
+        "response_model": None,
+        "openapi_extra": {
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": request_schema(max_inputs)}},
+            }
+        },
+        "responses": {
+            200: {
+                "model": EmbeddingResponse,
+                "description": "one vector per input, in input order, with the vector-space metadata",
+                "headers": {
+                    f"x-{name}-time": {"description": "milliseconds", **ms}
+                    for name in ("queue", "inference", "total")
+                },
+            },
+            **error_responses(*statuses),
+        },
+    }
+
+
+def metrics_route(*statuses: int) -> dict[str, Any]:
+    return {
+        "summary": "Prometheus metrics",
+        "response_model": None,
+        "responses": {
+            200: {
+                "description": "Prometheus text exposition format",
+                "content": {PROMETHEUS_TEXT: {"schema": {"type": "string"}}},
+            },
+            **error_responses(*statuses),
+        },
+    }

@@ -1,0 +1,69 @@
+"""Bounded API fuzzing of `embedserve serve` and `embedserve gateway` from their own schemas.
+
+Never a 5xx, statuses / content types / headers / bodies as the schema says, and healthy after.
+CI runs 100 cases per operation and mode (about 5 s of fuzzing each, 45 s with start-up); the
+longer run of docs/reliability.md:
+
+    EMBEDSERVE_FUZZ_EXAMPLES=1000 EMBEDSERVE_FUZZ_REPORT=fuzz.json pytest tests/unit/test_fuzz_api.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.helpers.fuzz import FuzzReport, fuzz_api, threaded_server
+from tests.helpers.inprocess import gateway_app, server_client
+
+EXAMPLES = int(os.environ.get("EMBEDSERVE_FUZZ_EXAMPLES", "100"))
+
+
+def _record(name: str, report: FuzzReport) -> None:
+    out = os.environ.get("EMBEDSERVE_FUZZ_REPORT")
+    print(f"{name}: {report.cases} cases, statuses {dict(report.statuses)}, {report.server_errors} 5xx")
+    for op, mode, cases, seconds in report.timings:
+        print(f"  {op} [{mode}]: {cases} cases in {seconds:.1f} s")
+    if out:
+        path = Path(out)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[name] = {"cases": report.cases, "statuses": report.statuses, "failures": report.failures}
+        path.write_text(json.dumps(data, indent=1, default=dict))
+
+
+@pytest.fixture(scope="module")
+def server(qwen3_dir: Path) -> Iterator[tuple[TestClient, str]]:
+    # Small limits, so that generated requests reach them (413 / 400 / 429 paths included).
+    with (
+        server_client(qwen3_dir, max_inputs_per_request=16, max_body_bytes=1 << 16) as client,
+        threaded_server(client.app) as url,
+    ):
+        yield client, url
+
+
+def test_fuzzing_the_server_finds_no_5xx_and_no_schema_violation(server: tuple[TestClient, str]) -> None:
+    client, url = server
+    report = fuzz_api(url, EXAMPLES)
+    _record("server", report)
+    assert report.cases >= 6 * EXAMPLES // 2
+    assert report.server_errors == 0, report.statuses
+    assert not report.failures, "\n".join(report.failures[:5])
+    assert client.get("/health/ready").status_code == 200
+    assert client.post("/v1/embeddings", json={"input": "after the fuzz"}).status_code == 200
+
+
+def test_fuzzing_the_gateway_finds_no_5xx_and_no_schema_violation(
+    server: tuple[TestClient, str], qwen3_dir: Path
+) -> None:
+    client, _ = server
+    gateway = gateway_app(client.app, qwen3_dir, max_inputs_per_request=16, max_body_bytes=1 << 16)
+    with threaded_server(gateway) as url:
+        report = fuzz_api(url, EXAMPLES)
+        _record("gateway", report)
+        assert report.server_errors == 0, report.statuses
+        assert not report.failures, "\n".join(report.failures[:5])
+        assert TestClient(gateway).get("/health/ready").status_code == 200
