@@ -92,6 +92,19 @@ def register(sub: Any) -> None:
         "at max_model_len); one step filling max_num_batched_tokens always runs too",
     )
     g.add_argument(
+        "--int8-calibration",
+        default=None,
+        metavar="NPY",
+        help="int8/uint8 outputs: per-dimension ranges from this .npy ([2, dim] min/max rows, or [n, dim] "
+        "calibration embeddings)",
+    )
+    g.add_argument(
+        "--int8-scale",
+        type=float,
+        default=1.0,
+        help="int8/uint8 outputs without --int8-calibration: the fixed range [-scale, scale] per dimension",
+    )
+    g.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
     )
     p.set_defaults(func=_cmd_serve)
@@ -131,6 +144,8 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         max_inputs_per_request=args.max_inputs_per_request,
         max_body_bytes=args.max_body_bytes,
         warmup_lengths=args.warmup_lengths,
+        int8_calibration=args.int8_calibration,
+        int8_scale=args.int8_scale,
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedserve.api.quantize import DEFAULT_INT8_SCALE, Calibration
 from embedserve.engine.engine import Engine
 from embedserve.schema import ModelMetadata, fingerprint_model_dir
 from embedserve.server.admission import Admission, ThroughputMeter
@@ -40,6 +41,14 @@ class ServerSettings:
     max_inputs_per_request: int = 2048
     max_body_bytes: int = 32 << 20
     warmup_lengths: tuple[int, ...] | None = None  # None: DEFAULT_WARMUP_LENGTHS within max_model_len
+    # int8 / uint8 outputs: ranges from this .npy file, else [-int8_scale, int8_scale] (api/quantize.py)
+    int8_calibration: str | None = None
+    int8_scale: float = DEFAULT_INT8_SCALE
+
+    def calibration(self) -> Calibration:
+        if self.int8_calibration is not None:
+            return Calibration.load(self.int8_calibration)
+        return Calibration.fixed(self.int8_scale)
 
     def __post_init__(self) -> None:
         for name in ("max_queued_requests", "max_inputs_per_request", "max_body_bytes"):
@@ -87,6 +96,7 @@ class ServerRuntime:
     async def start(self) -> None:
         s = self.settings
         try:
+            calibration = s.calibration()
             engine = self.engine = await asyncio.to_thread(Engine.from_pretrained, s.model, **s.engine_kwargs)
             # The files were just read, so hashing them runs from the page cache.
             fingerprint = await asyncio.to_thread(fingerprint_model_dir, engine.config.model_path)
@@ -113,7 +123,13 @@ class ServerRuntime:
         self.metrics.warmup_seconds.set(seconds)
         log.info("warm-up done in %.2f s; ready", seconds)
         self.service = EmbeddingService(
-            engine, metadata, admission, self.metrics, s.max_inputs_per_request, self._forward_failure
+            engine,
+            metadata,
+            admission,
+            self.metrics,
+            s.max_inputs_per_request,
+            self._forward_failure,
+            calibration,
         )
         if self.phase is Phase.WARMING_UP:  # a shutdown may have begun meanwhile
             self.phase = Phase.READY
