@@ -16,6 +16,7 @@ import numpy as np
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop
+from embedserve.engine.rerank import RerankMixin
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
@@ -33,13 +34,14 @@ class EmbeddingOutput:
     num_preemptions: int = 0  # times this request was preempted and recomputed
 
 
-class Engine:
+class Engine(RerankMixin):
     def __init__(self, parts: EngineParts | Callable[[], EngineParts]) -> None:
         """Run built `parts`, or build them with `parts()` on the engine loop's thread: the
         thread that then runs the model (loop.py: one OpenMP pool, not two)."""
         self._loop = EngineLoop(parts if callable(parts) else lambda: parts)
         self.config = self._loop.parts.config
         self.tokenizer = self._loop.parts.tokenizer
+        self.score_head = self._loop.parts.score_head  # rerankers (engine/rerank.py)
         self._ids = itertools.count()
 
     # ---- construction ----------------------------------------------------------------------
@@ -87,6 +89,7 @@ class Engine:
                 pool.method,
                 prio,
                 excluded_prefix=0 if pool.include_prompt else t.prompt_tokens,
+                token_type_ids=t.token_type_ids,
             )
             for t in tokenized
         ]
