@@ -164,7 +164,7 @@ class Engine(RerankMixin):
             truncate=truncate,
         )
         try:
-            return [_output(f.result(), t) for f, t in zip(futures, tokenized, strict=True)]
+            return [output_of(f.result(), t) for f, t in zip(futures, tokenized, strict=True)]
         except BaseException:
             for f in futures:  # one input failed (or we were interrupted): free the rest
                 f.cancel()
@@ -280,7 +280,7 @@ async def _gather(futures: list[Future[Finished]], tokenized: list[Tokenized]) -
         for f in futures:  # caller gone or one input failed: free the rest's blocks
             f.cancel()
         raise
-    return [_output(f, t) for f, t in zip(done, tokenized, strict=True)]
+    return [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
 
 
 def _parse_priority(value: str) -> Priority:
@@ -290,7 +290,7 @@ def _parse_priority(value: str) -> Priority:
         raise InvalidInputError(str(e)) from None
 
 
-def _output(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
+def output_of(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
     req = fin.request
     assert fin.vector is not None
     started = req.first_scheduled_time or fin.finish_time

@@ -88,8 +88,8 @@ class RerankMixin:
                 f.cancel()
             raise
 
-    def scores(self, done: list[Finished], raw_scores: bool = False) -> list[float]:
-        rows = torch.stack([f.vector for f in done if f.vector is not None])  # [n, hidden]
+    def scores(self, rows: torch.Tensor, raw_scores: bool = False) -> list[float]:
+        """The head on pooled pair rows [n, hidden] -> one score each."""
         return [float(s) for s in self._head().scores(rows, raw_scores)]
 
     def rerank(
@@ -115,7 +115,7 @@ class RerankMixin:
             for f in futures:
                 f.cancel()
             raise
-        return ranked(self.scores(done, raw_scores), tokenized, top_n)
+        return ranked(self.scores(_rows(done), raw_scores), tokenized, top_n)
 
     async def rerank_async(
         self,
@@ -132,7 +132,11 @@ class RerankMixin:
         check_top_n(top_n)
         tokenized = self.tokenize_pairs(query, documents, truncate, instruction)
         done = await self.rerank_tokenized_async(tokenized, priority=priority)
-        return ranked(self.scores(done, raw_scores), tokenized, top_n)
+        return ranked(self.scores(_rows(done), raw_scores), tokenized, top_n)
+
+
+def _rows(done: list[Finished]) -> torch.Tensor:
+    return torch.stack([f.vector for f in done if f.vector is not None])  # [n, hidden]
 
 
 def check_top_n(top_n: int | None) -> None:

@@ -28,6 +28,7 @@ from embedserve.api.http import (
 from embedserve.api.protocol import ApiError, parse_request
 from embedserve.server.cohere_routes import add_cohere_routes
 from embedserve.server.metrics import ServerMetrics
+from embedserve.server.rerank_routes import add_rerank_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 from embedserve.server.serving import EmbeddingService
 
@@ -100,6 +101,7 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
         return JSONResponse(result.body, headers=result.headers)
 
     add_cohere_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth])
+    add_rerank_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth])
     return app
 
 

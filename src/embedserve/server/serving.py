@@ -80,6 +80,8 @@ class EmbeddingService:
     ) -> Computed:
         """Validate, tokenize, admit and run one request (every refusal before queueing)."""
         start = time.perf_counter()
+        if self.engine.config.task != "embed":
+            raise ApiError(400, f"model {self.metadata.model!r} is a reranker: POST /v1/rerank")
         if req.model is not None and req.model != self.metadata.model:
             raise ApiError(
                 404,
@@ -92,7 +94,7 @@ class EmbeddingService:
                 400, f"{len(items)} inputs in one request; the limit is {self.max_inputs_per_request}"
             )
         tokenize_start = time.perf_counter()
-        with _engine_errors(self._on_forward_failure):
+        with engine_errors(self._on_forward_failure):
             # Tokenizing a long document takes milliseconds: keep it off the event loop.
             tokenized = await asyncio.to_thread(self._tokenize, req)
         tokenize_time = time.perf_counter() - tokenize_start
@@ -113,13 +115,13 @@ class EmbeddingService:
                 {"Retry-After": str(retry)},
             )
         try:
-            with _engine_errors(self._on_forward_failure):
+            with engine_errors(self._on_forward_failure):
                 outputs = await unless_disconnected(self._run(req, tokenized), wait_disconnect)
         finally:
             self.admission.release(ticket)
         total = time.perf_counter() - start
-        self._observe(outputs, tokenize_time, total)
-        return Computed(tokenized, outputs, n_tokens, _timing_headers(outputs, tokenize_time, total))
+        self.observe(outputs, tokenize_time, total)
+        return Computed(tokenized, outputs, n_tokens, timing_headers(outputs, tokenize_time, total))
 
     def check_types(self, kinds: list[str], dimensions: int | None) -> None:
         """Refuse (400) a compressed type this server cannot produce at that width."""
@@ -169,7 +171,7 @@ class EmbeddingService:
             **self.metadata.fields(req.dimensions, req.normalize, self.schema_type(kind)),
         }
 
-    def _observe(self, outputs: list[EmbeddingOutput], tokenize_time: float, total: float) -> None:
+    def observe(self, outputs: list[EmbeddingOutput], tokenize_time: float, total: float) -> None:
         m = self.metrics
         n_tokens = 0
         for out in outputs:
@@ -184,7 +186,7 @@ class EmbeddingService:
 
 
 @contextlib.contextmanager
-def _engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
+def engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
     """Engine exceptions -> HTTP statuses. Bad input is the caller's fault; the rest is ours."""
     try:
         yield
@@ -197,7 +199,7 @@ def _engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
         raise ApiError(500, f"the engine failed to compute this request: {e}", "server_error") from None
 
 
-def _timing_headers(outputs: list[EmbeddingOutput], tokenize_time: float, total: float) -> dict[str, str]:
+def timing_headers(outputs: list[EmbeddingOutput], tokenize_time: float, total: float) -> dict[str, str]:
     """Milliseconds, TEI-style; a batch reports its slowest input's queue and inference time."""
 
     def ms(seconds: float) -> str:
