@@ -109,9 +109,7 @@ class ModelMetadata:
         dims = self.hidden_size if dimensions is None else dimensions
         norm = self.default_normalize if normalize is None else normalize
         key = f"{self.space_key}|dimensions={dims}|normalize={norm}"
-        if embedding_type != "float":  # float keeps the key it always had
-            key += f"|type={embedding_type}"
-        return "es1-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        return compressed_schema("es1-" + hashlib.sha256(key.encode()).hexdigest()[:16], embedding_type)
 
     def fields(
         self, dimensions: int | None = None, normalize: bool | None = None, embedding_type: str = "float"
@@ -124,3 +122,12 @@ class ModelMetadata:
             "backend_profile": self.backend_profile,
             "embedding_schema": self.schema(dimensions, normalize, embedding_type),
         }
+
+
+def compressed_schema(float_schema: str, embedding_type: str) -> str:
+    """The schema of `embedding_type` vectors made from vectors of `float_schema` (itself for
+    "float"): whoever knows the float schema (an indexer quantizing a server's float vectors,
+    the server quantizing its own) derives the same one."""
+    if embedding_type == "float":
+        return float_schema
+    return "es1-" + hashlib.sha256(f"{float_schema}|type={embedding_type}".encode()).hexdigest()[:16]

@@ -48,6 +48,17 @@ def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -
         f"--{prefix}model-version", default=None, help="version label (as `serve --model-version`)"
     )
     g.add_argument(f"--{prefix}dimensions", type=positive_int, default=None, help="Matryoshka dimensions")
+    g.add_argument(
+        f"--{prefix}embedding-type",
+        choices=["float", "int8", "uint8", "binary", "ubinary"],
+        default="float",
+        help="store / search compressed vectors (their own schema; int8 ranges: --int8-calibration "
+        "or --int8-scale)",
+    )
+    g.add_argument(
+        f"--{prefix}int8-calibration", default=None, metavar="NPY", help="int8 ranges (as `serve`)"
+    )
+    g.add_argument(f"--{prefix}int8-scale", type=float, default=1.0, help="int8 fixed range (as `serve`)")
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:

@@ -48,6 +48,9 @@ def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
         tokenizer=opt("tokenizer"),
         dimensions=opt("dimensions"),
         query_prompt_name=getattr(args, "query_prompt_name", None),
+        embedding_type=opt("embedding-type") or "float",
+        int8_calibration=opt("int8-calibration"),
+        int8_scale=opt("int8-scale") or 1.0,
     )
 
 
