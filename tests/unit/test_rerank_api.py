@@ -91,3 +91,16 @@ def test_an_embedding_model_refuses_rerank(qwen3_dir: Path) -> None:
     for c in _ready(create_app(settings)):
         resp = c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS})
         assert resp.status_code == 400 and "embedding model" in resp.json()["error"]["message"]
+
+
+def test_a_rerank_over_the_queue_bound_is_413(ce_dir: Path) -> None:
+    settings = ServerSettings(
+        model=str(ce_dir),
+        engine_kwargs={"max_model_len": 128, "max_num_batched_tokens": 512},
+        warmup_lengths=(16,),
+        max_queued_tokens=40,
+    )
+    for c in _ready(create_app(settings)):
+        assert c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS[:1]}).status_code == 200
+        resp = c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS})
+        assert resp.status_code == 413 and "split it" in resp.json()["error"]["message"]
