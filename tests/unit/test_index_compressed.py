@@ -84,3 +84,12 @@ def test_spec_builds_the_compressed_embedder(qwen3_dir: Path) -> None:
         assert set(np.unique(v)) <= {-1.0, 1.0}
     finally:
         emb.close()
+
+
+def test_a_reranker_cannot_index(tmp_path: Path) -> None:
+    from embedserve.errors import ModelLoadError
+    from tests.helpers.tiny_rerankers import build_cross_encoder
+
+    model = build_cross_encoder(tmp_path / "ce", "bert")
+    with pytest.raises(ModelLoadError, match="reranker"):
+        build_embedder(EmbedderSpec(model=str(model), engine_kwargs={"max_model_len": 128}))

@@ -20,7 +20,7 @@ from embedserve.api.protocol import ApiError
 from embedserve.api.rerank import RerankRequest, parse_rerank_request, rerank_body
 from embedserve.engine.engine import output_of
 from embedserve.engine.rerank import ranked
-from embedserve.server.serving import EmbeddingService, engine_errors, timing_headers
+from embedserve.server.serving import EmbeddingService, timing_headers
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ async def rerank(
         raise ApiError(
             400, f"{len(req.documents)} documents in one request; the limit is {svc.max_inputs_per_request}"
         )
-    with engine_errors(svc._on_forward_failure):
+    with svc.engine_errors():
         tokenized = await asyncio.to_thread(
             engine.tokenize_pairs, req.query, req.texts, req.truncate, req.instruction
         )
@@ -62,7 +62,7 @@ async def rerank(
             429, f"server is at capacity; retry in {retry} s", "rate_limit_error", {"Retry-After": str(retry)}
         )
     try:
-        with engine_errors(svc._on_forward_failure):
+        with svc.engine_errors():
             work = engine.rerank_tokenized_async(tokenized, priority=req.priority)
             done = await unless_disconnected(work, wait_disconnect)
     finally:

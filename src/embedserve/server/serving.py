@@ -72,6 +72,10 @@ class EmbeddingService:
         done = await self.compute(req, wait_disconnect)
         return EmbeddingResult(self._body(req, done), done.headers)
 
+    def engine_errors(self) -> contextlib.AbstractContextManager[None]:
+        """Engine exceptions -> HTTP statuses (as for embeddings), for the other routes."""
+        return engine_errors(self._on_forward_failure)
+
     def schema_type(self, kind: str) -> str:
         return schema_type(kind, self.calibration)
 
