@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from embedserve import Engine
-from embedserve.api.quantize import Calibration, quantize
+from embedserve.api.quantize import Calibration
+from embedserve.index.quantized import decoded, stored_codes
 from embedserve.models.default import default_model_path
 from embedserve.parity.metrics import mean_over, retrieval_scores
 from tests.helpers.cranfield import Cranfield
@@ -50,31 +51,34 @@ def retrieval(data_dir: Path) -> None:
     qids = sorted(qrels)
     float_scores = queries @ docs.T
 
-    def report(name: str, scores: np.ndarray, rescore: bool) -> None:
+    def report(name: str, scores: np.ndarray, rescore_with: np.ndarray | None = None, how: str = "") -> None:
         top = _top(scores, 100)
-        if rescore:  # float query x float doc over the compressed top 100
-            fs = np.take_along_axis(float_scores, top, axis=1)
+        if rescore_with is not None:  # float query x (float or decoded) doc over the compressed top 100
+            fs = np.take_along_axis(rescore_with, top, axis=1)
             top = np.take_along_axis(top, np.argsort(-fs, axis=1, kind="stable"), axis=1)
         runs = {str(q): [str(d) for d in top[q]] for q in range(len(queries))}
         m = mean_over(retrieval_scores(runs, qrels), qids)
-        print(
-            f"| {name}{' + float rescore' if rescore else ''} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} |"
-        )
+        print(f"| {name}{how} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} |")
 
     print("| vectors | nDCG@10 | Recall@100 |\n|---|---|---|")
-    report("float32", float_scores, False)
-    for label, cal in (
-        ("int8 fixed [-1,1]", Calibration.fixed(1.0)),
-        ("int8 calibrated", Calibration.from_embeddings(docs)),
-    ):
-        qd, qq = quantize(docs, "int8", cal).astype(np.int32), quantize(queries, "int8", cal).astype(np.int32)
-        for rescore in (False, True):
-            report(label, (qq @ qd.T).astype(np.float64), rescore)
-    bd = np.unpackbits(quantize(docs, "ubinary"), axis=1).astype(np.int32)
-    bq = np.unpackbits(quantize(queries, "ubinary"), axis=1).astype(np.int32)
-    hamming = bq @ (1 - bd).T + (1 - bq) @ bd.T
-    for rescore in (False, True):
-        report("binary (Hamming)", -hamming.astype(np.float64), rescore)
+    report("float32", float_scores)
+    fixed, calibrated = Calibration.fixed(1.0), Calibration.from_embeddings(docs)
+    for label, cal in (("int8 fixed [-1,1]", fixed), ("int8 calibrated", calibrated)):
+        cd, cq = stored_codes(docs, "int8", cal), stored_codes(queries, "int8", cal)
+        codes = (cq @ cd.T).astype(np.float64)
+        report(label, codes)
+        report(
+            label,
+            codes,
+            queries @ decoded(cd, "int8", cal).T,
+            " + rescore: float query x decoded codes (index)",
+        )
+        report(label, codes, float_scores, " + rescore: float query x float docs")
+    bd, bq = stored_codes(docs, "binary", fixed), stored_codes(queries, "binary", fixed)
+    hamming_rank = (bq @ bd.T).astype(np.float64)  # = bits - 2 x Hamming
+    report("binary (Hamming)", hamming_rank)
+    report("binary (Hamming)", hamming_rank, queries @ bd.T, " + rescore: float query x +-1 bits (index)")
+    report("binary (Hamming)", hamming_rank, float_scores, " + rescore: float query x float docs")
 
 
 def cross_encoder_dir(dst: Path) -> Path:

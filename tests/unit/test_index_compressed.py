@@ -93,3 +93,27 @@ def test_a_reranker_cannot_index(tmp_path: Path) -> None:
     model = build_cross_encoder(tmp_path / "ce", "bert")
     with pytest.raises(ModelLoadError, match="reranker"):
         build_embedder(EmbedderSpec(model=str(model), engine_kwargs={"max_model_len": 128}))
+
+
+def test_decoded_int8_is_within_half_a_step() -> None:
+    from embedserve.index.quantized import decoded
+
+    rng = np.random.default_rng(1)
+    v = rng.uniform(-0.9, 0.9, (10, 16)).astype(np.float32)
+    cal = Calibration.fixed()
+    for kind in ("int8", "uint8"):
+        back = decoded(stored_codes(v, kind, cal), kind, cal)
+        assert np.abs(back - v).max() <= (2 / 255) / 2 + 1e-6
+
+
+@pytest.mark.parametrize("kind", ["int8", "binary"])
+def test_rescored_search(store: Store, chunker: Chunker, kind: str) -> None:
+    from embedserve.errors import InvalidInputError
+
+    comp = QuantizingEmbedder(CenteredWords(chunker.tokenizer), kind, Calibration.fixed())
+    index_documents(DOCS, comp, store, chunker, progress=False)
+    hits = search(store, comp, ["shock wave"], k=2, rescore=8)[0]
+    assert {h.doc_id for h in hits} <= {"doc-2", "doc-6"} and len(hits) == 2
+    assert hits[0].score >= hits[1].score and hits[0].vector is None
+    with pytest.raises(InvalidInputError, match="compressed"):
+        search(store, CenteredWords(chunker.tokenizer, comp.meta.embedding_schema), ["x"], rescore=8)

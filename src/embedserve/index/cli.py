@@ -112,6 +112,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser("search", help="search the live index (schema-checked)")
     p.add_argument("query")
     p.add_argument("-k", type=positive_int, default=10, help="chunks to return")
+    p.add_argument(
+        "--rescore",
+        type=int,
+        default=0,
+        metavar="N",
+        help="compressed index: take the top N by the compressed search, reorder by the float query",
+    )
     p.add_argument("--filter", default="", help="Milvus filter expression, e.g. 'doc_id like \"pep-08%%\"'")
     p.add_argument("--json", action="store_true", help="print [{doc_id, chunk_idx, score, text}]")
     p.add_argument("--index", default=LIVE, choices=[LIVE, SHADOW, PREVIOUS], help="which index to search")

@@ -113,7 +113,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from embedserve.index.search import search
 
     with opened_store(args) as store, built(embedder_spec(args)) as embedder:
-        hits = search(store, embedder, [args.query], args.k, args.filter, args.index)[0]
+        hits = search(store, embedder, [args.query], args.k, args.filter, args.index, args.rescore)[0]
     if args.json:
         json.dump(
             [{"doc_id": h.doc_id, "chunk_idx": h.chunk_idx, "score": h.score, "text": h.text} for h in hits],

@@ -18,6 +18,7 @@ import numpy as np
 
 from embedserve.api.quantize import Calibration, quantize, schema_type
 from embedserve.index.embedder import Embedder, VectorMeta
+from embedserve.index.store import Hit
 from embedserve.schema import compressed_schema
 from embedserve.tokenizer import Tokenizer
 
@@ -29,6 +30,17 @@ def stored_codes(vectors: np.ndarray, kind: str, calibration: Calibration) -> np
         bits = np.unpackbits(q.view(np.uint8), axis=1)
         return (2.0 * bits.astype(np.float32) - 1.0).astype(np.float32)
     return q.astype(np.float32)
+
+
+def decoded(codes: np.ndarray, kind: str, calibration: Calibration) -> np.ndarray:
+    """Stored codes [n, d] -> approximate float vectors for rescoring with a float query: an
+    int8 / uint8 code becomes the middle of its bucket; a binary code stays +1 / -1."""
+    if kind.endswith("binary"):
+        return codes.astype(np.float32)
+    ranges = calibration.ranges_for(codes.shape[1])
+    steps = (ranges[1] - ranges[0]) / 255
+    levels = codes + (128.0 if kind == "int8" else 0.0)
+    return (ranges[0] + (levels + 0.5) * np.where(steps == 0, 1, steps)).astype(np.float32)
 
 
 class QuantizingEmbedder:
@@ -53,6 +65,20 @@ class QuantizingEmbedder:
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         return stored_codes(self.inner.embed_queries(texts), self.kind, self.calibration)
+
+    def rescore_queries(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(codes to search with, the float queries to rescore with)."""
+        floats = self.inner.embed_queries(texts)
+        return stored_codes(floats, self.kind, self.calibration), floats
+
+    def rescored(self, hits: list[Hit], query: np.ndarray, k: int) -> list[Hit]:
+        """`hits` (with their stored codes) reordered by float query x decoded code; top k."""
+        if not hits:
+            return hits
+        codes = np.stack([h.vector for h in hits if h.vector is not None])
+        scores = decoded(codes, self.kind, self.calibration) @ query.astype(np.float32)
+        order = np.argsort(-scores, kind="stable")[:k]
+        return [replace(hits[i], score=float(scores[i]), vector=None) for i in order]
 
     def close(self) -> None:
         self.inner.close()
