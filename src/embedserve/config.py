@@ -121,3 +121,4 @@ class EngineConfig:
     device: torch.device
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    task: str = "embed"  # or "rerank" (a cross-encoder or a yes/no reranker; models/score_head.py)

@@ -51,9 +51,12 @@ class Request:
         pooling: PoolingMethod,
         priority: Priority = Priority.ONLINE,
         excluded_prefix: int = 0,
+        token_type_ids: list[int] | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = token_ids
+        # Segment ids of a (query, document) pair for encoders with token types; None: all 0.
+        self.token_type_ids = token_type_ids
         self.params = params
         self.priority = priority
         self.status = RequestStatus.WAITING

@@ -100,19 +100,34 @@ class ModelMetadata:
             space_key=space,
         )
 
-    def schema(self, dimensions: int | None = None, normalize: bool | None = None) -> str:
-        """Schema of vectors served with these request options (None = the model's default)."""
+    def schema(
+        self, dimensions: int | None = None, normalize: bool | None = None, embedding_type: str = "float"
+    ) -> str:
+        """Schema of vectors served with these request options (None = the model's default).
+        `embedding_type`: "float", or a compressed type with its quantization key (e.g.
+        "int8@fixed:1.0", "binary"): compressed and float vectors never share a schema."""
         dims = self.hidden_size if dimensions is None else dimensions
         norm = self.default_normalize if normalize is None else normalize
         key = f"{self.space_key}|dimensions={dims}|normalize={norm}"
-        return "es1-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        return compressed_schema("es1-" + hashlib.sha256(key.encode()).hexdigest()[:16], embedding_type)
 
-    def fields(self, dimensions: int | None = None, normalize: bool | None = None) -> dict[str, str]:
+    def fields(
+        self, dimensions: int | None = None, normalize: bool | None = None, embedding_type: str = "float"
+    ) -> dict[str, str]:
         """The metadata every embeddings response and the model listing carry."""
         return {
             "model": self.model,
             "model_version": self.model_version,
             "dtype": self.dtype,
             "backend_profile": self.backend_profile,
-            "embedding_schema": self.schema(dimensions, normalize),
+            "embedding_schema": self.schema(dimensions, normalize, embedding_type),
         }
+
+
+def compressed_schema(float_schema: str, embedding_type: str) -> str:
+    """The schema of `embedding_type` vectors made from vectors of `float_schema` (itself for
+    "float"): whoever knows the float schema (an indexer quantizing a server's float vectors,
+    the server quantizing its own) derives the same one."""
+    if embedding_type == "float":
+        return float_schema
+    return "es1-" + hashlib.sha256(f"{float_schema}|type={embedding_type}".encode()).hexdigest()[:16]

@@ -43,6 +43,8 @@ class Tokenized:
     truncated: bool
     # Leading positions that belong to the prompt (excluded by MEAN pooling without prompt).
     prompt_tokens: int = 0
+    # A (query, document) pair's segment ids, for encoders with token types (pairs.py).
+    token_type_ids: list[int] | None = None
 
 
 class Tokenizer:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from embedserve.api.quantize import EmbeddingType
+
 # After validation: one string, several strings, or several token-id lists (a flat id list,
 # which OpenAI reads as one tokenized input, becomes a one-item list of lists).
 EmbeddingInput = str | list[str] | list[list[int]]
@@ -90,6 +92,7 @@ class EmbeddingRequest(BaseModel):
     normalize: bool | None = None
     priority: Literal["online", "batch"] = "online"
     truncate: Literal["error", "end", "start"] = "error"
+    embedding_type: EmbeddingType = "float"  # compressed vectors (api/quantize.py)
 
     _validate_input = field_validator("input", mode="plain")(_check_input)
 

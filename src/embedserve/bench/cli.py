@@ -38,7 +38,13 @@ def register(sub: Any) -> None:
     p.add_argument("--token-budget", type=_ints, default=[2048], help="engine max_num_batched_tokens values")
     p.add_argument("--requests", type=int, default=16, help="requests per cell")
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--scenario", choices=["matrix", "interference"], default="matrix")
+    p.add_argument(
+        "--scenario",
+        choices=["matrix", "interference", "rerank"],
+        default="matrix",
+        help="rerank: reranker targets (engine:, sentence-transformers:, hf:, http://), pairs/s per length",
+    )
+    p.add_argument("--rerank-documents", type=int, default=32, help="documents per rerank request")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--text",
@@ -142,6 +148,10 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.scenario == "rerank":
+        from embedserve.bench.rerank import run_rerank_bench
+
+        return run_rerank_bench(args)
     try:
         from embedserve.bench.machine import machine_info
         from embedserve.bench.markdown import render

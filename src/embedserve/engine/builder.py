@@ -8,13 +8,21 @@ from pathlib import Path
 import torch
 
 from embedserve.attention.metadata import AttentionFn
-from embedserve.config import CacheConfig, EngineConfig, SchedulerConfig, parse_dtype
+from embedserve.config import (
+    CacheConfig,
+    EngineConfig,
+    PoolingConfig,
+    PoolingMethod,
+    SchedulerConfig,
+    parse_dtype,
+)
 from embedserve.engine.core import EngineCore
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager, blocks_for
 from embedserve.models.build import build_model, open_model
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.linear import prepack
+from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head, rerank_kind
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.settings import settings
@@ -51,6 +59,23 @@ class EngineParts:
     config: EngineConfig
     core: EngineCore  # synchronous; `Engine` runs it in a background thread
     tokenizer: Tokenizer
+    score_head: ScoreHead | None = None  # rerankers only
+
+
+_TASKS = ("auto", "embed", "rerank")
+
+
+def _task_kind(task: str, files: ModelSource) -> str | None:
+    """The reranker kind the model is served as, or None to embed."""
+    if task not in _TASKS:
+        raise ModelLoadError(f"unknown task {task!r}; choose one of {', '.join(_TASKS)}")
+    kind = rerank_kind(files.model, files.path)
+    if task == "rerank" and kind is None:
+        raise ModelLoadError(
+            f"{files.path} is not a reranker: rerank needs a *ForSequenceClassification cross-encoder "
+            "or a Qwen3-Reranker-style causal LM (a directory named *reranker*)"
+        )
+    return None if task == "embed" else kind
 
 
 def build_engine(
@@ -71,16 +96,23 @@ def build_engine(
     token_buckets: bool = False,
     compile_backend: str | None = None,
     attention: AttentionFn | None = None,
+    task: str = "auto",
 ) -> EngineParts:
     """The engine's parts. `token_buckets`: run steps padded to a few fixed token counts
     (worker/buckets.py); `compile_backend`: also through `torch.compile` with that backend
     (implies buckets); `attention`: force an attention route (default: chosen per device and
-    dtype by attention/select.py)."""
+    dtype by attention/select.py); `task`: "embed", "rerank" or "auto" (rerank for a
+    reranker's directory, models/score_head.py)."""
     if isinstance(path, ModelSource):  # already opened, e.g. random weights made on the GPU
         files = replace(path, pooling=override_pooling(path.pooling, pooling, normalize))
     else:
         files = open_model(path, pooling=pooling, normalize=normalize)
     mcfg = files.model
+    kind = _task_kind(task, files)
+    if kind is not None:  # the head reads the pair's unnormalized row: CLS or the last token
+        files = replace(
+            files, pooling=PoolingConfig(PoolingMethod.LAST if mcfg.is_causal else PoolingMethod.CLS, False)
+        )
     limit = min(x for x in (mcfg.max_position_embeddings, files.max_seq_length, files.sliding_window) if x)
     if max_model_len is None:
         max_model_len = limit
@@ -154,6 +186,7 @@ def build_engine(
         device=dev,
         prompts=files.prompts,
         default_prompt_name=files.default_prompt_name,
+        task="embed" if kind is None else "rerank",
     )
     kv = KVCacheManager(num_blocks, block_size)
     runner = ModelRunner(model, num_blocks, block_size, torch_dtype, dev)
@@ -165,4 +198,14 @@ def build_engine(
         assert isinstance(model, DecoderModel)
         lane = LaneRunner(model, max_num_batched_tokens, dev)
     core = EngineCore(Scheduler(sched, kv, mcfg.num_hidden_layers), runner, lane)
-    return EngineParts(config, core, Tokenizer(files.tokenizer(), mcfg.vocab_size))
+    tokenizer = Tokenizer(files.tokenizer(), mcfg.vocab_size)
+    head = None
+    if kind is not None:
+        yes_no = None
+        if kind == YES_NO:
+            ids = [tokenizer.backend.token_to_id(t) for t in ("yes", "no")]
+            if None in ids:
+                raise ModelLoadError("the tokenizer has no 'yes' / 'no' token for a yes / no reranker")
+            yes_no = (int(ids[0] or 0), int(ids[1] or 0))
+        head = load_score_head(kind, files.weights(), yes_no)
+    return EngineParts(config, core, tokenizer, head)

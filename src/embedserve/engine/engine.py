@@ -16,6 +16,7 @@ import numpy as np
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop
+from embedserve.engine.rerank import RerankMixin
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
@@ -33,13 +34,14 @@ class EmbeddingOutput:
     num_preemptions: int = 0  # times this request was preempted and recomputed
 
 
-class Engine:
+class Engine(RerankMixin):
     def __init__(self, parts: EngineParts | Callable[[], EngineParts]) -> None:
         """Run built `parts`, or build them with `parts()` on the engine loop's thread: the
         thread that then runs the model (loop.py: one OpenMP pool, not two)."""
         self._loop = EngineLoop(parts if callable(parts) else lambda: parts)
         self.config = self._loop.parts.config
         self.tokenizer = self._loop.parts.tokenizer
+        self.score_head = self._loop.parts.score_head  # rerankers (engine/rerank.py)
         self._ids = itertools.count()
 
     # ---- construction ----------------------------------------------------------------------
@@ -87,6 +89,7 @@ class Engine:
                 pool.method,
                 prio,
                 excluded_prefix=0 if pool.include_prompt else t.prompt_tokens,
+                token_type_ids=t.token_type_ids,
             )
             for t in tokenized
         ]
@@ -161,7 +164,7 @@ class Engine:
             truncate=truncate,
         )
         try:
-            return [_output(f.result(), t) for f, t in zip(futures, tokenized, strict=True)]
+            return [output_of(f.result(), t) for f, t in zip(futures, tokenized, strict=True)]
         except BaseException:
             for f in futures:  # one input failed (or we were interrupted): free the rest
                 f.cancel()
@@ -277,7 +280,7 @@ async def _gather(futures: list[Future[Finished]], tokenized: list[Tokenized]) -
         for f in futures:  # caller gone or one input failed: free the rest's blocks
             f.cancel()
         raise
-    return [_output(f, t) for f, t in zip(done, tokenized, strict=True)]
+    return [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
 
 
 def _parse_priority(value: str) -> Priority:
@@ -287,7 +290,7 @@ def _parse_priority(value: str) -> Priority:
         raise InvalidInputError(str(e)) from None
 
 
-def _output(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
+def output_of(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
     req = fin.request
     assert fin.vector is not None
     started = req.first_scheduled_time or fin.finish_time

@@ -60,6 +60,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         "--pooling", choices=["lasttoken", "mean", "cls"], default=None, help="override the model's pooling"
     )
     g.add_argument(
+        "--task",
+        choices=["auto", "embed", "rerank"],
+        default="auto",
+        help="auto: rerank for a *ForSequenceClassification cross-encoder or a causal LM in a directory "
+        "named *reranker* (Qwen3-Reranker), else embed",
+    )
+    g.add_argument(
         "--token-buckets",
         action="store_true",
         help="pad each step to one of a few fixed token counts (bounded shapes for torch.compile / "
@@ -88,4 +95,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "pooling": args.pooling,
         "token_buckets": args.token_buckets,
         "compile_backend": args.compile,
+        "task": args.task,
     }

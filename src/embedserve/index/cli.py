@@ -48,6 +48,17 @@ def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -
         f"--{prefix}model-version", default=None, help="version label (as `serve --model-version`)"
     )
     g.add_argument(f"--{prefix}dimensions", type=positive_int, default=None, help="Matryoshka dimensions")
+    g.add_argument(
+        f"--{prefix}embedding-type",
+        choices=["float", "int8", "uint8", "binary", "ubinary"],
+        default="float",
+        help="store / search compressed vectors (their own schema; int8 ranges: --int8-calibration "
+        "or --int8-scale)",
+    )
+    g.add_argument(
+        f"--{prefix}int8-calibration", default=None, metavar="NPY", help="int8 ranges (as `serve`)"
+    )
+    g.add_argument(f"--{prefix}int8-scale", type=float, default=1.0, help="int8 fixed range (as `serve`)")
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:
@@ -101,6 +112,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser("search", help="search the live index (schema-checked)")
     p.add_argument("query")
     p.add_argument("-k", type=positive_int, default=10, help="chunks to return")
+    p.add_argument(
+        "--rescore",
+        type=int,
+        default=0,
+        metavar="N",
+        help="compressed index: take the top N by the compressed search, reorder by the float query",
+    )
     p.add_argument("--filter", default="", help="Milvus filter expression, e.g. 'doc_id like \"pep-08%%\"'")
     p.add_argument("--json", action="store_true", help="print [{doc_id, chunk_idx, score, text}]")
     p.add_argument("--index", default=LIVE, choices=[LIVE, SHADOW, PREVIOUS], help="which index to search")

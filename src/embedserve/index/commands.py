@@ -48,6 +48,9 @@ def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
         tokenizer=opt("tokenizer"),
         dimensions=opt("dimensions"),
         query_prompt_name=getattr(args, "query_prompt_name", None),
+        embedding_type=opt("embedding-type") or "float",
+        int8_calibration=opt("int8-calibration"),
+        int8_scale=opt("int8-scale") or 1.0,
     )
 
 
@@ -110,7 +113,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from embedserve.index.search import search
 
     with opened_store(args) as store, built(embedder_spec(args)) as embedder:
-        hits = search(store, embedder, [args.query], args.k, args.filter, args.index)[0]
+        hits = search(store, embedder, [args.query], args.k, args.filter, args.index, args.rescore)[0]
     if args.json:
         json.dump(
             [{"doc_id": h.doc_id, "chunk_idx": h.chunk_idx, "score": h.score, "text": h.text} for h in hits],

@@ -100,3 +100,7 @@ class EmbedderSpec:
     tokenizer: str | None = None  # for chunking with an endpoint
     dimensions: int | None = None
     query_prompt_name: str | None = None
+    # Compressed vectors (index/quantized.py): the type and int8 / uint8 calibration.
+    embedding_type: str = "float"
+    int8_calibration: str | None = None
+    int8_scale: float = 1.0

@@ -6,6 +6,25 @@ from embedserve.index.embedder import Embedder, EmbedderSpec, load_tokenizer
 
 
 def build_embedder(spec: EmbedderSpec) -> Embedder:
+    inner = _float_embedder(spec)
+    if spec.embedding_type == "float":
+        return inner
+    from embedserve.api.quantize import Calibration
+    from embedserve.index.quantized import QuantizingEmbedder
+
+    try:
+        cal = (
+            Calibration.load(spec.int8_calibration)
+            if spec.int8_calibration
+            else Calibration.fixed(spec.int8_scale)
+        )
+        return QuantizingEmbedder(inner, spec.embedding_type, cal)
+    except BaseException:
+        inner.close()
+        raise
+
+
+def _float_embedder(spec: EmbedderSpec) -> Embedder:
     if spec.endpoint is not None:
         from embedserve.index.http_embedder import HttpEmbedder
 

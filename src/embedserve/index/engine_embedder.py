@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from embedserve.errors import ModelLoadError
 from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, Traffic, VectorMeta, pick_prompt
 from embedserve.schema import ModelMetadata, fingerprint_model_dir
 from embedserve.tokenizer import Tokenizer
@@ -32,6 +33,8 @@ class EngineEmbedder:
         query_prompt_name: str | None = None,
     ) -> None:
         engine.check_dimensions(dimensions)
+        if engine.config.task != "embed":
+            raise ModelLoadError(f"{engine.config.model_path} is a reranker: it cannot embed documents")
         self.engine = engine
         metadata = ModelMetadata.from_engine_config(
             engine.config, name, model_version, fingerprint_model_dir(engine.config.model_path)

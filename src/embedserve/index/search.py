@@ -5,6 +5,7 @@ from __future__ import annotations
 from embedserve.errors import InvalidInputError
 from embedserve.index.embedder import Embedder
 from embedserve.index.errors import SchemaMismatchError
+from embedserve.index.quantized import QuantizingEmbedder
 from embedserve.index.store import LIVE, Hit, Store
 
 MAX_CHUNK_HITS = 16384  # Milvus's largest top-k
@@ -26,12 +27,26 @@ def checked_collection(store: Store, embedder: Embedder, role: str) -> str:
 
 
 def search(
-    store: Store, embedder: Embedder, queries: list[str], k: int = 10, filter_expr: str = "", role: str = LIVE
+    store: Store,
+    embedder: Embedder,
+    queries: list[str],
+    k: int = 10,
+    filter_expr: str = "",
+    role: str = LIVE,
+    rescore: int = 0,
 ) -> list[list[Hit]]:
-    """Top-k chunks per query."""
+    """Top-k chunks per query. `rescore` (compressed indexes): fetch that many chunks by the
+    compressed search, then order them by the float query x their decoded codes."""
     if k < 1 or k > MAX_CHUNK_HITS:
         raise InvalidInputError(f"k must be in [1, {MAX_CHUNK_HITS}], got {k}")
     collection = checked_collection(store, embedder, role)
+    if rescore and isinstance(embedder, QuantizingEmbedder):
+        codes, floats = embedder.rescore_queries(queries)
+        depth = min(max(rescore, k), MAX_CHUNK_HITS)
+        found = store.search(collection, codes, depth, filter_expr, with_vectors=True)
+        return [embedder.rescored(hits, q, k) for hits, q in zip(found, floats, strict=True)]
+    if rescore:
+        raise InvalidInputError("rescoring applies to compressed indexes (--embedding-type int8|binary)")
     return store.search(collection, embedder.embed_queries(queries), k, filter_expr)
 
 

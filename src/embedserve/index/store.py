@@ -50,6 +50,7 @@ class Hit:
     chunk_idx: int
     score: float
     text: str
+    vector: np.ndarray | None = None  # the stored vector, when the search asked for it
 
 
 class Store:
@@ -217,11 +218,22 @@ class Store:
         return out
 
     def search(
-        self, collection: str, vectors: np.ndarray, k: int, filter_expr: str = "", with_text: bool = True
+        self,
+        collection: str,
+        vectors: np.ndarray,
+        k: int,
+        filter_expr: str = "",
+        with_text: bool = True,
+        with_vectors: bool = False,
     ) -> list[list[Hit]]:
         """Top-k chunks per query vector by cosine similarity (text left empty unless asked)."""
         self._load(collection)
-        fields = ["doc_id", "chunk_idx", *(["text"] if with_text else [])]
+        fields = [
+            "doc_id",
+            "chunk_idx",
+            *(["text"] if with_text else []),
+            *(["vector"] if with_vectors else []),
+        ]
         try:
             results = self.client.search(
                 collection,
@@ -234,7 +246,13 @@ class Store:
             raise StoreError(f"search in {collection} failed: {e}") from None
         return [
             [
-                Hit(e["doc_id"], int(e["chunk_idx"]), float(h["distance"]), e.get("text", ""))
+                Hit(
+                    e["doc_id"],
+                    int(e["chunk_idx"]),
+                    float(h["distance"]),
+                    e.get("text", ""),
+                    np.asarray(e["vector"], dtype=np.float32) if with_vectors else None,
+                )
                 for h in hits
                 for e in [h["entity"]]
             ]

@@ -1,7 +1,8 @@
 """BERT-family encoders (BERT, RoBERTa, XLM-R) over packed tokens.
 
 Bidirectional attention over each sequence's own tokens, absolute position embeddings, token
-type 0 for every token (single texts), post-LN residual blocks and exact (erf) GELU. Encoders
+type 0 for every token of a single text
+(a cross-encoder's pair passes its segment ids), post-LN residual blocks and exact (erf) GELU. Encoders
 keep no KV cache and are never chunked: a sequence is always whole inside one step, so the
 attention metadata carries no cached context.
 """
@@ -30,9 +31,12 @@ class Embeddings(nn.Module):
         self.token_type = nn.Embedding(max(cfg.type_vocab_size, 1), cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         # Same summation order as Hugging Face: (word + type) + position.
-        x = self.word(input_ids) + self.token_type.weight[0]
+        types = self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids)
+        x = self.word(input_ids) + types
         x = x + self.position(positions + self.offset)
         return self.norm(x)
 
@@ -77,8 +81,15 @@ _EMBEDDING_NAMES = {
     "token_type_embeddings": "token_type",
     "LayerNorm": "norm",
 }
-# Task heads and cached buffers that an embedding model never reads.
-_SKIPPED = ("pooler.", "cls.", "lm_head.", "embeddings.position_ids", "embeddings.token_type_ids")
+# Task heads (a cross-encoder's pooler + classifier: models/score_head.py) and cached buffers.
+_SKIPPED = (
+    "pooler.",
+    "cls.",
+    "classifier.",
+    "lm_head.",
+    "embeddings.position_ids",
+    "embeddings.token_type_ids",
+)
 _LAYER = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)$")
 _EMBEDDING = re.compile(r"^embeddings\.(\w+)\.(weight|bias|gamma|beta)$")
 # Checkpoints converted from TensorFlow name LayerNorm parameters gamma / beta.
@@ -115,11 +126,13 @@ class EncoderModel(nn.Module):
         kv_caches: list[torch.Tensor] | None,
         meta: AttentionMetadata,
         output_rows: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [T]. Returns final hidden states [len(output_rows), hidden]."""
+        """input_ids, positions (token_type_ids: a pair's segments): [T]. Returns final hidden
+        states [len(output_rows), hidden]."""
         if kv_caches is not None or any(s.start for s in meta.seqs):
             raise ValueError("an encoder runs whole sequences without a KV cache")
-        x = self.embeddings(input_ids, positions)
+        x = self.embeddings(input_ids, positions, token_type_ids)
         for layer in self.layers:
             x = layer(x, meta)
         return x if output_rows is None else x.index_select(0, output_rows)

@@ -30,6 +30,10 @@ ARCHITECTURES: dict[str, str] = {
     "RobertaForMaskedLM": "roberta",
     "XLMRobertaModel": "xlm-roberta",
     "XLMRobertaForMaskedLM": "xlm-roberta",
+    # cross-encoders (rerank): the encoder + a classifier head (models/score_head.py)
+    "BertForSequenceClassification": "bert",
+    "RobertaForSequenceClassification": "roberta",
+    "XLMRobertaForSequenceClassification": "xlm-roberta",
 }
 
 # model_type -> whether absolute positions start after the padding index (RoBERTa's layout)

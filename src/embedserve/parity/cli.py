@@ -56,10 +56,50 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--reference-cache", type=Path, default=None, help="reuse reference vectors saved here before"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g = p.add_argument_group("rerank (--task rerank: reranker scores, parity/rerank.py)")
+    g.add_argument(
+        "--task", choices=["embed", "rerank"], default="embed", help="compare embeddings or reranker scores"
+    )
+    g.add_argument("--rerank-depth", type=int, default=20, help="BM25 candidates reranked per query")
+    g.add_argument("--rerank-instruction", default=None, help="Qwen3-Reranker instruction (both sides)")
+    g.add_argument("--rerank-max-diff", type=float, default=1e-4, help="gate: largest score difference")
+    g.add_argument("--rerank-min-tau", type=float, default=0.9, help="gate: smallest Kendall tau per query")
     p.set_defaults(func=_cmd_parity)
 
 
+def _cmd_rerank(args: argparse.Namespace) -> int:
+    from embedserve.parity.rerank import RerankSettings, run_rerank
+
+    settings = RerankSettings(
+        reference=args.reference,
+        candidate=args.candidate,
+        datasets=split_dataset_list(args.dataset),
+        out=args.out,
+        data_dir=args.data_dir,
+        depth=args.rerank_depth,
+        instruction=args.rerank_instruction,
+        max_abs_diff=args.rerank_max_diff,
+        min_kendall_tau=args.rerank_min_tau,
+    )
+    try:
+        rows, failed = run_rerank(settings)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # no verdict: "could not run" (exit 2), as for embeddings
+        print(f"embedserve parity: could not run: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"embedserve parity (rerank): {len(rows)} dataset(s); report: {args.out / 'report.md'}")
+    if failed:
+        print("embedserve parity: GATE FAILED", file=sys.stderr)
+        for line in failed:
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_PASS
+
+
 def _cmd_parity(args: argparse.Namespace) -> int:
+    if args.task == "rerank":
+        return _cmd_rerank(args)
     # Imported here: the other subcommands should not pay for torch + sentence-transformers.
     from embedserve.parity.report import write_report
     from embedserve.parity.runner import Settings, run

@@ -19,6 +19,7 @@ class ScheduledChunk:
     block_table: list[int]
     # Local rows [lo, hi) of this chunk that pooling reads (see pooling/methods.py).
     pool_rows: tuple[int, int]
+    token_type_ids: list[int] | None = None  # a pair's segment ids (encoders); None: all 0
 
     @property
     def num_tokens(self) -> int:

@@ -152,6 +152,9 @@ class Scheduler:
                     token_ids=req.token_ids[start : start + n],
                     block_table=list(table),
                     pool_rows=req.pooling.rows(start, n),
+                    token_type_ids=None
+                    if req.token_type_ids is None
+                    else req.token_type_ids[start : start + n],
                 )
             )
             scheduled.add(req.request_id)

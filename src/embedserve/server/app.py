@@ -34,7 +34,9 @@ from embedserve.api.openapi import (
     metrics_route,
 )
 from embedserve.api.protocol import ApiError, clip, parse_request
+from embedserve.server.cohere_routes import add_cohere_routes
 from embedserve.server.metrics import ServerMetrics
+from embedserve.server.rerank_routes import add_rerank_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 from embedserve.server.serving import EmbeddingService
 
@@ -120,6 +122,8 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
             raise ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error") from e
         return JSONResponse(result.body, headers=result.headers)
 
+    add_cohere_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth])
+    add_rerank_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth])
     return app
 
 

@@ -132,6 +132,19 @@ def register(sub: Any) -> None:
         "at max_model_len); one step filling max_num_batched_tokens always runs too",
     )
     g.add_argument(
+        "--int8-calibration",
+        default=None,
+        metavar="NPY",
+        help="int8/uint8 outputs: per-dimension ranges from this .npy ([2, dim] min/max rows, or [n, dim] "
+        "calibration embeddings)",
+    )
+    g.add_argument(
+        "--int8-scale",
+        type=float,
+        default=1.0,
+        help="int8/uint8 outputs without --int8-calibration: the fixed range [-scale, scale] per dimension",
+    )
+    g.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
     )
     p.set_defaults(func=_cmd_serve)
@@ -176,6 +189,8 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         timeout_keep_alive_s=args.timeout_keep_alive,
         limit_concurrency=args.limit_concurrency,
         max_engine_restarts=args.max_engine_restarts,
+        int8_calibration=args.int8_calibration,
+        int8_scale=args.int8_scale,
     )
 
 

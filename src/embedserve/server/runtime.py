@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedserve.api.quantize import DEFAULT_INT8_SCALE, Calibration
 from embedserve.engine.engine import Engine
 from embedserve.schema import ModelMetadata, fingerprint_model_dir
 from embedserve.server.admission import Admission, ThroughputMeter
@@ -49,6 +50,14 @@ class ServerSettings:
     request_timeout_s: float = 300.0  # queue + compute within this, else 503 + Retry-After
     timeout_keep_alive_s: float = 5.0  # idle keep-alive connections closed after this
     limit_concurrency: int = 1024  # open connections + tasks beyond this get 503 from uvicorn
+    # int8 / uint8 outputs: ranges from this .npy file, else [-int8_scale, int8_scale] (api/quantize.py)
+    int8_calibration: str | None = None
+    int8_scale: float = DEFAULT_INT8_SCALE
+
+    def calibration(self) -> Calibration:
+        if self.int8_calibration is not None:
+            return Calibration.load(self.int8_calibration)
+        return Calibration.fixed(self.int8_scale)
 
     def __post_init__(self) -> None:
         for name in ("max_queued_requests", "max_inputs_per_request", "max_body_bytes"):
@@ -102,6 +111,7 @@ class ServerRuntime:
     async def start(self) -> None:
         s = self.settings
         try:
+            calibration = s.calibration()
             engine = self.engine = await asyncio.to_thread(Engine.from_pretrained, s.model, **s.engine_kwargs)
             # The files were just read, so hashing them runs from the page cache.
             fingerprint = await asyncio.to_thread(fingerprint_model_dir, engine.config.model_path)
@@ -135,6 +145,7 @@ class ServerRuntime:
             s.max_inputs_per_request,
             self._forward_failure,
             s.request_timeout_s,
+            calibration,
         )
         if self.phase is Phase.WARMING_UP:  # a shutdown may have begun meanwhile
             self.phase = Phase.READY

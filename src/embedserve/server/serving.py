@@ -14,8 +14,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from embedserve.api.http import unless_disconnected
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, encode_vector
+from embedserve.api.quantize import Calibration, quantize, schema_type, to_base64
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.errors import EngineDeadError, InternalEngineError, InvalidInputError
 from embedserve.lengths import bucket_of
@@ -31,6 +34,19 @@ class EmbeddingResult:
     headers: dict[str, str]
 
 
+@dataclass(frozen=True)
+class Computed:
+    """One request's vectors before they are put in a response body (OpenAI or Cohere)."""
+
+    tokenized: list[Tokenized]
+    outputs: list[EmbeddingOutput]
+    n_tokens: int
+    headers: dict[str, str]
+
+    def matrix(self) -> np.ndarray:
+        return np.stack([o.embedding for o in self.outputs])  # float32 [n, dim]
+
+
 class EmbeddingService:
     def __init__(
         self,
@@ -41,8 +57,10 @@ class EmbeddingService:
         max_inputs_per_request: int,
         on_forward_failure: Callable[[], None],
         request_timeout_s: float = 300.0,
+        calibration: Calibration | None = None,
     ) -> None:
         self.engine = engine
+        self.calibration = calibration or Calibration.fixed()
         self.metadata = metadata
         self.admission = admission
         self.metrics = metrics
@@ -53,7 +71,23 @@ class EmbeddingService:
     async def embed(
         self, req: EmbeddingRequest, wait_disconnect: Callable[[], Awaitable[None]]
     ) -> EmbeddingResult:
+        done = await self.compute(req, wait_disconnect)
+        return EmbeddingResult(self._body(req, done), done.headers)
+
+    def engine_errors(self) -> contextlib.AbstractContextManager[None]:
+        """Engine exceptions -> HTTP statuses (as for embeddings), for the other routes."""
+        return engine_errors(self._on_forward_failure)
+
+    def schema_type(self, kind: str) -> str:
+        return schema_type(kind, self.calibration)
+
+    async def compute(
+        self, req: EmbeddingRequest, wait_disconnect: Callable[[], Awaitable[None]]
+    ) -> Computed:
+        """Validate, tokenize, admit and run one request (every refusal before queueing)."""
         start = time.perf_counter()
+        if self.engine.config.task != "embed":
+            raise ApiError(400, f"model {self.metadata.model!r} is a reranker: POST /v1/rerank")
         if req.model is not None and req.model != self.metadata.model:
             raise ApiError(
                 404,
@@ -66,7 +100,7 @@ class EmbeddingService:
                 400, f"{len(items)} inputs in one request; the limit is {self.max_inputs_per_request}"
             )
         tokenize_start = time.perf_counter()
-        with _engine_errors(self._on_forward_failure):
+        with engine_errors(self._on_forward_failure):
             # Tokenizing a long document takes milliseconds: keep it off the event loop.
             tokenized = await asyncio.to_thread(self._tokenize, req)
         tokenize_time = time.perf_counter() - tokenize_start
@@ -87,7 +121,7 @@ class EmbeddingService:
                 {"Retry-After": str(retry)},
             )
         try:
-            with _engine_errors(self._on_forward_failure):
+            with engine_errors(self._on_forward_failure):
                 run = unless_disconnected(self._run(req, tokenized), wait_disconnect)
                 outputs = await asyncio.wait_for(run, self.request_timeout_s)  # cancelling aborts it
         except asyncio.TimeoutError:
@@ -102,13 +136,21 @@ class EmbeddingService:
         finally:
             self.admission.release(ticket)
         total = time.perf_counter() - start
-        self._observe(outputs, tokenize_time, total)
-        return EmbeddingResult(
-            self._body(req, tokenized, outputs, n_tokens), _timing_headers(outputs, tokenize_time, total)
-        )
+        self.observe(outputs, tokenize_time, total)
+        return Computed(tokenized, outputs, n_tokens, timing_headers(outputs, tokenize_time, total))
+
+    def check_types(self, kinds: list[str], dimensions: int | None) -> None:
+        """Refuse (400) a compressed type this server cannot produce at that width."""
+        dim = dimensions or self.metadata.hidden_size
+        if any(k in ("int8", "uint8") for k in kinds):
+            try:
+                self.calibration.ranges_for(dim)
+            except ValueError as e:
+                raise ApiError(400, f"int8/uint8 at {dim} dimensions: {e}") from None
 
     def _tokenize(self, req: EmbeddingRequest) -> list[Tokenized]:
         self.engine.check_dimensions(req.dimensions)
+        self.check_types([req.embedding_type], req.dimensions)
         prompt = self.engine.resolve_prompt(req.prompt_name, req.prompt)
         return self.engine.tokenize(req.items, prompt, req.truncate)
 
@@ -119,27 +161,33 @@ class EmbeddingService:
             tokenized, dimensions=req.dimensions, normalize=req.normalize, priority=req.priority
         )
 
-    def _body(
-        self, req: EmbeddingRequest, tokenized: list[Tokenized], outputs: list[EmbeddingOutput], n_tokens: int
-    ) -> dict[str, Any]:
+    def _body(self, req: EmbeddingRequest, done: Computed) -> dict[str, Any]:
+        kind = req.embedding_type
+        vectors: list[Any]
+        if kind == "float":
+            vectors = [encode_vector(o.embedding, req.encoding_format) for o in done.outputs]
+        else:  # compressed (extension): ints, or their raw bytes in base64
+            q = quantize(done.matrix(), kind, self.calibration)
+            vectors = [to_base64(v) if req.encoding_format == "base64" else v.tolist() for v in q]
         data = [
             {
                 "object": "embedding",
                 "index": i,
-                "embedding": encode_vector(out.embedding, req.encoding_format),
+                "embedding": vec,
                 "num_tokens": out.num_tokens,
                 "truncated": tok.truncated,
             }
-            for i, (out, tok) in enumerate(zip(outputs, tokenized, strict=True))
+            for i, (vec, out, tok) in enumerate(zip(vectors, done.outputs, done.tokenized, strict=True))
         ]
+        n = done.n_tokens
         return {
             "object": "list",
             "data": data,
-            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-            **self.metadata.fields(req.dimensions, req.normalize),
+            "usage": {"prompt_tokens": n, "total_tokens": n},
+            **self.metadata.fields(req.dimensions, req.normalize, self.schema_type(kind)),
         }
 
-    def _observe(self, outputs: list[EmbeddingOutput], tokenize_time: float, total: float) -> None:
+    def observe(self, outputs: list[EmbeddingOutput], tokenize_time: float, total: float) -> None:
         m = self.metrics
         n_tokens = 0
         for out in outputs:
@@ -154,7 +202,7 @@ class EmbeddingService:
 
 
 @contextlib.contextmanager
-def _engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
+def engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
     """Engine exceptions -> HTTP statuses. Bad input is the caller's fault; the rest is ours."""
     try:
         yield
@@ -167,7 +215,7 @@ def _engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
         raise ApiError(500, f"the engine failed to compute this request: {e}", "server_error") from None
 
 
-def _timing_headers(outputs: list[EmbeddingOutput], tokenize_time: float, total: float) -> dict[str, str]:
+def timing_headers(outputs: list[EmbeddingOutput], tokenize_time: float, total: float) -> dict[str, str]:
     """Milliseconds, TEI-style; a batch reports its slowest input's queue and inference time."""
 
     def ms(seconds: float) -> str:

@@ -46,6 +46,15 @@ class BucketedModelRunner(ModelRunner):
         self.step_sizes.add(size)
         padded = pad_step_inputs(inputs, size)
         # [R, hidden]: output_rows index real rows only
+        if padded.token_type_ids is not None:
+            return self.compiled(
+                padded.input_ids,
+                padded.positions,
+                self.kv_caches,
+                padded.meta,
+                padded.output_rows,
+                token_type_ids=padded.token_type_ids,
+            )
         return self.compiled(
             padded.input_ids, padded.positions, self.kv_caches, padded.meta, padded.output_rows
         )

@@ -71,5 +71,6 @@ def pad_step_inputs(inputs: StepInputs, size: int) -> StepInputs:
         inputs,
         input_ids=pad(inputs.input_ids, 0),
         positions=pad(inputs.positions, 0),
+        token_type_ids=None if inputs.token_type_ids is None else pad(inputs.token_type_ids, 0),
         meta=replace(meta, slot_mapping=slot_mapping),
     )

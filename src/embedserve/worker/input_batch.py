@@ -25,6 +25,7 @@ class StepInputs:
     output_rows: torch.Tensor  # [R] packed rows that pooling reads
     # request_id -> (offset, count) into the model output's R rows
     pooled: dict[int, tuple[int, int]]
+    token_type_ids: torch.Tensor | None = None  # [T]; None: every token is segment 0
 
 
 def chunk_positions(start: int, n: int) -> np.ndarray:
@@ -61,10 +62,18 @@ def build_step_inputs(
         n_rows += hi - lo
         q_start += n
     slot_mapping = torch.from_numpy(np.concatenate(slot_parts)).to(device) if use_cache else None
+    types = None
+    if any(c.token_type_ids is not None for c in out.chunks):
+        types = torch.tensor(
+            [t for c in out.chunks for t in (c.token_type_ids or [0] * c.num_tokens)],
+            dtype=torch.long,
+            device=device,
+        )
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.from_numpy(np.concatenate(pos_parts)).to(device),
         meta=AttentionMetadata(seqs=seqs, slot_mapping=slot_mapping, causal=causal),
         output_rows=torch.from_numpy(np.concatenate(rows)).to(device),
         pooled=pooled,
+        token_type_ids=types,
     )

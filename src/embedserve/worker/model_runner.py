@@ -60,4 +60,13 @@ class ModelRunner:
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model on one step's packed inputs -> the pooled rows, [R, hidden]."""
+        if inputs.token_type_ids is not None:  # (query, document) pairs: encoders only
+            return self.model(
+                inputs.input_ids,
+                inputs.positions,
+                self.kv_caches,
+                inputs.meta,
+                inputs.output_rows,
+                token_type_ids=inputs.token_type_ids,
+            )
         return self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, inputs.output_rows)

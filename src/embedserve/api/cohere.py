@@ -1,0 +1,110 @@
+"""Cohere's v2 embed API (`POST /v2/embed`): request model, input_type -> prompt, response body.
+
+    request   {"model", "texts", "input_type", "embedding_types", "output_dimension", "truncate"}
+    response  {"id", "response_type": "embeddings_by_type", "texts",
+               "embeddings": {"float": [[...]], "int8": [[...]], ...},
+               "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": n}}}
+              + our metadata (model, model_version, dtype, backend_profile, embedding_schema of
+              the float vectors, and "embedding_schemas": one per returned type)
+
+`input_type` picks a prompt from the model's prompt table (config_sentence_transformers.json),
+the first of these names that the table defines, else no prompt at all:
+
+    search_query -> query            search_document -> document, passage
+    classification -> classification clustering -> clustering
+
+`truncate`: NONE refuses an over-long text (400), START / END cut that end of the text.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from embedserve.api.protocol import ApiError, EmbeddingRequest, describe_validation_errors
+from embedserve.api.quantize import Calibration, quantize, to_base64
+
+CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+InputType = Literal["search_query", "search_document", "classification", "clustering"]
+
+PROMPT_NAMES: dict[str, tuple[str, ...]] = {
+    "search_query": ("query",),
+    "search_document": ("document", "passage"),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+}
+_TRUNCATE = {"NONE": "error", "START": "start", "END": "end"}
+
+
+def _float_only() -> list[CohereType]:
+    return ["float"]
+
+
+class CohereEmbedRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    texts: list[str] = Field(min_length=1)
+    model: str | None = None
+    input_type: InputType | None = None
+    embedding_types: list[CohereType] = Field(default_factory=_float_only, min_length=1)
+    output_dimension: int | None = Field(default=None, ge=1)
+    truncate: Literal["NONE", "START", "END"] = "END"
+
+    def to_embedding_request(self, prompts: Mapping[str, str]) -> EmbeddingRequest:
+        """The same work as an OpenAI-style request (prompt from input_type, truncation)."""
+        name = None
+        if self.input_type is not None:
+            name = next((n for n in PROMPT_NAMES[self.input_type] if n in prompts), None)
+        return EmbeddingRequest.model_validate(
+            {
+                "input": list(self.texts),
+                "model": self.model,
+                "dimensions": self.output_dimension,
+                "prompt_name": name,
+                # no matching prompt: none at all (not the model's default prompt)
+                "prompt": "" if name is None else None,
+                "truncate": _TRUNCATE[self.truncate],
+            }
+        )
+
+
+def parse_cohere_request(body: bytes) -> CohereEmbedRequest:
+    try:
+        return CohereEmbedRequest.model_validate_json(body)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        if any(err["type"] == "json_invalid" for err in errors):
+            raise ApiError(400, f"request body is not valid JSON: {errors[0]['msg']}") from None
+        raise ApiError(422, describe_validation_errors(errors)) from None
+
+
+def quantized_type(kind: str) -> str:
+    """The quantize() type behind a Cohere embedding type (base64 is float32 bytes)."""
+    return "float" if kind == "base64" else kind
+
+
+def embeddings_by_type(
+    vectors: np.ndarray, kinds: list[str], calibration: Calibration
+) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for kind in dict.fromkeys(kinds):  # each type once, in the order asked
+        q = quantize(vectors, quantized_type(kind), calibration)
+        out[kind] = [to_base64(v) for v in q] if kind == "base64" else q.tolist()
+    return out
+
+
+def cohere_body(
+    req: CohereEmbedRequest, embeddings: dict[str, list[Any]], n_tokens: int, metadata: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": str(uuid.uuid4()),
+        "response_type": "embeddings_by_type",
+        "embeddings": embeddings,
+        "texts": list(req.texts),
+        "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": n_tokens}},
+        **metadata,
+    }
