@@ -51,6 +51,7 @@ class Request:
         pooling: PoolingMethod,
         priority: Priority = Priority.ONLINE,
         excluded_prefix: int = 0,
+        fold_block: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = token_ids
@@ -59,7 +60,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0
-        self.pooling = PoolingState(pooling, len(token_ids), excluded_prefix=excluded_prefix)
+        self.pooling = PoolingState(pooling, len(token_ids), excluded_prefix, fold_block)
         # Set by the scheduler on admission; orders requests for scheduling and preemption.
         self.arrival_seq = -1
         self.arrival_step = -1

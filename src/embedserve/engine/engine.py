@@ -87,6 +87,7 @@ class Engine:
                 pool.method,
                 prio,
                 excluded_prefix=0 if pool.include_prompt else t.prompt_tokens,
+                fold_block=self.config.scheduler.deterministic_chunk,
             )
             for t in tokenized
         ]
