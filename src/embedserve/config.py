@@ -84,6 +84,9 @@ class SchedulerConfig:
     # Prompts of at least this many tokens run layer-major outside the KV cache
     # (scheduler/lane.py, worker/lane_runner.py); None: every prompt goes through the scheduler.
     layer_major_tokens: int | None = None
+    # Deterministic mode (docs/deterministic.md): every request's chunks are cut at multiples of
+    # this many tokens (its last one excepted), whatever else shares the step; None: off.
+    deterministic_chunk: int | None = None
 
     @property
     def batch_cap_with_online(self) -> int:
@@ -103,6 +106,13 @@ class SchedulerConfig:
             raise ValueError("layer_major_tokens must be >= 1 (0 at the engine option turns it off)")
         if self.layer_major_tokens is not None and not self.allow_chunking:
             raise ValueError("layer_major_tokens applies to decoder models only")
+        if self.deterministic_chunk is not None and self.deterministic_chunk < 1:
+            raise ValueError("deterministic_chunk must be >= 1")
+        if self.deterministic_chunk is not None and self.max_num_batched_tokens < self.deterministic_chunk:
+            raise ValueError(
+                f"deterministic mode cuts chunks at multiples of {self.deterministic_chunk} tokens: "
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least that"
+            )
         if not self.allow_chunking and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 "this model cannot be chunked: max_num_batched_tokens "

@@ -1,7 +1,8 @@
 """Vector metadata: where a vector came from, so stored vectors can be traced and rebuilt.
 
 - `model_version`: given by the operator, or a fingerprint of the model directory's files.
-- `backend_profile`: device + dtype (`cpu-fp32`, `cuda-bf16`): numerics, not meaning.
+- `backend_profile`: device + dtype (`cpu-fp32`, `cuda-bf16`), `-det` in deterministic mode:
+  numerics, not meaning.
 - `embedding_schema`: a stable id of the vector *space*. Two vectors with the same schema are
   comparable; anything that changes which vector an input maps to (weights, pooling,
   normalization, dimensions, the prompt table) changes the schema.
@@ -54,8 +55,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def backend_profile(device: torch.device, dtype: torch.dtype) -> str:
-    return f"{device.type}-{_DTYPE_SHORT.get(dtype, dtype_name(dtype))}"
+def backend_profile(device: torch.device, dtype: torch.dtype, deterministic: bool = False) -> str:
+    """e.g. `cpu-fp32`, `cuda-bf16`; `-det` in deterministic mode (same vector space, so the
+    embedding_schema does not change, but every vector is reproducible bit for bit)."""
+    profile = f"{device.type}-{_DTYPE_SHORT.get(dtype, dtype_name(dtype))}"
+    return f"{profile}-det" if deterministic else profile
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,9 @@ class ModelMetadata:
             model=model,
             model_version=version,
             dtype=dtype_name(config.dtype),
-            backend_profile=backend_profile(config.device, config.dtype),
+            backend_profile=backend_profile(
+                config.device, config.dtype, config.scheduler.deterministic_chunk is not None
+            ),
             hidden_size=config.model.hidden_size,
             max_model_len=config.scheduler.max_model_len,
             default_normalize=pool.normalize,

@@ -69,7 +69,7 @@ def test_the_request_body_is_documented_with_every_field(doc: dict[str, Any]) ->
     schema = _request_schema(doc)
     assert schema["required"] == ["input"] and schema["additionalProperties"] is False
     fields = {"input", "model", "encoding_format", "dimensions", "user", "prompt_name", "prompt"}
-    assert fields | {"normalize", "priority", "truncate"} == set(schema["properties"])
+    assert fields | {"normalize", "priority", "truncate", "embedding_type"} == set(schema["properties"])
     assert len(schema["properties"]["input"]["anyOf"]) == 4
     assert schema["properties"]["input"]["anyOf"][1]["maxItems"] == 8  # the server's setting
 

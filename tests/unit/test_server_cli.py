@@ -33,6 +33,9 @@ def test_bucket_and_compile_options_reach_the_engine() -> None:
     args = build_parser().parse_args(["serve", "--token-buckets", "--compile", "eager"])
     kwargs = _settings(args).engine_kwargs
     assert (kwargs["token_buckets"], kwargs["compile_backend"]) == (True, "eager")
+    assert plain["deterministic"] is False
+    det = _settings(build_parser().parse_args(["serve", "--deterministic"])).engine_kwargs
+    assert det["deterministic"] is True
 
 
 def test_the_default_model_is_served_under_its_model_name() -> None:

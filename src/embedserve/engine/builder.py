@@ -41,6 +41,9 @@ _DEFAULT_KV_CAP = 4 << 30  # default KV budget cap (bytes) unless one full promp
 # each layer's weights while they are hot (measured in docs/performance.md, "Layer-major
 # prefill for long inputs").
 _LAYER_MAJOR_DEFAULT = 4096
+# Deterministic mode cuts every prompt at multiples of this many tokens: the native flash
+# kernel's key block, so a piece's keys fall in the same blocks whichever path runs it.
+DETERMINISTIC_CHUNK = 256
 
 
 def _layer_major_tokens(option: int | None, device: torch.device, causal: bool, budget: int) -> int | None:
@@ -97,12 +100,14 @@ def build_engine(
     compile_backend: str | None = None,
     attention: AttentionFn | None = None,
     task: str = "auto",
+    deterministic: bool = False,
 ) -> EngineParts:
     """The engine's parts. `token_buckets`: run steps padded to a few fixed token counts
     (worker/buckets.py); `compile_backend`: also through `torch.compile` with that backend
     (implies buckets); `attention`: force an attention route (default: chosen per device and
     dtype by attention/select.py); `task`: "embed", "rerank" or "auto" (rerank for a
-    reranker's directory, models/score_head.py)."""
+    reranker's directory, models/score_head.py); `deterministic`: every vector bit-identical whatever
+    the batch, budget, chunking, preemption or path (docs/deterministic.md)."""
     if isinstance(path, ModelSource):  # already opened, e.g. random weights made on the GPU
         files = replace(path, pooling=override_pooling(path.pooling, pooling, normalize))
     else:
@@ -141,6 +146,7 @@ def build_engine(
             ),
             max_model_len=max_model_len,
             allow_chunking=mcfg.is_causal,
+            deterministic_chunk=DETERMINISTIC_CHUNK if deterministic and mcfg.is_causal else None,
         )
     except ValueError as e:  # e.g. an encoder budget below max_model_len: a configuration error
         raise ModelLoadError(str(e)) from None
@@ -189,14 +195,17 @@ def build_engine(
         task="embed" if kind is None else "rerank",
     )
     kv = KVCacheManager(num_blocks, block_size)
-    runner = ModelRunner(model, num_blocks, block_size, torch_dtype, dev)
+    piece = sched.deterministic_chunk
+    runner = ModelRunner(model, num_blocks, block_size, torch_dtype, dev, piece)
     if token_buckets or compile_backend is not None:
         sizes = bucket_sizes(max_num_batched_tokens)
-        runner = BucketedModelRunner(model, num_blocks, block_size, torch_dtype, dev, sizes, compile_backend)
+        runner = BucketedModelRunner(
+            model, num_blocks, block_size, torch_dtype, dev, sizes, compile_backend, piece
+        )
     lane = None
     if sched.layer_major_tokens is not None:
         assert isinstance(model, DecoderModel)
-        lane = LaneRunner(model, max_num_batched_tokens, dev)
+        lane = LaneRunner(model, piece or max_num_batched_tokens, dev, whole_chunks=piece is not None)
     core = EngineCore(Scheduler(sched, kv, mcfg.num_hidden_layers), runner, lane)
     tokenizer = Tokenizer(files.tokenizer(), mcfg.vocab_size)
     head = None

@@ -90,6 +90,7 @@ class Engine(RerankMixin):
                 prio,
                 excluded_prefix=0 if pool.include_prompt else t.prompt_tokens,
                 token_type_ids=t.token_type_ids,
+                fold_block=self.config.scheduler.deterministic_chunk,
             )
             for t in tokenized
         ]

@@ -73,6 +73,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         "CUDA graphs; padding never reaches the KV cache or a vector; off by default)",
     )
     g.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="bit-identical vectors whatever the batch, token budget, chunking, preemption or path "
+        "(chunks cut at multiples of 256 tokens; backend_profile gets '-det'; docs/deterministic.md)",
+    )
+    g.add_argument(
         "--compile",
         default=None,
         metavar="BACKEND",
@@ -96,4 +102,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "token_buckets": args.token_buckets,
         "compile_backend": args.compile,
         "task": args.task,
+        "deterministic": args.deterministic,
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from embedserve.config import PoolingMethod
@@ -16,11 +18,20 @@ class PoolingState:
     lost or double-counted chunk raises instead of producing a plausible wrong vector.
     """
 
-    def __init__(self, method: PoolingMethod, num_prompt_tokens: int, excluded_prefix: int = 0) -> None:
+    def __init__(
+        self,
+        method: PoolingMethod,
+        num_prompt_tokens: int,
+        excluded_prefix: int = 0,
+        fold_block: int | None = None,
+    ) -> None:
         self.method = method
         self.num_prompt_tokens = num_prompt_tokens
         # MEAN pooling of a model with `include_prompt: false` leaves out the prompt's tokens.
         self.excluded_prefix = excluded_prefix
+        # Deterministic mode: MEAN sums rows per block of prompt positions [k*B, (k+1)*B), block
+        # after block, so the sum's rounding does not depend on how the prompt was chunked.
+        self.fold_block = fold_block
         self.reset()
 
     def reset(self) -> None:
@@ -45,9 +56,18 @@ class PoolingState:
         lo, hi = self.rows(start, n)
         if rows.shape[0] != hi - lo:
             raise InternalEngineError(f"pooling expected {hi - lo} rows, got {rows.shape[0]}")
-        self._acc = fold(self.method, self._acc, rows)
+        for part in self._blocks(start + lo, rows):
+            self._acc = fold(self.method, self._acc, part)
         self.num_rows += rows.shape[0]
         self.num_pooled_tokens = start + n
+
+    def _blocks(self, first: int, rows: torch.Tensor) -> list[torch.Tensor]:
+        """`rows` (prompt positions first, first+1, ...) cut at multiples of `fold_block`."""
+        b = self.fold_block
+        if b is None or rows.shape[0] == 0:
+            return [rows]
+        cuts = [0, *range(b - first % b, rows.shape[0], b), rows.shape[0]]
+        return [rows[lo:hi] for lo, hi in itertools.pairwise(cuts) if hi > lo]
 
     def finish(self) -> torch.Tensor:
         """The pooled float32 vector; refuses unless every prompt token was pooled once."""

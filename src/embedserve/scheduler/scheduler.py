@@ -179,6 +179,9 @@ class Scheduler:
         n = min(n, room + reclaimable * self.kv.block_size)
         if not self.config.allow_chunking and n < req.num_remaining_tokens:
             return 0
+        cut = self.config.deterministic_chunk
+        if cut is not None and n < req.num_remaining_tokens:
+            n -= n % cut  # chunks end on multiples of `cut` (the prompt's end excepted)
         return max(n, 0)
 
     def _make_room(self, req: Request, n: int, scheduled: set[int]) -> list[int]:

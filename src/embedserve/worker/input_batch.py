@@ -8,6 +8,7 @@ slots:     table_A[p // bs] * bs + p % bs  for each position p
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,9 +34,25 @@ def chunk_positions(start: int, n: int) -> np.ndarray:
     return np.arange(start, start + n, dtype=np.int64)
 
 
+def pieces(start: int, n: int, piece: int | None) -> list[tuple[int, int]]:
+    """(start, length) of [start, start+n) cut at multiples of `piece` (None: one piece)."""
+    if piece is None:
+        return [(start, n)]
+    cuts = [start, *range(start - start % piece + piece, start + n, piece), start + n]
+    return [(lo, hi - lo) for lo, hi in itertools.pairwise(cuts)]
+
+
 def build_step_inputs(
-    out: SchedulerOutput, block_size: int, device: torch.device, causal: bool = True, use_cache: bool = True
+    out: SchedulerOutput,
+    block_size: int,
+    device: torch.device,
+    causal: bool = True,
+    use_cache: bool = True,
+    piece: int | None = None,
 ) -> StepInputs:
+    """`piece` (deterministic mode): each chunk attends as pieces cut at multiples of that many
+    prompt positions, so a piece's attention call has the same shape however the request was
+    chunked or batched."""
     ids: list[int] = []
     pos_parts: list[np.ndarray] = []
     slot_parts: list[np.ndarray] = []
@@ -53,7 +70,10 @@ def build_step_inputs(
             slot_parts.append(
                 slots(c.block_table, np.arange(c.start, c.start + n, dtype=np.int64), block_size)
             )
-            seqs.append(seq_span(q_start, n, c.start, c.block_table, block_size, device))
+            seqs += [
+                seq_span(q_start + p0 - c.start, m, p0, c.block_table, block_size, device)
+                for p0, m in pieces(c.start, n, piece)
+            ]
         else:
             seqs.append(SeqSpan(q_start=q_start, q_len=n, start=0, kv_slots=None))
         lo, hi = c.pool_rows

@@ -21,10 +21,14 @@ from embedserve.worker.layer_major import LayerMajorJob
 
 
 class LaneRunner:
-    def __init__(self, model: DecoderModel, chunk: int, device: torch.device) -> None:
+    def __init__(
+        self, model: DecoderModel, chunk: int, device: torch.device, whole_chunks: bool = False
+    ) -> None:
+        """`whole_chunks`: deterministic mode (see LayerMajorJob)."""
         self.model = model
         self.chunk = chunk
         self.device = device
+        self.whole_chunks = whole_chunks
         self.jobs: dict[int, LayerMajorJob] = {}
         self.flops_per_s: float | None = None  # achieved by lane units, moving average
 
@@ -32,7 +36,9 @@ class LaneRunner:
         """The prompt's job, created (no buffers yet) on its first slice."""
         job = self.jobs.get(req.request_id)
         if job is None:
-            job = self.jobs[req.request_id] = LayerMajorJob(self.model, req, self.chunk, self.device)
+            job = self.jobs[req.request_id] = LayerMajorJob(
+                self.model, req, self.chunk, self.device, self.whole_chunks
+            )
         return job
 
     def rows_within(self, req: Request, seconds: float) -> int:

@@ -49,13 +49,24 @@ TRIM_EVERY_LAYER_CHUNKS = 4
 
 
 class LayerMajorJob:
-    def __init__(self, model: DecoderModel, request: Request, chunk: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: DecoderModel,
+        request: Request,
+        chunk: int,
+        device: torch.device,
+        whole_chunks: bool = False,
+    ) -> None:
+        """`whole_chunks` (deterministic mode): every unit is one whole chunk (never cut to a
+        time) and the last layer runs every row, so each attention call has the shape the
+        chunked path gives the same positions."""
         if chunk < 1:
             raise ValueError("layer-major chunk must be >= 1 token")
         cfg = model.config
         self.model = model
         self.request = request
         self.chunk = chunk
+        self.whole_chunks = whole_chunks
         self.granule = min(GRANULE, 1 << (chunk.bit_length() - 1))  # a power of two <= chunk
         self.num_layers = cfg.num_hidden_layers
         self.length = request.num_prompt_tokens
@@ -85,7 +96,7 @@ class LayerMajorJob:
     def _kept(self, rows: int) -> slice | None:
         """The rows of the unit [pos, pos+rows) read after the current layer, local to it:
         None (all) before the last layer; the pooled rows at the last."""
-        if self.layer < self.num_layers - 1:
+        if self.layer < self.num_layers - 1 or self.whole_chunks:
             return None
         return slice(*self.request.pooling.rows(self.pos, rows))
 
@@ -106,7 +117,7 @@ class LayerMajorJob:
         wish reaches it; else whole granules from a position on the granule; else the largest
         power of two <= `want` that `pos` is a multiple of."""
         left = self._chunk_left()
-        if want >= left:
+        if want >= left or self.whole_chunks:
             return left
         g = self.granule
         if want >= g and self.pos % g == 0:
