@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from embedserve.gateway.app import create_app as create_gateway_app
 from embedserve.gateway.config import parse_config
 from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.forward import Forwarder
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.service import GatewayService
 from embedserve.gateway.upstreams import UpstreamSet
@@ -71,5 +72,7 @@ def gateway_app(server_app: Any, model_dir: Path, **config: Any) -> FastAPI:
         await upstreams.close()  # no background polling: one look at the pools is enough here
 
     asyncio.run(poll_once())
-    service = GatewayService(cfg, TokenCounter(model_dir), upstreams, GatewayMetrics(upstreams))
+    metrics = GatewayMetrics(upstreams)
+    forwarder = Forwarder(upstreams, metrics, cfg.balance)
+    service = GatewayService(cfg, TokenCounter(model_dir), upstreams, metrics, forwarder)
     return create_gateway_app(service)

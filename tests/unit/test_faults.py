@@ -75,11 +75,16 @@ def test_a_forward_that_raises_fails_its_step_and_the_rest_are_answered(
         answers = list(pool.map(lambda b: client.post("/v1/embeddings", json=b), bodies))
     statuses = [a.status_code for a in answers]
     assert statuses[3] == 500 and "injected device fault" in answers[3].json()["error"]["message"]
-    # Inputs batched into the failing step fail with it; every other input is answered.
-    assert set(statuses) <= {200, 500} and statuses.count(200) >= 1, statuses
+    # Inputs batched into the failing step fail with it (how many share it is timing), the
+    # others are answered...
+    assert set(statuses) <= {200, 500}, statuses
     for a in answers:
         if a.status_code == 500:
             assert a.json()["error"]["type"] == "server_error"
+    # ...and the engine goes on: the same inputs without the poisoned one, concurrently, all 200.
+    with concurrent.futures.ThreadPoolExecutor(7) as pool:
+        again = list(pool.map(lambda b: client.post("/v1/embeddings", json=b), bodies[:3] + bodies[4:]))
+    assert [a.status_code for a in again] == [200] * 7
     monkeypatch.undo()
     _healthy(client)
 

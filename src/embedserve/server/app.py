@@ -122,8 +122,9 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
             raise ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error") from e
         return JSONResponse(result.body, headers=result.headers)
 
-    add_cohere_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth])
-    add_rerank_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth])
+    errors = error_responses(*statuses)
+    add_cohere_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth], errors)
+    add_rerank_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth], errors)
     return app
 
 

@@ -21,11 +21,16 @@ COHERE_EMBED_PATH = "/v2/embed"
 
 
 def add_cohere_routes(
-    app: FastAPI, service: Callable[[], EmbeddingService], max_body_bytes: int, dependencies: list[Any]
+    app: FastAPI,
+    service: Callable[[], EmbeddingService],
+    max_body_bytes: int,
+    dependencies: list[Any],
+    responses: dict[int | str, dict[str, Any]] | None = None,
 ) -> None:
-    """`service()` returns the accepting service or raises the 503 ApiError."""
+    """`service()` returns the accepting service or raises the 503 ApiError; `responses`: the
+    route's documented error statuses (api/openapi.py)."""
 
-    @app.post(COHERE_EMBED_PATH, dependencies=dependencies)
+    @app.post(COHERE_EMBED_PATH, dependencies=dependencies, responses=responses)
     async def cohere_embed(request: Request) -> Response:
         svc = service()
         try:

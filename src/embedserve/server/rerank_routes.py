@@ -77,9 +77,14 @@ async def rerank(
 
 
 def add_rerank_routes(
-    app: FastAPI, service: Callable[[], EmbeddingService], max_body_bytes: int, dependencies: list[Any]
+    app: FastAPI,
+    service: Callable[[], EmbeddingService],
+    max_body_bytes: int,
+    dependencies: list[Any],
+    responses: dict[int | str, dict[str, Any]] | None = None,
 ) -> None:
-    """`service()` returns the accepting service or raises the 503 ApiError."""
+    """`service()` returns the accepting service or raises the 503 ApiError; `responses`: the
+    routes' documented error statuses (api/openapi.py)."""
 
     async def rerank_route(request: Request) -> Response:
         svc = service()
@@ -96,4 +101,6 @@ def add_rerank_routes(
         return JSONResponse(body, headers=headers)
 
     for path in RERANK_PATHS:
-        app.add_api_route(path, rerank_route, methods=["POST"], dependencies=dependencies)
+        app.add_api_route(
+            path, rerank_route, methods=["POST"], dependencies=dependencies, responses=responses
+        )
