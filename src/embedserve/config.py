@@ -132,3 +132,6 @@ class EngineConfig:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     task: str = "embed"  # or "rerank" (a cross-encoder or a yes/no reranker; models/score_head.py)
+    # Deterministic mode (docs/deterministic.md): decoders cut chunks at scheduler.deterministic_chunk;
+    # encoders run every input whole in one call already, so the flag changes only the profile.
+    deterministic: bool = False

@@ -97,9 +97,7 @@ class ModelMetadata:
             model=model,
             model_version=version,
             dtype=dtype_name(config.dtype),
-            backend_profile=backend_profile(
-                config.device, config.dtype, config.scheduler.deterministic_chunk is not None
-            ),
+            backend_profile=backend_profile(config.device, config.dtype, config.deterministic),
             hidden_size=config.model.hidden_size,
             max_model_len=config.scheduler.max_model_len,
             default_normalize=pool.normalize,

@@ -20,9 +20,11 @@ from embedserve.kv_cache.manager import KVCacheManager
 from embedserve.pooling.state import PoolingState
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.scheduler.scheduler import Scheduler
+from embedserve.schema import ModelMetadata
 from embedserve.worker.input_batch import pieces
 from embedserve.worker.model_runner import kv_bytes_per_block
 from tests.helpers.reference import random_ids
+from tests.helpers.tiny_bert import build_encoder
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +129,6 @@ def test_without_the_flag_some_case_differs(qwen3_dir: Path) -> None:
 
 
 def test_metadata_names_the_mode(qwen3_dir: Path) -> None:
-    from embedserve.schema import ModelMetadata
-
     plain, det = (build_engine(qwen3_dir, deterministic=d).config for d in (False, True))
     assert (
         det.scheduler.deterministic_chunk == DETERMINISTIC_CHUNK
@@ -137,6 +137,19 @@ def test_metadata_names_the_mode(qwen3_dir: Path) -> None:
     metas = [ModelMetadata.from_engine_config(c, "m", None, "fp") for c in (plain, det)]
     assert (metas[0].backend_profile, metas[1].backend_profile) == ("cpu-fp32", "cpu-fp32-det")
     assert metas[0].schema() == metas[1].schema()  # the same vector space
+
+
+def test_an_encoder_is_deterministic_and_says_so(tmp_path: Path) -> None:
+    """Encoders run every input whole in one attention call: the flag changes the profile only."""
+    path = build_encoder(tmp_path / "bert", "bert", pooling="mean", normalize=True)
+    texts = [f"text number {i} " * (i + 1) for i in range(12)]
+    with Engine.from_pretrained(path, deterministic=True) as engine:
+        alone = _bytes(np.stack([engine.embed([t])[0] for t in texts[:3]]))
+        batched = _bytes(engine.embed(texts[::-1]))[::-1][:3]
+        assert engine.config.deterministic and engine.config.scheduler.deterministic_chunk is None
+    assert alone == batched
+    meta = ModelMetadata.from_engine_config(build_engine(path, deterministic=True).config, "m", None, "fp")
+    assert meta.backend_profile == "cpu-fp32-det"
 
 
 def test_a_budget_below_the_chunk_is_refused(qwen3_dir: Path) -> None:

@@ -193,6 +193,7 @@ def build_engine(
         prompts=files.prompts,
         default_prompt_name=files.default_prompt_name,
         task="embed" if kind is None else "rerank",
+        deterministic=deterministic,
     )
     kv = KVCacheManager(num_blocks, block_size)
     piece = sched.deterministic_chunk
