@@ -38,7 +38,8 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 240.0) -> None:
+        """Until /health/ready is 200 (generous: a busy CI machine imports torch and warms up slowly)."""
         deadline = time.monotonic() + timeout
         with httpx.Client(base_url=self.base_url, timeout=2.0) as client:
             while time.monotonic() < deadline:
