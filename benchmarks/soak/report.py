@@ -57,10 +57,12 @@ class ProcSample:
 @dataclass
 class Summary:
     counts: dict[str, dict[str, int]]  # phase -> outcome -> n
+    by_bucket: dict[str, dict[str, int]]  # load phase: bucket -> outcome -> n
     statuses: dict[str, int]  # "status: first error message" -> n, for everything not 200
     no_status: int  # failures without an HTTP status: the silent kind
     latency: dict[str, dict[str, dict[str, float]]]  # phase -> bucket -> {n, p50_ms, p99_ms}
     resources: dict[str, dict[str, float]] = field(default_factory=dict)
+    timeline: list[str] = field(default_factory=list)  # RSS MiB / fds per process every 10 s
     cosine: dict[str, Any] = field(default_factory=dict)
     queue_after: dict[str, dict[str, float]] = field(default_factory=dict)
     checks: dict[str, bool] = field(default_factory=dict)
@@ -117,6 +119,18 @@ def growth(readings: list[ProcSample], warm_until: float) -> dict[str, dict[str,
     return out
 
 
+def timeline(readings: list[ProcSample], every: float = 10.0) -> list[str]:
+    """'t s: name rss/fds, ...' at the first reading of each `every`-second slot."""
+    slots: dict[int, dict[str, ProcSample]] = {}
+    for r in readings:
+        slots.setdefault(int(r.t // every), {}).setdefault(r.name, r)
+    return [
+        f"{k * every:.0f} s: "
+        + ", ".join(f"{n} {r.rss_mib:.0f} MiB / {r.fds} fds" for n, r in sorted(x.items()))
+        for k, x in sorted(slots.items())
+    ]
+
+
 def summarize(
     samples: list[Sample],
     readings: list[ProcSample],
@@ -130,6 +144,12 @@ def summarize(
         phase["sent"] += 1
         phase[s.outcome] += 1
     # numbers masked so that "64756 tokens queued; retry in 16 s" answers group as one kind
+    by_bucket: dict[str, dict[str, int]] = {}
+    for s in samples:
+        if s.phase == "load":
+            row = by_bucket.setdefault(bucket_of(s.tokens), {"sent": 0, "ok": 0, "refused": 0, "failed": 0})
+            row["sent"] += 1
+            row[s.outcome] += 1
     statuses = Counter(f"{s.status}: {_DIGITS.sub('N', s.error[:70])}" for s in samples if s.status != 200)
     resources = growth(readings, warm_until)
     wrong = sum(c < COSINE_BAR for c in cosines)
@@ -144,10 +164,12 @@ def summarize(
     }
     return Summary(
         counts=counts,
+        by_bucket={b: by_bucket[b] for b in BUCKET_NAMES if b in by_bucket},
         statuses=dict(statuses.most_common()),
         no_status=sum(s.status == 0 for s in samples),
         latency=latency_table(samples),
         resources=resources,
+        timeline=timeline(readings),
         cosine=cosine,
         queue_after=queue_after,
         checks=checks,
@@ -170,6 +192,10 @@ def markdown(summary: Summary, meta: dict[str, Any]) -> str:
     ]
     for phase, c in summary.counts.items():
         lines.append(f"| {phase} | {c['sent']} | {c['ok']} | {c['refused']} | {c['failed']} |")
+    lines += ["", "Load phase by length bucket:", "", "| bucket | sent | ok | refused | failed |"]
+    lines += ["|---|---|---|---|---|"]
+    for bucket, c in summary.by_bucket.items():
+        lines.append(f"| {bucket} | {c['sent']} | {c['ok']} | {c['refused']} | {c['failed']} |")
     lines += ["", "Answers other than 200 (status: first words of the message):", ""]
     lines += [f"- {k} — {n}" for k, n in summary.statuses.items()] or ["- none"]
     lines += [f"- without any HTTP status (transport error / client timeout): {summary.no_status}"]
@@ -190,6 +216,12 @@ def markdown(summary: Summary, meta: dict[str, Any]) -> str:
             f"{r['rss_growth_mib']:+.1f} ({r['rss_bound_mib']:.0f}) | {r['fds_warm']:.0f} | "
             f"{r['fds_peak']:.0f} | {r['fds_end']:.0f} |"
         )
+    lines += [
+        "",
+        "RSS / open fds over time (seconds since the start; the load phase is in the meta above):",
+        "",
+    ]
+    lines += [f"- {t}" for t in summary.timeline]
     lines += ["", "## Queues after the idle period (/metrics gauges)", ""]
     for name, gauges in summary.queue_after.items():
         lines.append(f"- {name}: " + ", ".join(f"{k} {v:g}" for k, v in gauges.items()))
