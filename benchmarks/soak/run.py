@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,8 @@ def main() -> None:
         "exit codes (SIGTERM at the end)": exits,
         "warm-up ends": f"{run['warm_until']:.0f} s (20 % into the load)",
     }
+    raw = {"samples": [asdict(x) for x in rec.samples], "readings": [asdict(x) for x in readings]}
+    (args.out / "samples.json").write_text(json.dumps(raw))
     (args.out / "report.json").write_text(json.dumps(as_json(summary, meta), indent=2, default=str))
     (args.out / "report.md").write_text(markdown(summary, meta))
     print(markdown(summary, meta))

@@ -35,7 +35,9 @@ def test_percentiles_are_nearest_rank() -> None:
 
 def test_outcomes_latency_buckets_and_checks() -> None:
     queues = {"server": {"admitted_inputs": 0.0, "admitted_tokens": 0.0}}
-    s = summarize(_samples(), _readings(530.0, 21), 9.0, [1.0, 0.999995], queues)
+    restarted = [ProcSample(float(t), "pool (restarted)", 6.0 + 20 * t, 3 + t) for t in range(30, 55)]
+    s = summarize(_samples(), _readings(530.0, 21) + restarted, 9.0, [1.0, 0.999995], queues)
+    assert s.resources["pool (restarted)"]["bounded"] == 0  # started mid-run: no baseline to hold to
     assert s.counts["load"] == {"sent": 105, "ok": 102, "refused": 2, "failed": 1}
     assert s.counts["after"] == {"sent": 1, "ok": 1, "refused": 0, "failed": 0}
     assert s.statuses == {
