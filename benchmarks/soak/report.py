@@ -92,7 +92,9 @@ def latency_table(samples: list[Sample]) -> dict[str, dict[str, dict[str, float]
     return out
 
 
-def growth(readings: list[ProcSample], warm_until: float) -> dict[str, dict[str, float]]:
+def growth(
+    readings: list[ProcSample], warm_until: float, load_end: float | None = None
+) -> dict[str, dict[str, float]]:
     """Per process: RSS and fds at the end of warm-up (median of the last 5 readings before
     `warm_until`), peak after it, and at the end (median of the last 5 readings). `bounded` is 1
     for a process that lived from before the end of warm-up to the end (the bounds apply to it),
@@ -108,12 +110,20 @@ def growth(readings: list[ProcSample], warm_until: float) -> dict[str, dict[str,
         rss0 = statistics.median(r.rss_mib for r in warm)
         fd0 = statistics.median(r.fds for r in warm)
         rss1 = statistics.median(r.rss_mib for r in end)
+        # RSS over the second half of the load (after warm-up): a leak keeps rising, a high-water
+        # mark levels off. 0 when there is no such window.
+        stop = load_end if load_end is not None else last
+        mid = (warm_until + stop) / 2
+        first = [r.rss_mib for r in mine if r.t <= mid][-5:]
+        second = [r.rss_mib for r in mine if r.t <= stop][-5:]
+        half = statistics.median(second) - statistics.median(first) if first and second else 0.0
         fd1 = statistics.median(r.fds for r in end)
         out[name] = {
             "rss_warm_mib": rss0,
             "rss_peak_mib": max(r.rss_mib for r in later),
             "rss_end_mib": rss1,
             "rss_growth_mib": rss1 - rss0,
+            "rss_second_half_mib": half,
             "rss_bound_mib": max(RSS_BOUND_MIB, RSS_BOUND_FRACTION * rss0),
             "fds_warm": fd0,
             "fds_peak": max(r.fds for r in later),
@@ -142,6 +152,7 @@ def summarize(
     warm_until: float,
     cosines: list[float],
     queue_after: dict[str, dict[str, float]],
+    load_end: float | None = None,
 ) -> Summary:
     counts: dict[str, dict[str, int]] = {}
     for s in samples:
@@ -156,7 +167,7 @@ def summarize(
             row["sent"] += 1
             row[s.outcome] += 1
     statuses = Counter(f"{s.status}: {_DIGITS.sub('N', s.error[:70])}" for s in samples if s.status != 200)
-    resources = growth(readings, warm_until)
+    resources = growth(readings, warm_until, load_end)
     bounded = [r for r in resources.values() if r["bounded"]]
     wrong = sum(c < COSINE_BAR for c in cosines)
     cosine = {"checked": len(cosines), "min": min(cosines, default=float("nan")), "wrong": wrong}
@@ -215,13 +226,15 @@ def markdown(summary: Summary, meta: dict[str, Any]) -> str:
             lines.append(f"| {phase} | {bucket} | {r['n']:.0f} | {r['p50_ms']:,.0f} | {r['p99_ms']:,.0f} |")
     lines += ["", "## Server processes (psutil, every second)", ""]
     lines += ["Bounds (n/a: a process killed or started mid-run has no warm-up baseline):", ""]
-    lines += ["| process | RSS warm MiB | peak | end | growth (bound) | fds warm | peak | end |"]
-    lines += ["|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| process | RSS warm MiB | peak | end | growth (bound) | 2nd half of load | fds warm | peak | end |"
+    ]
+    lines += ["|---|---|---|---|---|---|---|---|---|"]
     for name, r in summary.resources.items():
         lines.append(
             f"| {name} | {r['rss_warm_mib']:.0f} | {r['rss_peak_mib']:.0f} | {r['rss_end_mib']:.0f} | "
             f"{r['rss_growth_mib']:+.1f} ({r['rss_bound_mib']:.0f} MiB{'' if r['bounded'] else ', n/a'}) | "
-            f"{r['fds_warm']:.0f} | "
+            f"{r['rss_second_half_mib']:+.1f} | {r['fds_warm']:.0f} | "
             f"{r['fds_peak']:.0f} | {r['fds_end']:.0f} |"
         )
     lines += [

@@ -178,9 +178,9 @@ def main() -> None:
     finally:
         exits = cluster.stop()
     rec: Recorder = run["rec"]
-    summary = summarize(
-        rec.samples, readings, run["warm_until"], reference_cosines(model, rec), run["queues"]
-    )
+    cosines = reference_cosines(model, rec)
+    load_end = run["load_start"] + args.duration
+    summary = summarize(rec.samples, readings, run["warm_until"], cosines, run["queues"], load_end)
     mean = mean_tokens()
     meta = {
         "through": args.through,
@@ -194,7 +194,11 @@ def main() -> None:
         "exit codes (SIGTERM at the end)": exits,
         "warm-up ends": f"{run['warm_until']:.0f} s (20 % into the load)",
     }
-    raw = {"samples": [asdict(x) for x in rec.samples], "readings": [asdict(x) for x in readings]}
+    raw = {
+        "samples": [asdict(x) for x in rec.samples],
+        "readings": [asdict(x) for x in readings],
+        "cosines": cosines,
+    }
     (args.out / "samples.json").write_text(json.dumps(raw))
     (args.out / "report.json").write_text(json.dumps(as_json(summary, meta), indent=2, default=str))
     (args.out / "report.md").write_text(markdown(summary, meta))

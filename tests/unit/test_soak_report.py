@@ -36,7 +36,7 @@ def test_percentiles_are_nearest_rank() -> None:
 def test_outcomes_latency_buckets_and_checks() -> None:
     queues = {"server": {"admitted_inputs": 0.0, "admitted_tokens": 0.0}}
     restarted = [ProcSample(float(t), "pool (restarted)", 6.0 + 20 * t, 3 + t) for t in range(30, 55)]
-    s = summarize(_samples(), _readings(530.0, 21) + restarted, 9.0, [1.0, 0.999995], queues)
+    s = summarize(_samples(), _readings(530.0, 21) + restarted, 9.0, [1.0, 0.999995], queues, 49.0)
     assert s.resources["pool (restarted)"]["bounded"] == 0  # started mid-run: no baseline to hold to
     assert s.counts["load"] == {"sent": 105, "ok": 102, "refused": 2, "failed": 1}
     assert s.counts["after"] == {"sent": 1, "ok": 1, "refused": 0, "failed": 0}
@@ -50,6 +50,7 @@ def test_outcomes_latency_buckets_and_checks() -> None:
     assert load["4K-8K"] == {"n": 2, "p50_ms": 2000.0, "p99_ms": 4000.0}
     r = s.resources["server"]
     assert r["rss_warm_mib"] == 507.0 and r["rss_peak_mib"] == 530.0 and r["rss_growth_mib"] == 23.0
+    assert r["rss_second_half_mib"] == 0.0  # levelled off at 520 MiB during the load
     assert r["fds_warm"] == 20 and r["fds_peak"] == 30 and r["fds_growth"] == 1
     assert s.cosine == {"checked": 2, "min": 0.999995, "wrong": 0}
     assert all(s.checks.values()), s.checks
