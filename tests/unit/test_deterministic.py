@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from embedserve import Engine
+from embedserve.attention.metadata import pieces
 from embedserve.config import PoolingMethod, SchedulerConfig
 from embedserve.engine.builder import DETERMINISTIC_CHUNK, build_engine
 from embedserve.kv_cache.manager import KVCacheManager
@@ -21,7 +22,6 @@ from embedserve.pooling.state import PoolingState
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.schema import ModelMetadata
-from embedserve.worker.input_batch import pieces
 from embedserve.worker.model_runner import kv_bytes_per_block
 from tests.helpers.reference import random_ids
 from tests.helpers.tiny_bert import build_encoder

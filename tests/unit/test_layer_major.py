@@ -218,10 +218,16 @@ def test_units_keep_to_granules_and_chunk_boundaries(
     run_layer = job.model.run_layer
 
     def record(
-        index: int, x: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor, start: int, keep: slice | None
+        index: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        kv: torch.Tensor,
+        start: int,
+        keep: slice | None,
+        piece: int | None = None,
     ) -> torch.Tensor:
         units.append((start, start + x.shape[0]))
-        return run_layer(index, x, positions, kv, start, keep)
+        return run_layer(index, x, positions, kv, start, keep, piece)
 
     monkeypatch.setattr(job.model, "run_layer", record)
     rng = np.random.default_rng(0)

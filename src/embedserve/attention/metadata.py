@@ -15,6 +15,7 @@ to a token bucket (worker/buckets.py) carry rows after the last sequence that be
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,6 +68,14 @@ def seq_span(
         kv = slots(table, np.arange(start + n, dtype=np.int64), block_size)
         kv_slots = torch.from_numpy(kv).to(device)
     return SeqSpan(q_start=q_start, q_len=n, start=start, kv_slots=kv_slots)
+
+
+def pieces(start: int, n: int, piece: int | None) -> list[tuple[int, int]]:
+    """(start, length) of [start, start+n) cut at multiples of `piece` (None: one piece)."""
+    if piece is None:
+        return [(start, n)]
+    cuts = [start, *range(start - start % piece + piece, start + n, piece), start + n]
+    return [(lo, hi - lo) for lo, hi in itertools.pairwise(cuts)]
 
 
 def real_rows(meta: AttentionMetadata) -> int:

@@ -206,7 +206,7 @@ def build_engine(
     lane = None
     if sched.layer_major_tokens is not None:
         assert isinstance(model, DecoderModel)
-        lane = LaneRunner(model, piece or max_num_batched_tokens, dev, whole_chunks=piece is not None)
+        lane = LaneRunner(model, max_num_batched_tokens, dev, piece)
     core = EngineCore(Scheduler(sched, kv, mcfg.num_hidden_layers), runner, lane)
     tokenizer = Tokenizer(files.tokenizer(), mcfg.vocab_size)
     head = None

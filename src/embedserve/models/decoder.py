@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from embedserve.attention.cpu import causal_attention, paged_attention
-from embedserve.attention.metadata import AttentionFn, AttentionMetadata
+from embedserve.attention.metadata import AttentionFn, AttentionMetadata, pieces
 from embedserve.config import ModelConfig
 from embedserve.kernels import norm_rope
 from embedserve.models.linear import Linear, SiluGateUp
@@ -137,9 +137,20 @@ class Attention(nn.Module):
         kv[0, :, start:end], kv[1, :, start:end] = k.transpose(0, 1), v.transpose(0, 1)
         return q
 
-    def attend_buffered(self, q: torch.Tensor, kv: torch.Tensor, end: int) -> torch.Tensor:
-        """Queries for positions end-len(q) .. end-1 over the buffer's keys 0 .. end-1, causal."""
-        return self.o_proj(causal_attention(q, kv[0, :, :end], kv[1, :, :end], self.scale))
+    def attend_buffered(
+        self, q: torch.Tensor, kv: torch.Tensor, end: int, piece: int | None = None
+    ) -> torch.Tensor:
+        """Queries for positions end-len(q) .. end-1 over the buffer's keys 0 .. end-1, causal;
+        `piece` (deterministic mode): one attention call per piece of positions cut at its
+        multiples, as the chunked path makes them."""
+        start = end - q.shape[0]
+        parts = [
+            causal_attention(
+                q[p0 - start : p0 - start + m], kv[0, :, : p0 + m], kv[1, :, : p0 + m], self.scale
+            )
+            for p0, m in pieces(start, q.shape[0], piece)
+        ]
+        return self.o_proj(parts[0] if len(parts) == 1 else torch.cat(parts))
 
 
 class MLP(nn.Module):
@@ -188,9 +199,11 @@ class DecoderLayer(nn.Module):
         kv: torch.Tensor,
         start: int,
         keep: slice | None = None,
+        piece: int | None = None,
     ) -> torch.Tensor:
         """x: rows start .. start+T-1 of a sequence whose K/V this layer keeps in `kv`
-        (see `Attention.store_kv`); returns x[keep], updated in place."""
+        (see `Attention.store_kv`); returns x[keep], updated in place. `piece`: see
+        `Attention.attend_buffered`."""
         q = self.self_attn.store_kv(self.input_layernorm(x), cos_sin, kv, start)
         if keep is not None:
             lo, hi, _ = keep.indices(x.shape[0])
@@ -199,7 +212,7 @@ class DecoderLayer(nn.Module):
                 return x
             start += lo
         h = self.post_attention_layernorm.add_forward(
-            x, self.self_attn.attend_buffered(q, kv, start + len(q))
+            x, self.self_attn.attend_buffered(q, kv, start + len(q), piece)
         )
         del q  # a view that keeps the whole QKV output alive: freed before the MLP's buffers
         return x.add_(self.mlp(h))
@@ -278,12 +291,14 @@ class DecoderModel(nn.Module):
         kv: torch.Tensor,
         start: int,
         keep: slice | None = None,
+        piece: int | None = None,
     ) -> torch.Tensor:
         """Layer `index` on one chunk [start, start+T) of a sequence, x updated in place;
-        `keep`: the chunk's rows read after this layer (see `forward_buffered`)."""
+        `keep`: the chunk's rows read after this layer, `piece`: attention pieces (see
+        `forward_buffered`)."""
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         layer = cast(DecoderLayer, self.layers[index])
-        return layer.forward_buffered(x, cos_sin, kv, start, keep)
+        return layer.forward_buffered(x, cos_sin, kv, start, keep, piece)
 
     # ---- weights ---------------------------------------------------------------------------
 

@@ -8,13 +8,12 @@ slots:     table_A[p // bs] * bs + p % bs  for each position p
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from embedserve.attention.metadata import AttentionMetadata, SeqSpan, seq_span, slots
+from embedserve.attention.metadata import AttentionMetadata, SeqSpan, pieces, seq_span, slots
 from embedserve.scheduler.output import SchedulerOutput
 
 
@@ -32,14 +31,6 @@ class StepInputs:
 def chunk_positions(start: int, n: int) -> np.ndarray:
     """Prompt positions of a chunk: they continue where the cached context ends."""
     return np.arange(start, start + n, dtype=np.int64)
-
-
-def pieces(start: int, n: int, piece: int | None) -> list[tuple[int, int]]:
-    """(start, length) of [start, start+n) cut at multiples of `piece` (None: one piece)."""
-    if piece is None:
-        return [(start, n)]
-    cuts = [start, *range(start - start % piece + piece, start + n, piece), start + n]
-    return [(lo, hi - lo) for lo, hi in itertools.pairwise(cuts)]
 
 
 def build_step_inputs(

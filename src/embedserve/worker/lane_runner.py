@@ -22,13 +22,14 @@ from embedserve.worker.layer_major import LayerMajorJob
 
 class LaneRunner:
     def __init__(
-        self, model: DecoderModel, chunk: int, device: torch.device, whole_chunks: bool = False
+        self, model: DecoderModel, chunk: int, device: torch.device, piece: int | None = None
     ) -> None:
-        """`whole_chunks`: deterministic mode (see LayerMajorJob)."""
+        """`piece`: deterministic mode's attention piece: whole-chunk units, attention per piece
+        (see LayerMajorJob); `chunk` is then rounded down to a multiple of it."""
         self.model = model
-        self.chunk = chunk
+        self.chunk = chunk if piece is None else max(piece, chunk - chunk % piece)
         self.device = device
-        self.whole_chunks = whole_chunks
+        self.piece = piece
         self.jobs: dict[int, LayerMajorJob] = {}
         self.flops_per_s: float | None = None  # achieved by lane units, moving average
 
@@ -37,7 +38,7 @@ class LaneRunner:
         job = self.jobs.get(req.request_id)
         if job is None:
             job = self.jobs[req.request_id] = LayerMajorJob(
-                self.model, req, self.chunk, self.device, self.whole_chunks
+                self.model, req, self.chunk, self.device, self.piece is not None, self.piece
             )
         return job
 

@@ -56,10 +56,14 @@ class LayerMajorJob:
         chunk: int,
         device: torch.device,
         whole_chunks: bool = False,
+        piece: int | None = None,
     ) -> None:
-        """`whole_chunks` (deterministic mode): every unit is one whole chunk (never cut to a
-        time) and the last layer runs every row, so each attention call has the shape the
-        chunked path gives the same positions."""
+        """Deterministic mode: `whole_chunks`, every unit is one whole chunk (never cut to a
+        time) and the last layer runs every row; `piece`, attention runs per piece of that many
+        positions (`chunk` a multiple of it): each attention call has the shape the chunked
+        path gives the same positions."""
+        if piece is not None and chunk % piece:
+            raise ValueError(f"layer-major chunk {chunk} is not a multiple of the attention piece {piece}")
         if chunk < 1:
             raise ValueError("layer-major chunk must be >= 1 token")
         cfg = model.config
@@ -67,6 +71,7 @@ class LayerMajorJob:
         self.request = request
         self.chunk = chunk
         self.whole_chunks = whole_chunks
+        self.piece = piece
         self.granule = min(GRANULE, 1 << (chunk.bit_length() - 1))  # a power of two <= chunk
         self.num_layers = cfg.num_hidden_layers
         self.length = request.num_prompt_tokens
@@ -154,8 +159,9 @@ class LayerMajorJob:
             self.flops_done += self.unit_flops(end - self.pos)
             positions = torch.arange(self.pos, end, device=self.device)
             # updates the rows of `hidden` it keeps, in place
+            keep = self._kept(end - self.pos)
             self.model.run_layer(
-                self.layer, self.hidden[rows], positions, self.kv, self.pos, self._kept(end - self.pos)
+                self.layer, self.hidden[rows], positions, self.kv, self.pos, keep, self.piece
             )
             spent += end - self.pos
             self.pos = end
