@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -124,3 +125,25 @@ def test_paged_bf16_takes_the_gemm_route_and_agrees_with_flash(monkeypatch: pyte
     assert len(calls) == 2
     for out in (got, flash):
         torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_kept_buffers_serve_a_thread_inside_and_outside_inference_mode() -> None:
+    """A thread that ran the engine (inference mode) and then calls the route directly: the
+    buffers made under inference mode must not be the ones written outside it. A fresh thread,
+    so its buffers are made here."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(40, 4, 16, generator=gen).bfloat16()
+    k, v = (torch.randn(2, 40, 16, generator=gen).bfloat16().transpose(1, 2).contiguous().transpose(1, 2)
+            for _ in range(2))  # fmt: skip  (not dense per head: copied into the kept buffers)
+    out: list[torch.Tensor] = []
+
+    def both_ways() -> None:
+        with torch.inference_mode():
+            out.append(gemm_attention.gemm_attention(q, k, v, 0.25).clone())
+        out.append(gemm_attention.gemm_attention(q, k, v, 0.25))
+
+    worker = threading.Thread(target=both_ways)
+    worker.start()
+    worker.join()
+    assert len(out) == 2, "the call outside inference mode raised"
+    torch.testing.assert_close(out[1], out[0], rtol=0, atol=0)

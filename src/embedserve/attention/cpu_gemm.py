@@ -37,10 +37,14 @@ _local = threading.local()  # per engine thread: concurrent engines never share 
 def _workspace(name: str, numel: int, like: torch.Tensor) -> torch.Tensor:
     """A kept flat buffer of at least `numel` elements (grown to a power of two).
 
-    Fresh multi-MB tensors per tile cost more than the matmul (page faults).
+    Fresh multi-MB tensors per tile cost more than the matmul (page faults). A buffer made
+    under `torch.inference_mode` is an inference tensor that cannot be written outside it, so
+    a thread that runs both ways keeps one of each.
     """
-    cache: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = _local.__dict__.setdefault("bufs", {})
-    key = (name, like.dtype, like.device)
+    cache: dict[tuple[str, torch.dtype, torch.device, bool], torch.Tensor] = _local.__dict__.setdefault(
+        "bufs", {}
+    )
+    key = (name, like.dtype, like.device, torch.is_inference_mode_enabled())
     buf = cache.get(key)
     if buf is None or buf.numel() < numel:
         buf = cache[key] = torch.empty(1 << (numel - 1).bit_length(), dtype=like.dtype, device=like.device)
