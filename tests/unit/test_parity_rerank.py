@@ -10,9 +10,10 @@ import pytest
 from embedserve.cli import main
 from embedserve.parity.rerank import kendall_tau
 from tests.helpers.cranfield import DATA_DIR
+from tests.helpers.shared_data import needs_shared_data
 from tests.helpers.tiny_rerankers import build_cross_encoder, build_qwen3_reranker
 
-needs_cranfield = pytest.mark.skipif(not (DATA_DIR / "cran.qry").exists(), reason="Cranfield data absent")
+needs_cranfield = needs_shared_data("cranfield")
 
 
 def test_kendall_tau() -> None:
