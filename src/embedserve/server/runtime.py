@@ -21,6 +21,7 @@ from typing import Any
 
 from embedserve.api.quantize import DEFAULT_INT8_SCALE, Calibration
 from embedserve.engine.engine import Engine
+from embedserve.errors import ModelLoadError
 from embedserve.schema import ModelMetadata, fingerprint_model_dir
 from embedserve.server.admission import Admission, ThroughputMeter
 from embedserve.server.metrics import ServerMetrics
@@ -130,7 +131,10 @@ class ServerRuntime:
             log.info("model loaded (%s, %s); warming up", metadata.model_version, metadata.backend_profile)
             seconds = await warm_up(engine, s.warmup_lengths)
         except Exception as e:
-            log.exception("server failed to start")
+            if isinstance(e, ModelLoadError):  # the user's configuration: one line says it all
+                log.error("server failed to start: %s", e)
+            else:
+                log.exception("server failed to start")
             self.phase, self.error = Phase.FAILED, f"{type(e).__name__}: {e}"
             if self._on_fatal is not None:
                 self._on_fatal(self.error)
