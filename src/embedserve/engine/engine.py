@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
 from collections.abc import Callable, Sequence
@@ -15,7 +14,7 @@ import numpy as np
 
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import EngineLoop
+from embedserve.engine.loop import EngineLoop, gather_all, wait_all
 from embedserve.engine.rerank import RerankMixin
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
@@ -164,12 +163,7 @@ class Engine(RerankMixin):
             priority=priority,
             truncate=truncate,
         )
-        try:
-            return [output_of(f.result(), t) for f, t in zip(futures, tokenized, strict=True)]
-        except BaseException:
-            for f in futures:  # one input failed (or we were interrupted): free the rest
-                f.cancel()
-            raise
+        return [output_of(f, t) for f, t in zip(wait_all(futures), tokenized, strict=True)]
 
     def embed(
         self,
@@ -275,13 +269,7 @@ class Engine(RerankMixin):
 
 
 async def _gather(futures: list[Future[Finished]], tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
-    try:
-        done = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
-    except BaseException:
-        for f in futures:  # caller gone or one input failed: free the rest's blocks
-            f.cancel()
-        raise
-    return [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
+    return [output_of(f, t) for f, t in zip(await gather_all(futures), tokenized, strict=True)]
 
 
 def _parse_priority(value: str) -> Priority:

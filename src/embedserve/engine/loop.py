@@ -15,6 +15,7 @@ compute threads stand idle part of each unit (docs/performance.md, 'One OpenMP p
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -165,3 +166,24 @@ def _settle(
             fut.set_result(result)  # type: ignore[arg-type]
     except InvalidStateError:
         pass  # cancelled by the caller: nobody is waiting
+
+
+def wait_all(futures: list[Future[Finished]]) -> list[Finished]:
+    """Every request's result, in order; when one fails (or the caller is interrupted) the
+    others are cancelled, so their KV blocks are freed, and the error is raised."""
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        raise
+
+
+async def gather_all(futures: list[Future[Finished]]) -> list[Finished]:
+    """`wait_all`, awaited (a cancelled caller cancels the requests too)."""
+    try:
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        raise

@@ -6,7 +6,6 @@ token budget, chunking and preemption); their pooled rows go through the model's
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ import torch
 
 from embedserve.config import EngineConfig
 from embedserve.engine.core import Finished
+from embedserve.engine.loop import gather_all, wait_all
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.models.score_head import ScoreHead
 from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
@@ -80,13 +80,7 @@ class RerankMixin:
         """Run pairs that `tokenize_pairs` produced; returns their finished requests in order
         (scores via `scores()`)."""
         self._head()
-        futures = self.submit_tokenized(tokenized, normalize=False, priority=priority)
-        try:
-            return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+        return await gather_all(self.submit_tokenized(tokenized, normalize=False, priority=priority))
 
     def scores(self, rows: torch.Tensor, raw_scores: bool = False) -> list[float]:
         """The head on pooled pair rows [n, hidden] -> one score each."""
@@ -108,13 +102,7 @@ class RerankMixin:
         no reranker; `raw_scores`: the logit (log-odds yes - no)."""
         check_top_n(top_n)
         tokenized = self.tokenize_pairs(query, documents, truncate, instruction)
-        futures = self.submit_tokenized(tokenized, normalize=False, priority=priority)
-        try:
-            done = [f.result() for f in futures]
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise
+        done = wait_all(self.submit_tokenized(tokenized, normalize=False, priority=priority))
         return ranked(self.scores(_rows(done), raw_scores), tokenized, top_n)
 
     async def rerank_async(
