@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -94,3 +95,18 @@ async def http_error_handler(request: Request, exc: StarletteHTTPException) -> J
         exc.status_code,
         headers=exc.headers,
     )
+
+
+async def answered(what: str, work: Callable[[], Awaitable[Response]]) -> Response:
+    """A route's work, answered whatever happens: a client that went away gets CLIENT_CLOSED,
+    an ApiError passes through, anything else (a bug of ours) is logged as `what` failing and
+    answered 500 naming it rather than dropping the connection."""
+    try:
+        return await work()
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED)
+    except ApiError:
+        raise
+    except Exception as e:
+        logging.getLogger(__name__).exception("%s failed", what)
+        raise ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error") from e

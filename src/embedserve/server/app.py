@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,9 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from embedserve.api.http import (
-    CLIENT_CLOSED,
     EMBEDDINGS_PATH,
-    ClientGone,
+    answered,
     api_error_handler,
     disconnect_waiter,
     http_error_handler,
@@ -39,8 +37,6 @@ from embedserve.server.metrics import ServerMetrics
 from embedserve.server.rerank_routes import add_rerank_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 from embedserve.server.serving import EmbeddingService
-
-log = logging.getLogger(__name__)
 
 
 def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None = None) -> FastAPI:
@@ -110,17 +106,13 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     @app.post(EMBEDDINGS_PATH, dependencies=[auth], **embed_doc)
     async def embeddings(request: Request) -> Response:
         service = _service(runtime)
-        try:
+
+        async def work() -> Response:
             body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
             result = await service.embed(parse_request(body), disconnect_waiter(request))
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        except ApiError:
-            raise
-        except Exception as e:  # a bug of ours: answer it (and count it) rather than drop the connection
-            log.exception("embeddings request failed")
-            raise ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error") from e
-        return JSONResponse(result.body, headers=result.headers)
+            return JSONResponse(result.body, headers=result.headers)
+
+        return await answered("embeddings request", work)
 
     errors = error_responses(*statuses)
     add_cohere_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth], errors)

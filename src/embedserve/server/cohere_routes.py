@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -11,11 +10,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from embedserve.api.cohere import cohere_body, embeddings_by_type, parse_cohere_request, quantized_type
-from embedserve.api.http import CLIENT_CLOSED, ClientGone, disconnect_waiter, read_body
-from embedserve.api.protocol import ApiError
+from embedserve.api.http import answered, disconnect_waiter, read_body
 from embedserve.server.serving import EmbeddingService
-
-log = logging.getLogger(__name__)
 
 COHERE_EMBED_PATH = "/v2/embed"
 
@@ -33,25 +29,21 @@ def add_cohere_routes(
     @app.post(COHERE_EMBED_PATH, dependencies=dependencies, responses=responses)
     async def cohere_embed(request: Request) -> Response:
         svc = service()
-        try:
-            body = await read_body(request, max_body_bytes)
-            req = parse_cohere_request(body)
-            kinds = [quantized_type(k) for k in req.embedding_types]
-            svc.check_types(kinds, req.output_dimension)
-            inner = req.to_embedding_request(svc.engine.config.prompts)
-            done = await svc.compute(inner, disconnect_waiter(request))
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        except ApiError:
-            raise
-        except Exception as e:  # a bug of ours: answer it rather than drop the connection
-            log.exception("/v2/embed request failed")
-            raise ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error") from e
-        meta = svc.metadata
-        schemas = {
-            k: meta.schema(req.output_dimension, None, svc.schema_type(quantized_type(k)))
-            for k in req.embedding_types
-        }
-        metadata = {**meta.fields(req.output_dimension), "embedding_schemas": schemas}
-        vectors = embeddings_by_type(done.matrix(), list(req.embedding_types), svc.calibration)
-        return JSONResponse(cohere_body(req, vectors, done.n_tokens, metadata), headers=done.headers)
+        return await answered("/v2/embed request", lambda: _embed(svc, request, max_body_bytes))
+
+
+async def _embed(svc: EmbeddingService, request: Request, max_body_bytes: int) -> Response:
+    body = await read_body(request, max_body_bytes)
+    req = parse_cohere_request(body)
+    kinds = [quantized_type(k) for k in req.embedding_types]
+    svc.check_types(kinds, req.output_dimension)
+    inner = req.to_embedding_request(svc.engine.config.prompts)
+    done = await svc.compute(inner, disconnect_waiter(request))
+    meta = svc.metadata
+    schemas = {
+        k: meta.schema(req.output_dimension, None, svc.schema_type(quantized_type(k)))
+        for k in req.embedding_types
+    }
+    metadata = {**meta.fields(req.output_dimension), "embedding_schemas": schemas}
+    vectors = embeddings_by_type(done.matrix(), list(req.embedding_types), svc.calibration)
+    return JSONResponse(cohere_body(req, vectors, done.n_tokens, metadata), headers=done.headers)

@@ -5,7 +5,6 @@ Every refusal happens before anything is queued (as serving.py)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,14 +14,12 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from embedserve.api.http import CLIENT_CLOSED, ClientGone, disconnect_waiter, read_body, unless_disconnected
+from embedserve.api.http import answered, disconnect_waiter, read_body, unless_disconnected
 from embedserve.api.protocol import ApiError
 from embedserve.api.rerank import RerankRequest, parse_rerank_request, rerank_body
 from embedserve.engine.engine import output_of
 from embedserve.engine.rerank import ranked
 from embedserve.server.serving import EmbeddingService, timing_headers
-
-log = logging.getLogger(__name__)
 
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 
@@ -88,17 +85,13 @@ def add_rerank_routes(
 
     async def rerank_route(request: Request) -> Response:
         svc = service()
-        try:
+
+        async def work() -> Response:
             req = parse_rerank_request(await read_body(request, max_body_bytes))
             body, headers = await rerank(svc, req, disconnect_waiter(request))
-        except ClientGone:
-            return Response(status_code=CLIENT_CLOSED)
-        except ApiError:
-            raise
-        except Exception as e:  # a bug of ours: answer it rather than drop the connection
-            log.exception("rerank request failed")
-            raise ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error") from e
-        return JSONResponse(body, headers=headers)
+            return JSONResponse(body, headers=headers)
+
+        return await answered("rerank request", work)
 
     for path in RERANK_PATHS:
         app.add_api_route(
