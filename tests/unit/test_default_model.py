@@ -57,3 +57,22 @@ def test_cli_refuses_a_tampered_default(
         _parse([])
     assert exit_info.value.code == 2
     assert "argument --model: refusing the default model: bad hash" in capsys.readouterr().err
+
+
+def test_bench_and_parity_specs_take_the_default_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from embedserve.bench.target import parse_target
+    from embedserve.errors import InvalidInputError
+    from embedserve.parity.backends import open_backend
+    from embedserve.parity.options import ParityError
+
+    spec = parse_target(f"sentence-transformers:{DEFAULT_MODEL_NAME}?dtype=float32")
+    assert (spec.location, spec.name) == (str(minilm_dir()), f"st:{DEFAULT_MODEL_NAME}:float32")
+
+    def tampered() -> Path:
+        raise ModelLoadError("refusing the default model: bad hash")
+
+    monkeypatch.setattr("embedserve.models.default.default_model_path", tampered)
+    with pytest.raises(InvalidInputError, match="refusing the default model: bad hash"):
+        parse_target(f"engine:{DEFAULT_MODEL_NAME}")
+    with pytest.raises(ParityError, match="refusing the default model: bad hash"):
+        open_backend(f"engine:{DEFAULT_MODEL_NAME}")

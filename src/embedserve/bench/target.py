@@ -19,7 +19,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from embedserve.errors import InvalidInputError
+from embedserve.errors import InvalidInputError, ModelLoadError
+from embedserve.models.default import resolve_model
 
 _OPTIONS: dict[str, set[str]] = {
     "engine": {
@@ -99,6 +100,7 @@ def parse_target(raw: str) -> TargetSpec:
         ours = {k: v for k, v in query.items() if k in _OPTIONS["http"] or k == "name"}
         rest = {k: v for k, v in query.items() if k not in ours}
         location = urlunsplit(parts._replace(query=urlencode(rest)))
+        shown = location
     else:
         kind, sep, rest_s = raw.partition(":")
         if not sep or kind not in _OPTIONS:
@@ -109,9 +111,14 @@ def parse_target(raw: str) -> TargetSpec:
         ours = dict(parse_qsl(qs, keep_blank_values=True))
         if not location:
             raise InvalidInputError(f"target {raw!r}: no model directory given")
+        shown = location
+        try:  # the default model's name (all-MiniLM-L6-v2) stands for its installed copy
+            location = resolve_model(location)
+        except ModelLoadError as e:
+            raise InvalidInputError(f"target {raw!r}: {e}") from None
         if not Path(location).is_dir():
             raise InvalidInputError(f"target {raw!r}: {location} is not a directory")
-    name = ours.pop("name", "") or _default_name(kind, location, ours)
+    name = ours.pop("name", "") or _default_name(kind, shown, ours)
     unknown = set(ours) - _OPTIONS[kind]
     if unknown:
         raise InvalidInputError(

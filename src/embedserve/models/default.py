@@ -53,15 +53,24 @@ def default_model_path() -> Path:
     return verified_model_dir(Path(next(iter(spec.submodule_search_locations))) / "model")
 
 
-def model_argument(value: str) -> str:
-    """argparse `type=` for --model: the default's name resolves to the verified package copy.
+def resolve_model(value: str) -> str:
+    """A model argument as given, or the default's verified package copy for its name.
 
-    argparse converts a string default only when the option is absent, so the weights are
-    hashed only when the default is really used. A local path wins over the name.
+    A local path wins over the name; raises ModelLoadError when the name is given and the
+    package is missing.
     """
     if value != DEFAULT_MODEL_NAME or Path(value).exists():
         return value
+    return str(default_model_path())
+
+
+def model_argument(value: str) -> str:
+    """argparse `type=` for --model: `resolve_model`, its error as argparse's.
+
+    argparse converts a string default only when the option is absent, so the weights are
+    hashed only when the default is really used.
+    """
     try:
-        return str(default_model_path())
+        return resolve_model(value)
     except ModelLoadError as e:
         raise argparse.ArgumentTypeError(str(e)) from None

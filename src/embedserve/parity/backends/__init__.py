@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+from embedserve.errors import ModelLoadError
+from embedserve.models.default import resolve_model
 from embedserve.parity.backends.base import Backend
 from embedserve.parity.options import Options, ParityError, split_spec
 
@@ -23,6 +25,10 @@ def open_backend(spec: str) -> Backend:
         raise ParityError(
             f"backend {spec!r}: expected hf:PATH, sentence-transformers:PATH, engine:PATH or http://HOST:PORT"
         )
+    try:  # the default model's name (all-MiniLM-L6-v2) stands for its installed copy
+        path = resolve_model(path)
+    except ModelLoadError as e:
+        raise ParityError(f"backend {spec!r}: {e}") from None
     if kind in ("hf", "sentence-transformers", "st"):
         from embedserve.parity.backends.reference import ReferenceBackend
 

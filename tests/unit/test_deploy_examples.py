@@ -1,0 +1,35 @@
+"""The gateway examples shipped in deploy/ load, and route as their comments say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from embedserve.gateway.config import GatewayConfig, load_config
+from embedserve.gateway.routing import place_inputs
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def _route(config: GatewayConfig, traffic_class: str, tokens: list[int]) -> list[str]:
+    route = next(r for r in config.routes if r.traffic_class == traffic_class)
+    limits = {p.name: p.max_tokens for p in config.pools}
+    return [p.candidates[0] for p in place_inputs(tokens, route, limits, set(limits), "error")]
+
+
+def test_local_example_routes_queries_short_and_indexing_long() -> None:
+    config = load_config(DEPLOY / "pools.yaml")
+    assert config.model == "all-MiniLM-L6-v2"  # the default model: runs on any machine
+    assert {p.name: p.upstreams for p in config.pools} == {
+        "short": ("http://127.0.0.1:8001",),
+        "long": ("http://127.0.0.1:8002",),
+    }
+    assert _route(config, "online", [12, 64, 65, 256]) == ["short", "short", "long", "long"]
+    assert _route(config, "batch", [12, 256]) == ["long", "long"]
+
+
+@pytest.mark.parametrize("name", ["k8s/base/gateway-pools.yaml"])
+def test_kubernetes_example_loads(name: str) -> None:
+    config = load_config(DEPLOY / name)
+    assert _route(config, "online", [20, 5000]) == ["short", "long"]
