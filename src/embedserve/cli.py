@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from embedserve.bench.cli import register as register_bench
 from embedserve.engine.options import add_engine_options, engine_kwargs
-from embedserve.errors import EmbedServeError
+from embedserve.errors import EmbedServeError, InputTooLongError
 from embedserve.gateway.cli import register as register_gateway
 from embedserve.index.cli import register as register_index
 from embedserve.parity.cli import register as register_parity
@@ -21,9 +21,12 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     from embedserve.engine.engine import Engine
 
     with Engine.from_pretrained(args.model, **engine_kwargs(args)) as engine:
-        vectors = engine.embed(
-            args.texts, prompt_name=args.prompt_name, dimensions=args.dimensions, truncate=args.truncate
-        )
+        try:
+            vectors = engine.embed(
+                args.texts, prompt_name=args.prompt_name, dimensions=args.dimensions, truncate=args.truncate
+            )
+        except InputTooLongError as e:
+            raise e.with_remedy("pass --truncate end / start") from None
     json.dump([[round(float(x), 7) for x in v] for v in vectors], sys.stdout)
     sys.stdout.write("\n")
     return 0

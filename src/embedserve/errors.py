@@ -11,17 +11,26 @@ class InvalidInputError(EmbedServeError, ValueError):
     """The caller sent something the engine can never embed (HTTP 400)."""
 
 
+API_REMEDY = "pass truncate='end' / 'start'"
+
+
 class InputTooLongError(InvalidInputError):
     """An input exceeds the token limit under the `error` truncation policy (HTTP 400)."""
 
-    def __init__(self, num_tokens: int, limit: int, index: int | None = None) -> None:
+    def __init__(
+        self, num_tokens: int, limit: int, index: int | None = None, remedy: str = API_REMEDY
+    ) -> None:
         where = "" if index is None else f"input {index}: "
         super().__init__(
-            f"{where}{num_tokens} tokens exceed the limit of {limit} tokens; shorten the input "
-            "or pass truncate='end' / 'start'"
+            f"{where}{num_tokens} tokens exceed the limit of {limit} tokens; shorten the input or {remedy}"
         )
         self.num_tokens = num_tokens
         self.limit = limit
+        self.index = index
+
+    def with_remedy(self, remedy: str) -> InputTooLongError:
+        """The same error worded for another interface (e.g. a command line's option)."""
+        return InputTooLongError(self.num_tokens, self.limit, self.index, remedy)
 
 
 class ModelLoadError(EmbedServeError):
