@@ -1,0 +1,99 @@
+"""A forward pass that fails because of one request's input fails that request only: the
+core re-runs the failed step by halves (engine/isolate.py), the others get the vectors an
+undisturbed run gives; an engine that fails every pass still fails fast (bounded re-runs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from embedserve import Engine
+from embedserve.engine.isolate import max_reruns
+from embedserve.errors import InternalEngineError
+from tests.helpers.reference import cosine, random_ids
+
+POISON = 4242  # the token id the injected fault looks for
+
+
+@pytest.fixture(scope="module")
+def engine(qwen3_dir: Path) -> Iterator[Engine]:
+    with Engine.from_pretrained(qwen3_dir, max_model_len=512) as e:
+        yield e
+
+
+def _inputs(poisoned: tuple[int, ...]) -> list[list[int]]:
+    seqs = [random_ids(20 + 3 * i, seed=100 + i) for i in range(8)]
+    for i in poisoned:
+        seqs[i] = [*seqs[i][:10], POISON, *seqs[i][10:]]
+    return seqs
+
+
+def _inject(engine: Engine, monkeypatch: pytest.MonkeyPatch, always: bool = False) -> list[int]:
+    """The runner raises on any pass holding a POISON token (or on every pass); returns the
+    number of chunks of each pass tried."""
+    runner = engine._loop.core.runner
+    real = runner.execute
+    passes: list[int] = []
+
+    def execute(out: Any) -> Any:
+        passes.append(len(out.chunks))
+        if always or any(POISON in c.token_ids for c in out.chunks):
+            raise RuntimeError("injected device fault")
+        return real(out)
+
+    monkeypatch.setattr(runner, "execute", execute)
+    return passes
+
+
+def _settle(engine: Engine, seqs: list[list[int]]) -> list[np.ndarray | Exception]:
+    futures, _ = engine.submit(seqs)
+    out: list[np.ndarray | Exception] = []
+    for f in futures:
+        try:
+            vector = f.result(timeout=60).vector
+            assert vector is not None
+            out.append(vector.numpy())
+        except InternalEngineError as e:
+            out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("poisoned", [(3,), (1, 6)])
+def test_only_the_failing_inputs_fail_and_the_rest_get_undisturbed_vectors(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, poisoned: tuple[int, ...]
+) -> None:
+    seqs = _inputs(poisoned)
+    clean = [s for i, s in enumerate(seqs) if i not in poisoned]
+    reference = engine.embed(clean)  # undisturbed run, same inputs
+    passes = _inject(engine, monkeypatch)
+    got = _settle(engine, seqs)
+    assert passes[0] == 8, passes  # all eight shared the failing step
+    assert 1 < len(passes) <= 1 + max_reruns(8)
+    for i in poisoned:
+        assert isinstance(got[i], InternalEngineError) and "injected device fault" in str(got[i])
+    vectors = [v for i, v in enumerate(got) if i not in poisoned]
+    assert all(isinstance(v, np.ndarray) for v in vectors), got
+    assert min(cosine(np.stack(vectors), reference)) >= 0.99999  # type: ignore[arg-type]
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_an_engine_that_fails_every_pass_fails_the_step_after_bounded_reruns(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    passes = _inject(engine, monkeypatch, always=True)
+    got = _settle(engine, _inputs(()))
+    assert all(isinstance(g, InternalEngineError) for g in got), got
+    assert len(passes) == 1 + max_reruns(8) == 13  # then it stops trying
+    monkeypatch.undo()
+    assert engine.alive and engine.stats()["kv_blocks_used"] == 0
+    assert np.isfinite(engine.embed([random_ids(30, seed=1)])).all()  # the engine goes on
+
+
+def test_a_lone_failing_request_is_not_rerun(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    passes = _inject(engine, monkeypatch)
+    got = _settle(engine, [[1, 2, POISON]])
+    assert isinstance(got[0], InternalEngineError) and passes == [1]
