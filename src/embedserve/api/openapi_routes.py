@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from embedserve.api.cohere import CohereEmbedRequest
+from embedserve.api.openapi import DEADLINE_NOTE
 from embedserve.api.rerank import RerankRequest
 
 
@@ -74,6 +75,7 @@ def _route(
 ) -> dict[str, Any]:
     return {
         "summary": summary,
+        "description": DEADLINE_NOTE,
         "response_model": None,
         "openapi_extra": {
             "requestBody": {"required": True, "content": {"application/json": {"schema": request}}}
