@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from embedserve import Engine
-from embedserve.engine.isolate import max_reruns
+from embedserve.engine.isolate import isolate, max_reruns
 from embedserve.errors import InternalEngineError
+from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
 from tests.helpers.reference import cosine, random_ids
 
 POISON = 4242  # the token id the injected fault looks for
@@ -97,3 +98,19 @@ def test_a_lone_failing_request_is_not_rerun(engine: Engine, monkeypatch: pytest
     passes = _inject(engine, monkeypatch)
     got = _settle(engine, [[1, 2, POISON]])
     assert isinstance(got[0], InternalEngineError) and passes == [1]
+
+
+@pytest.mark.parametrize(
+    ("n", "bad", "reruns"), [(8, {3}, 6), (8, {1, 6}, 10), (64, {5}, 12), (64, {5, 40}, 22), (2, {1}, 2)]
+)
+def test_bisection_finds_the_failing_chunks_within_its_bound(n: int, bad: set[int], reruns: int) -> None:
+    chunks = [ScheduledChunk(i, 0, [i], [], (0, 1)) for i in range(n)]
+
+    def execute(out: SchedulerOutput) -> dict[int, Any]:
+        if any(c.request_id in bad for c in out.chunks):
+            raise RuntimeError("bad chunk")
+        return {c.request_id: c.request_id for c in out.chunks}
+
+    found = isolate(execute, SchedulerOutput(0, chunks), RuntimeError("bad chunk"))
+    assert sorted(found.failed) == sorted(bad) and sorted(found.rows) == sorted(set(range(n)) - bad)
+    assert found.reruns == reruns <= max_reruns(n)

@@ -1,4 +1,8 @@
-"""`embedserve gateway`: route embeddings requests by token count and traffic class to pools."""
+"""`embedserve gateway`: route embeddings requests by token count and traffic class to pools.
+
+Routes POST /v1/embeddings (each input to the smallest pool that fits it), /v2/embed and
+/v1/rerank (+ /rerank, /v2/rerank; a request goes whole to the pool that fits its longest input),
+GET /v1/models, /health/live, /health/ready, /metrics."""
 
 from __future__ import annotations
 
