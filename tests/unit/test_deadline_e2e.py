@@ -29,7 +29,7 @@ def slow(server: TestClient, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     real = runner.execute
 
     def execute(out: Any) -> Any:
-        time.sleep(1.0)
+        time.sleep(2.0)
         return real(out)
 
     monkeypatch.setattr(runner, "execute", execute)
@@ -53,7 +53,7 @@ def _status_count(server: TestClient, status: str) -> float:
 def test_the_server_honours_the_callers_timeout(server: TestClient, path: str, body: dict[str, Any]) -> None:
     start = time.monotonic()
     resp = server.post(path, json=body, headers={"X-Request-Timeout": "0.3"})
-    assert time.monotonic() - start < 0.9  # well before the first step (1 s) ends
+    assert time.monotonic() - start < 1.5  # well before the first step (2 s) ends
     error = resp.json()["error"]
     assert resp.status_code == 503 and error["type"] == "deadline_exceeded", resp.text
     assert "within 0.3 s (x-request-timeout" in error["message"]
@@ -76,5 +76,5 @@ def test_a_pool_deadline_reaches_the_gateway_client_once(server: TestClient, qwe
     error = resp.json()["error"]
     assert resp.status_code == 504 and error["type"] == "deadline_exceeded", resp.text
     assert "pool 'short'" in error["message"] and "not retried on another pool" in error["message"]
-    assert waited < 1.6, waited  # one wait, not the short pool's and then the long pool's
+    assert waited < 1.9, waited  # the deadline, not the 2 s step
     assert _status_count(server, "503") == before + 1  # the long pool was never asked

@@ -4,6 +4,7 @@ undisturbed run gives; an engine that fails every pass still fails fast (bounded
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
 from tests.helpers.reference import cosine, random_ids
 
 POISON = 4242  # the token id the injected fault looks for
+BLOCKER = 4243  # the token id of the request that holds the engine (Gate)
 
 
 @pytest.fixture(scope="module")
@@ -33,25 +35,43 @@ def _inputs(poisoned: tuple[int, ...]) -> list[list[int]]:
     return seqs
 
 
-def _inject(engine: Engine, monkeypatch: pytest.MonkeyPatch, always: bool = False) -> list[int]:
-    """The runner raises on any pass holding a POISON token (or on every pass); returns the
-    number of chunks of each pass tried."""
+class Gate:
+    """Holds the engine in a step of its own (a BLOCKER request) while a test's requests are
+    queued, so that they all land in the next step together."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+
+def _inject(engine: Engine, monkeypatch: pytest.MonkeyPatch, always: bool = False) -> tuple[list[int], Gate]:
+    """The runner raises on any pass holding a POISON token (or on every pass but the gate's);
+    returns the number of chunks of each pass tried, and the gate."""
     runner = engine._loop.core.runner
     real = runner.execute
     passes: list[int] = []
+    gate = Gate()
 
     def execute(out: Any) -> Any:
+        if any(BLOCKER in c.token_ids for c in out.chunks):
+            gate.entered.set()
+            gate.release.wait(30)
+            return real(out)
         passes.append(len(out.chunks))
         if always or any(POISON in c.token_ids for c in out.chunks):
             raise RuntimeError("injected device fault")
         return real(out)
 
     monkeypatch.setattr(runner, "execute", execute)
-    return passes
+    return passes, gate
 
 
-def _settle(engine: Engine, seqs: list[list[int]]) -> list[np.ndarray | Exception]:
-    futures, _ = engine.submit(seqs)
+def _settle(engine: Engine, seqs: list[list[int]], gate: Gate) -> list[np.ndarray | Exception]:
+    blocker, _ = engine.submit([[1, 2, BLOCKER]])
+    assert gate.entered.wait(30)
+    futures, _ = engine.submit(seqs)  # queued while the engine is in the blocker's step
+    gate.release.set()
+    blocker[0].result(timeout=60)
     out: list[np.ndarray | Exception] = []
     for f in futures:
         try:
@@ -70,8 +90,8 @@ def test_only_the_failing_inputs_fail_and_the_rest_get_undisturbed_vectors(
     seqs = _inputs(poisoned)
     clean = [s for i, s in enumerate(seqs) if i not in poisoned]
     reference = engine.embed(clean)  # undisturbed run, same inputs
-    passes = _inject(engine, monkeypatch)
-    got = _settle(engine, seqs)
+    passes, gate = _inject(engine, monkeypatch)
+    got = _settle(engine, seqs, gate)
     assert passes[0] == 8, passes  # all eight shared the failing step
     assert 1 < len(passes) <= 1 + max_reruns(8)
     for i in poisoned:
@@ -85,8 +105,8 @@ def test_only_the_failing_inputs_fail_and_the_rest_get_undisturbed_vectors(
 def test_an_engine_that_fails_every_pass_fails_the_step_after_bounded_reruns(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    passes = _inject(engine, monkeypatch, always=True)
-    got = _settle(engine, _inputs(()))
+    passes, gate = _inject(engine, monkeypatch, always=True)
+    got = _settle(engine, _inputs(()), gate)
     assert all(isinstance(g, InternalEngineError) for g in got), got
     assert len(passes) == 1 + max_reruns(8) == 13  # then it stops trying
     monkeypatch.undo()
@@ -95,8 +115,8 @@ def test_an_engine_that_fails_every_pass_fails_the_step_after_bounded_reruns(
 
 
 def test_a_lone_failing_request_is_not_rerun(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
-    passes = _inject(engine, monkeypatch)
-    got = _settle(engine, [[1, 2, POISON]])
+    passes, gate = _inject(engine, monkeypatch)
+    got = _settle(engine, [[1, 2, POISON]], gate)
     assert isinstance(got[0], InternalEngineError) and passes == [1]
 
 
