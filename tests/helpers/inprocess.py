@@ -49,8 +49,9 @@ def runtime_of(client: TestClient) -> ServerRuntime:
     return runtime
 
 
-def gateway_app(server_app: Any, model_dir: Path, **config: Any) -> FastAPI:
-    """A gateway with a short and a long pool, both served by `server_app` (already started)."""
+def gateway_app(server_app: Any, model_dir: Path, api_keys: tuple[str, ...] = (), **config: Any) -> FastAPI:
+    """A gateway with a short and a long pool, both served by `server_app` (already started);
+    `api_keys`: the keys its own clients must send."""
     cfg = parse_config(
         {
             "pools": {
@@ -75,4 +76,4 @@ def gateway_app(server_app: Any, model_dir: Path, **config: Any) -> FastAPI:
     metrics = GatewayMetrics(upstreams)
     forwarder = Forwarder(upstreams, metrics, cfg.balance)
     service = GatewayService(cfg, TokenCounter(model_dir), upstreams, metrics, forwarder)
-    return create_gateway_app(service)
+    return create_gateway_app(service, api_keys)

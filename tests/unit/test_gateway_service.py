@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,82 +11,10 @@ import httpx
 import pytest
 
 from embedserve.api.protocol import ApiError, EmbeddingRequest
-from embedserve.gateway.config import GatewayConfig, parse_config
 from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.forward import Forwarder
-from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.service import POOLS_HEADER, GatewayService
-from embedserve.gateway.upstreams import UpstreamSet
+from tests.helpers.gateway_fakes import LONG, SCHEMA, SHORT, SHORT2, fake_gateway
 from tests.helpers.server_process import words
-
-SHORT, LONG, SHORT2 = "http://short:1", "http://long:2", "http://short2:3"
-SCHEMA = "es1-test"
-
-
-class FakeUpstream:
-    """Answers like `embedserve serve`; `status` / `raises` make it refuse or fail."""
-
-    def __init__(self, url: str, schema: str = SCHEMA) -> None:
-        self.url = url
-        self.schema = schema
-        self.status = 200
-        self.retry_after = "1"
-        self.raises: Exception | None = None
-        self.inputs: list[list[str]] = []
-
-    def answer(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        if path == "/health/ready":
-            return httpx.Response(200, json={"status": "ready"})
-        if path == "/v1/models":
-            card = {"id": "tiny", "embedding_schema": self.schema, "max_model_len": 4096}
-            return httpx.Response(200, json={"object": "list", "data": [card]})
-        if self.raises is not None:
-            raise self.raises
-        if self.status != 200:
-            body = {"error": {"message": f"status {self.status}"}}
-            return httpx.Response(self.status, json=body, headers={"Retry-After": self.retry_after})
-        texts = json.loads(request.content)["input"]
-        self.inputs.append(texts)
-        data = [
-            # The vector encodes the text and the server, so order and origin are checkable.
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": [len(t), float(self.url[-1])],
-                "num_tokens": len(t.split()) + 1,
-            }
-            for i, t in enumerate(texts)
-        ]
-        n = sum(d["num_tokens"] for d in data)
-        meta = {"model": "tiny", "model_version": "v1", "dtype": "float32", "backend_profile": "cpu-fp32"}
-        return httpx.Response(
-            200,
-            json={
-                "data": data,
-                "usage": {"prompt_tokens": n, "total_tokens": n},
-                "embedding_schema": self.schema,
-                **meta,
-            },
-            headers={"x-queue-time": "1.50", "x-inference-time": "2.00"},
-        )
-
-
-def _config(policy: str = "least_tokens") -> GatewayConfig:
-    return parse_config(
-        {
-            "balance": policy,
-            "pools": {
-                "short": {"max_tokens": 64, "upstreams": [SHORT, SHORT2]},
-                "long": {"max_tokens": 4096, "upstreams": [LONG]},
-            },
-            "routes": [
-                {"class": "online", "order": ["short", "long"]},
-                {"class": "batch", "order": ["long"]},
-            ],
-        }
-    )
-
 
 Run = Callable[..., Any]
 
@@ -98,23 +25,8 @@ def counter(qwen3_dir: Path) -> TokenCounter:
 
 
 @pytest.fixture
-def gateway(counter: TokenCounter) -> Any:
-    fakes = {u: FakeUpstream(u) for u in (SHORT, SHORT2, LONG)}
-
-    async def start(policy: str = "least_tokens") -> tuple[GatewayService, dict[str, FakeUpstream]]:
-        def route(request: httpx.Request) -> httpx.Response:
-            return fakes[f"{request.url.scheme}://{request.url.host}:{request.url.port}"].answer(request)
-
-        client = httpx.AsyncClient(transport=httpx.MockTransport(route))
-        config = _config(policy)
-        upstreams = UpstreamSet(config, client)
-        await upstreams.start()
-        await upstreams.close()  # no background polling in unit tests: state changes are explicit
-        metrics = GatewayMetrics(upstreams)
-        forwarder = Forwarder(upstreams, metrics, config.balance)
-        return GatewayService(config, counter, upstreams, metrics, forwarder), fakes
-
-    return start
+def gateway(counter: TokenCounter) -> Run:
+    return fake_gateway(counter)
 
 
 def _request(*texts: str, **extra: Any) -> EmbeddingRequest:

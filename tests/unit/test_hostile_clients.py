@@ -94,6 +94,7 @@ def test_a_request_over_its_deadline_is_cancelled_with_503_and_retry_after(
     resp = httpx.post(f"{url}/v1/embeddings", json={"input": "slow"}, timeout=30)
     assert resp.status_code == 503 and resp.headers["retry-after"].isdigit()
     assert "not answered within 1 s" in resp.json()["error"]["message"]
+    assert resp.json()["error"]["type"] == "deadline_exceeded"  # the gateway does not retry it
     monkeypatch.undo()
     deadline = time.monotonic() + 10
     while engine.stats()["num_running"] and time.monotonic() < deadline:

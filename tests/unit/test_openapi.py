@@ -14,6 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.helpers.inprocess import gateway_app, server_client
+from tests.helpers.tiny_rerankers import build_cross_encoder
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -37,10 +38,10 @@ def _validator(doc: dict[str, Any], schema: dict[str, Any]) -> jsonschema.Valida
     return jsonschema.Draft202012Validator(full)
 
 
-def _request_schema(doc: dict[str, Any]) -> dict[str, Any]:
-    schema: dict[str, Any] = doc["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"][
-        "application/json"
-    ]["schema"]
+def _request_schema(doc: dict[str, Any], path: str = "/v1/embeddings") -> dict[str, Any]:
+    schema: dict[str, Any] = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"][
+        "schema"
+    ]
     return schema
 
 
@@ -150,3 +151,100 @@ def test_the_gateway_documents_the_same_api(client: TestClient, qwen3_dir: Path)
     assert [d["pool"] for d in resp.json()["data"]] == ["short", "long"]
     refused = gateway.post("/v1/embeddings", json={"input": "x", "dimension": 3})
     assert refused.status_code == 422
+
+
+OTHER_ROUTES = {
+    "/v2/embed": (
+        {"texts"},
+        {"texts", "model", "input_type", "embedding_types", "output_dimension", "truncate"},
+    ),
+    "/v1/rerank": (
+        {"query", "documents"},
+        {"query", "documents", "model", "top_n", "return_documents", "raw_scores", "truncate"}
+        | {"instruction", "priority"},
+    ),
+}
+
+
+@pytest.mark.parametrize("path", ["/v2/embed", "/v1/rerank", "/rerank", "/v2/rerank"])
+def test_the_other_routes_document_their_bodies(doc: dict[str, Any], path: str) -> None:
+    required, fields = OTHER_ROUTES["/v2/embed" if path == "/v2/embed" else "/v1/rerank"]
+    schema = _request_schema(doc, path)
+    assert set(schema["required"]) == required and set(schema["properties"]) == fields
+    assert schema["additionalProperties"] is False and "$defs" not in json.dumps(schema)
+    limited = "texts" if path == "/v2/embed" else "documents"
+    assert schema["properties"][limited]["maxItems"] == 8  # the server's setting
+    responses = doc["paths"][path]["post"]["responses"]
+    assert {"200", "400", "413", "422", "429", "503"} <= set(responses)
+    assert "X-Request-Timeout" in doc["paths"][path]["post"]["description"]
+    assert "deadline_exceeded" in responses["503"]["description"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"texts": ["a document", "another"]}, 200),
+        ({"texts": ["q"], "input_type": "search_query", "embedding_types": ["float", "int8", "base64"]}, 200),
+        ({"texts": ["q"], "output_dimension": 32, "truncate": "START"}, 200),
+        ({"texts": []}, 422),
+        ({"texts": ["q"], "input_type": "query"}, 422),
+        ({"texts": ["q"], "embedding_types": ["int4"]}, 422),
+        ({"texts": ["q"], "extra": 1}, 422),
+        ({"texts": ["q"] * 9}, 400),
+        ({"texts": "q"}, 422),
+    ],
+)
+def test_cohere_embed_is_answered_as_documented(
+    client: TestClient, doc: dict[str, Any], body: dict[str, Any], status: int
+) -> None:
+    assert _validator(doc, _request_schema(doc, "/v2/embed")).is_valid(body) == (status == 200)
+    resp = client.post("/v2/embed", json=body)
+    assert resp.status_code == status, resp.text
+    _validator(doc, _response_schema(doc, "/v2/embed", "post", status)).validate(resp.json())
+
+
+@pytest.fixture(scope="module")
+def rerank_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    ce = build_cross_encoder(tmp_path_factory.mktemp("ce") / "bert-ce", "bert")
+    engine = {"max_model_len": 128, "max_num_batched_tokens": 512}
+    with server_client(ce, engine_kwargs=engine, max_inputs_per_request=4) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"query": "lift", "documents": ["wings", {"text": "airfoils"}]}, 200),
+        ({"query": "lift", "documents": ["a", "b", "c"], "top_n": 2, "return_documents": True}, 200),
+        ({"query": "lift", "documents": ["a"], "raw_scores": True, "truncate": "start"}, 200),
+        ({"query": "lift", "documents": []}, 422),
+        ({"query": "lift", "documents": [{"txt": "a"}]}, 422),
+        ({"query": "lift", "documents": ["a"], "top_n": 0}, 422),
+        ({"documents": ["a"]}, 422),
+        ({"query": "lift", "documents": ["a"] * 5}, 400),
+    ],
+)
+def test_rerank_is_answered_as_documented(
+    rerank_client: TestClient, body: dict[str, Any], status: int
+) -> None:
+    doc = rerank_client.get("/openapi.json").json()
+    assert _validator(doc, _request_schema(doc, "/v1/rerank")).is_valid(body) == (status == 200)
+    resp = rerank_client.post("/v1/rerank", json=body)
+    assert resp.status_code == status, resp.text
+    _validator(doc, _response_schema(doc, "/v1/rerank", "post", status)).validate(resp.json())
+
+
+def test_the_gateway_documents_the_other_routes(client: TestClient, qwen3_dir: Path) -> None:
+    gateway = TestClient(gateway_app(client.app, qwen3_dir, max_inputs_per_request=4))
+    doc = gateway.get("/openapi.json").json()
+    for path, limited in (("/v2/embed", "texts"), ("/v1/rerank", "documents"), ("/rerank", "documents")):
+        schema = _request_schema(doc, path)
+        assert schema["properties"][limited]["maxItems"] == 4
+        assert {"502", "503", "504"} <= set(doc["paths"][path]["post"]["responses"])
+    body = {"texts": ["short text", "word " * 100], "embedding_types": ["float"]}
+    assert _validator(doc, _request_schema(doc, "/v2/embed")).is_valid(body)
+    resp = gateway.post("/v2/embed", json=body)
+    assert resp.status_code == 200, resp.text
+    _validator(doc, _response_schema(doc, "/v2/embed", "post", 200)).validate(resp.json())
+    assert not _validator(doc, _request_schema(doc, "/v2/embed")).is_valid({"texts": ["x"] * 5})
+    assert gateway.post("/v2/embed", json={"texts": ["x"] * 5}).status_code == 400

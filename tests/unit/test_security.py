@@ -57,9 +57,27 @@ def test_metrics_and_health_do_not_leak_inputs_or_keys(
     assert SECRET not in caplog.text and "nope-key" not in caplog.text
 
 
-def test_api_keys_are_compared_with_compare_digest() -> None:
-    import inspect
+def test_api_keys_are_compared_with_compare_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's and the gateway's keys (api/auth.py): every key through hmac.compare_digest."""
+    import asyncio
+    import hmac
 
-    from embedserve.server import app
+    from starlette.requests import Request
 
-    assert "hmac.compare_digest" in inspect.getsource(app._bearer_check)
+    from embedserve.api import auth
+    from embedserve.api.protocol import ApiError
+
+    compared: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(auth.hmac, "compare_digest", spy)
+    check = auth.bearer_check(("k-one", "k-two"))
+    request = Request({"type": "http", "headers": [(b"authorization", b"Bearer k-one")]})
+    asyncio.run(check(request))
+    assert compared == [(b"k-one", b"k-one"), (b"k-one", b"k-two")]  # every key, not first match
+    with pytest.raises(ApiError):
+        asyncio.run(check(Request({"type": "http", "headers": []})))

@@ -16,12 +16,20 @@ from pydantic import BaseModel, Field
 from embedserve.api.protocol import EmbeddingRequest
 
 PROMETHEUS_TEXT = "text/plain"
+DEADLINE_NOTE = (
+    "Optional header `X-Request-Timeout: SECONDS` (a positive number): the caller waits no "
+    "longer; the server uses the smaller of it and its --request-timeout (then 503 "
+    "deadline_exceeded), a gateway passes down the time left of its own deadline. Not a number "
+    "or not positive: 400."
+)
 
 
 class ErrorDetail(BaseModel):
     message: str
     type: str = Field(description="invalid_request_error, authentication_error, not_found_error, "
-                      "rate_limit_error, service_unavailable or server_error")  # fmt: skip
+                      "rate_limit_error, service_unavailable, deadline_exceeded (503 / 504: the "
+                      "request's deadline passed; not worth re-sending elsewhere at once) or "
+                      "server_error")  # fmt: skip
     param: None = None
     code: int = Field(description="the HTTP status")
 
@@ -99,9 +107,13 @@ _WHY = {
     429: "at capacity: retry after Retry-After seconds",
     500: "internal error (e.g. a forward pass failed); other requests are unaffected",
     502: "gateway: an upstream answered something invalid",
-    503: "not ready (loading, draining, engine stopped), no pool available, or the request "
-    "waited longer than the server's request timeout; retry after Retry-After seconds",
-    504: "gateway: an upstream did not answer in time",
+    503: "not ready (loading, draining, engine stopped) or no pool available (type "
+    "service_unavailable), or the request was not answered within the server's --request-timeout "
+    "or the caller's X-Request-Timeout header (seconds; type deadline_exceeded, its work "
+    "cancelled); retry after Retry-After seconds",
+    504: "gateway: its end-to-end deadline (request_timeout_s) passed or a pool's deadline 503 came "
+    "back (type deadline_exceeded, not retried on another pool), or an upstream did not answer "
+    "within timeout_s",
 }
 _RETRY = {429, 503}
 
@@ -153,6 +165,7 @@ def embeddings_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, An
     ms = {"schema": {"type": "string"}}
     return {
         "summary": "Embed one or more inputs",
+        "description": DEADLINE_NOTE,
         "response_model": None,
         "openapi_extra": {
             "requestBody": {

@@ -8,6 +8,7 @@ PoolingState in one place (`_fold`), and turns finished states into vectors.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from embedserve.engine.isolate import isolate
 from embedserve.errors import InternalEngineError
 from embedserve.pooling.head import apply_head
 from embedserve.request import Request, RequestStatus
@@ -87,12 +89,19 @@ class EngineCore:
             req = self.requests[c.request_id]
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
+        failed: list[Finished] = []
         try:
             rows = self.runner.execute(out)
-        except Exception as e:  # a failed forward fails this step's requests, not the engine
-            log.exception("forward pass failed at step %d", out.step)
+        except Exception as e:  # a failed forward fails the requests that make it fail, not the engine
+            log.exception("forward pass failed at step %d (%d chunks)", out.step, len(out.chunks))
             _release_device_memory(e)
-            return [self._fail(c.request_id, e) for c in out.chunks]
+            found = isolate(self.runner.execute, out, e)
+            if found.reruns:
+                log.warning("step %d re-run by halves (%d passes): %d of %d requests fail",
+                            out.step, found.reruns, len(found.failed), len(out.chunks))  # fmt: skip
+            rows = found.rows
+            failed = [self._fail(rid, err) for rid, err in found.failed.items()]
+            out = dataclasses.replace(out, chunks=[c for c in out.chunks if c.request_id in rows])
         self.tokens_computed += out.num_tokens
         try:
             parts = [
@@ -103,11 +112,11 @@ class EngineCore:
             finished = self.scheduler.update_from_output(out, self.requests)
         except InternalEngineError as e:
             log.exception("pooling invariant broke at step %d", out.step)
-            return [self._fail(c.request_id, e) for c in out.chunks if c.request_id in self.requests]
+            return failed + [self._fail(c.request_id, e) for c in out.chunks if c.request_id in self.requests]
         end = time.monotonic()
         for req in finished:
             self.requests.pop(req.request_id, None)
-        return [self._finish(req, end) for req in finished]
+        return failed + [self._finish(req, end) for req in finished]
 
     def _run_lane(self, part: LaneSlice) -> list[Finished]:
         assert self.lane is not None

@@ -1,10 +1,16 @@
-"""`embedserve gateway`: route embeddings requests by token count and traffic class to pools."""
+"""`embedserve gateway`: route embeddings requests by token count and traffic class to pools.
+
+Routes POST /v1/embeddings (each input to the smallest pool that fits it), /v2/embed and
+/v1/rerank (+ /rerank, /v2/rerank; a request goes whole to the pool that fits its longest input),
+GET /v1/models, /health/live, /health/ready, /metrics."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
+import math
 import os
 import signal
 import sys
@@ -20,11 +26,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+API_KEY_ENV = "EMBEDSERVE_GATEWAY_API_KEY"
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "gateway",
-        help="route /v1/embeddings by token count to length pools; online vs batch classes; schema guard",
+        help="route /v1/embeddings, /v2/embed and /v1/rerank by token count to length pools; online vs "
+        "batch classes; schema guard; end-to-end deadline; client API keys",
         description=__doc__,
     )
     p.add_argument(
@@ -36,6 +45,23 @@ def register(sub: Any) -> None:
         type=model_argument,
         help="model directory or .gguf file whose tokenizer and prompts count tokens (default: 'model:' "
         "in the config); must be the pools' model",
+    )
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        help="require 'Authorization: Bearer KEY' from the gateway's clients (repeatable; or "
+        f"comma-separated in ${API_KEY_ENV} or in the variable named by the config's api_keys_env); "
+        "not the key sent to the pools (upstream_api_key_env); health endpoints stay open",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=_seconds,
+        default=None,
+        help="end-to-end deadline of a client request in seconds, queueing in the pools included "
+        "(default: the config's request_timeout_s, else timeout_s); passed down as X-Request-Timeout, "
+        "answered 504 once passed; a pool's deadline 503 is answered 504 at once, not retried "
+        "on another pool",
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="TCP port to bind (default: 8080)")
@@ -54,11 +80,19 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         config = load_config(args.config)
+        if args.request_timeout is not None:
+            if args.request_timeout > config.timeout_s:
+                raise EmbedServeError(
+                    f"--request-timeout {args.request_timeout:g} is over the config's timeout_s "
+                    f"({config.timeout_s:g} s, one upstream call)"
+                )
+            config = dataclasses.replace(config, request_timeout_s=args.request_timeout)
+        keys = client_api_keys(args.api_key, config.api_keys_env)
         model = args.model or (_resolve_model(config.model) if config.model else None)
         if model is None:
             raise EmbedServeError("no model to count tokens with: pass --model or set 'model:' in the config")
         counter = TokenCounter(model)
-        return asyncio.run(_serve(config, counter, args.host, args.port, args.log_level))
+        return asyncio.run(_serve(config, counter, keys, args.host, args.port, args.log_level))
     except EmbedServeError as e:
         print(f"embedserve gateway: error: {e}", file=sys.stderr)
         return 2
@@ -72,7 +106,31 @@ def _resolve_model(value: str) -> str:
         raise EmbedServeError(f"model: {e}") from None
 
 
-async def _serve(config: GatewayConfig, counter: TokenCounter, host: str, port: int, log_level: str) -> int:
+def client_api_keys(given: list[str] | None, config_env: str | None) -> tuple[str, ...]:
+    """The keys the gateway's clients may send: --api-key, $EMBEDSERVE_GATEWAY_API_KEY and the
+    config's api_keys_env variable (comma-separated); never logged."""
+    keys = list(given or [])
+    keys += os.environ.get(API_KEY_ENV, "").split(",")
+    if config_env:
+        if not os.environ.get(config_env):
+            raise EmbedServeError(f"api_keys_env: ${config_env} is not set")
+        keys += os.environ[config_env].split(",")
+    return tuple(dict.fromkeys(k.strip() for k in keys if k.strip()))
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return seconds
+
+
+async def _serve(
+    config: GatewayConfig, counter: TokenCounter, keys: tuple[str, ...], host: str, port: int, log_level: str
+) -> int:
     import httpx
     import uvicorn
 
@@ -99,7 +157,7 @@ async def _serve(config: GatewayConfig, counter: TokenCounter, host: str, port: 
             forwarder = Forwarder(upstreams, metrics, config.balance)
             service = GatewayService(config, counter, upstreams, metrics, forwarder)
             server = uvicorn.Server(
-                uvicorn.Config(create_app(service), host=host, port=port, log_level=log_level)
+                uvicorn.Config(create_app(service, keys), host=host, port=port, log_level=log_level)
             )
             # uvicorn re-raises SIGTERM after its graceful shutdown; this handler makes that exit 0.
             signal.signal(signal.SIGTERM, _stopped)

@@ -11,7 +11,10 @@ routes:
   - {class: online, order: [short, long]}
   - {class: batch,  order: [batch-long, long]}
 # optional: served_model_name, balance (least_tokens | round_robin), health_interval_s,
-# timeout_s, max_inputs_per_request, max_body_bytes, upstream_api_key_env
+# timeout_s (one upstream call), request_timeout_s (end-to-end deadline of a client request, at
+# most timeout_s; passed down as X-Request-Timeout), max_inputs_per_request, max_body_bytes,
+# upstream_api_key_env (key sent to the pools), api_keys_env (keys the gateway's own clients
+# must send, comma-separated in that variable)
 ```
 """
 
@@ -39,6 +42,8 @@ _TOP_KEYS = {
     "balance",
     "health_interval_s",
     "timeout_s",
+    "request_timeout_s",
+    "api_keys_env",
     "max_inputs_per_request",
     "max_body_bytes",
     "upstream_api_key_env",
@@ -78,6 +83,13 @@ class GatewayConfig:
     max_inputs_per_request: int = 2048
     max_body_bytes: int = 32 << 20
     upstream_api_key_env: str | None = None
+    request_timeout_s: float | None = None  # None: timeout_s
+    api_keys_env: str | None = None
+
+    @property
+    def deadline_s(self) -> float:
+        """Seconds a client request may take end to end (queueing in the pools included)."""
+        return self.timeout_s if self.request_timeout_s is None else self.request_timeout_s
 
     def pool(self, name: str) -> PoolConfig:
         return next(p for p in self.pools if p.name == name)
@@ -130,7 +142,22 @@ def parse_config(raw: object) -> GatewayConfig:
         ),
         max_body_bytes=_positive_int(top.get("max_body_bytes", defaults.max_body_bytes), "max_body_bytes"),
         upstream_api_key_env=_opt_str(top, "upstream_api_key_env"),
+        request_timeout_s=_request_timeout(top),
+        api_keys_env=_opt_str(top, "api_keys_env"),
     )
+
+
+def _request_timeout(top: dict[str, Any]) -> float | None:
+    if top.get("request_timeout_s") is None:
+        return None
+    value = _positive_float(top["request_timeout_s"], "request_timeout_s")
+    timeout = _positive_float(top.get("timeout_s", GatewayConfig.timeout_s), "timeout_s")
+    if value > timeout:
+        raise GatewayConfigError(
+            f"request_timeout_s: {value:g} s is over timeout_s ({timeout:g} s, one upstream call): "
+            "the end-to-end deadline must be at most that"
+        )
+    return value
 
 
 def _pool(name: str, raw: object) -> PoolConfig:

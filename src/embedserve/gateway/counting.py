@@ -4,6 +4,8 @@ The counter opens the model the pools serve (directory or .gguf file): its token
 special tokens included), its prompt table and default prompt name, and resolves prompts
 with the engine's rules, so a routing decision never disagrees with the engine's length check.
 Every response's per-input `num_tokens` is compared with these counts (count mismatches metric).
+Rerank pairs are counted as the reranker reads them (pairs.py: its pair template or
+Qwen3-Reranker's chat template).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from embedserve.errors import InvalidInputError
 from embedserve.models.build import open_model
+from embedserve.models.score_head import YES_NO, rerank_kind
+from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
 from embedserve.tokenizer import Tokenizer, Truncate, resolve_prompt, tokenize_inputs
 
 # Counting never truncates: the full length decides the pool (and the over-long policy).
@@ -27,6 +32,9 @@ class TokenCounter:
         self.tokenizer = Tokenizer(source.tokenizer(), source.model.vocab_size)
         self.prompts = dict(source.prompts)
         self.default_prompt_name = source.default_prompt_name
+        self.model_name = source.path.name
+        self.rerank_kind = rerank_kind(source.model, source.path)  # None: an embedding model
+        self._pair_types = source.model.type_vocab_size > 1
 
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
         """The engine's rules, shared with it (embedserve.tokenizer.resolve_prompt)."""
@@ -38,3 +46,21 @@ class TokenCounter:
             len(t.token_ids)
             for t in tokenize_inputs(self.tokenizer, items, prompt, _NO_LIMIT, Truncate.ERROR)
         ]
+
+    def count_pairs(self, query: str, documents: Sequence[str], instruction: str | None) -> list[int]:
+        """Tokens per (query, document) pair, uncut; raises naming the first bad document."""
+        if self.rerank_kind is None:
+            raise InvalidInputError(f"model {self.model_name!r} is an embedding model: POST /v1/embeddings")
+        out = []
+        for i, doc in enumerate(documents):
+            try:
+                if self.rerank_kind == YES_NO:
+                    t = encode_qwen3_pair(self.tokenizer, query, doc, _NO_LIMIT, Truncate.ERROR, instruction)
+                else:
+                    t = encode_cross_pair(
+                        self.tokenizer, query, doc, _NO_LIMIT, Truncate.ERROR, self._pair_types
+                    )
+            except InvalidInputError as e:
+                raise InvalidInputError(f"document {i}: {e}") from None
+            out.append(len(t.token_ids))
+        return out

@@ -4,6 +4,11 @@ Pools are tried in the placement's order and, within a pool, its upstreams in ro
 first. Saturation (429), unavailability (503) and connection errors move on to the next
 upstream or pool: embedding is idempotent, so re-sending a part can never duplicate anything.
 Any other answer ends the part: a 4xx is the caller's fault, the rest is the upstream's (502).
+
+Deadlines (api/deadline.py): each call carries `X-Request-Timeout`, the time left of the client
+request's end-to-end deadline; when it has passed, or an upstream answers 503
+`deadline_exceeded` (the request's time ran out in its queue), the part ends at once with 504:
+trying another pool would only make the client wait a second time.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from httpx._client import UseClientDefault
 
+from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, is_deadline_error
+from embedserve.api.http import COHERE_EMBED_PATH, EMBEDDINGS_PATH, RERANK_PATH
 from embedserve.api.protocol import ApiError
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.upstreams import Pool, Upstream, UpstreamSet
@@ -25,6 +33,10 @@ log = logging.getLogger(__name__)
 # Caller errors an upstream may find that the gateway did not (bad ids, dimensions, ...).
 _CALLER_STATUSES = (400, 404, 413, 422)
 _RETRYABLE = (429, 503)
+# Past the deadline, an upstream call gets this much longer to send the server's own 503.
+_GRACE_S = 1.0
+# The time left, less this (at most a tenth of it), is what an upstream is told it has.
+_MARGIN_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,8 @@ class Part:
     indices: list[int]  # positions in the client's request
     tokens: int
     payload: dict[str, Any]  # request body for the upstream
+    path: str = EMBEDDINGS_PATH  # the upstream route (/v1/embeddings, /v2/embed, /v1/rerank)
+    deadline: float | None = None  # time.monotonic() by which the client must be answered
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,7 @@ class Forwarder:
             pool = self.upstreams.pools[name]
             reason = "unavailable"
             for up in pool.choose(self.policy):
+                _check_deadline(part, name)
                 result = await self._attempt(part, pool, up, traffic_class)
                 if isinstance(result, PartResult):
                     return result
@@ -87,8 +102,11 @@ class Forwarder:
         count = self.metrics.pool_requests
         up.outstanding_tokens += part.tokens
         start = time.perf_counter()
+        headers, timeout = _deadline_headers(part)
         try:
-            r = await self.upstreams.client.post(f"{up.url}/v1/embeddings", json=part.payload)
+            r = await self.upstreams.client.post(
+                f"{up.url}{part.path}", json=part.payload, headers=headers, timeout=timeout
+            )
         except (httpx.NetworkError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
             # Never reached, or dropped the connection before answering (killed, restarted).
             reason = f"connection failed: {type(e).__name__}: {e}"
@@ -98,6 +116,8 @@ class Forwarder:
             return Refusal(503, 1, "unreachable")
         except httpx.TimeoutException as e:
             count.labels(pool.name, traffic_class, "failed").inc()
+            if part.deadline is not None and time.monotonic() >= part.deadline:
+                raise _deadline_error(part, f"pool {pool.name!r} ({up.url}) did not answer in time") from None
             raise ApiError(
                 504,
                 f"pool {pool.name!r} ({up.url}) did not answer in time: {type(e).__name__}",
@@ -107,12 +127,15 @@ class Forwarder:
             up.outstanding_tokens -= part.tokens
         elapsed = time.perf_counter() - start
         if r.status_code == 200:
-            result = PartResult(part, pool.name, _embeddings_body(r, pool, part), r.headers, elapsed)
+            result = PartResult(part, pool.name, _checked_body(r, pool, part), r.headers, elapsed)
             count.labels(pool.name, traffic_class, "ok").inc()
             self.metrics.pool_inputs.labels(pool.name, traffic_class).inc(len(part.indices))
             self.metrics.pool_tokens.labels(pool.name, traffic_class).inc(part.tokens)
             self.metrics.pool_latency.labels(pool.name, traffic_class).observe(elapsed)
             return result
+        if r.status_code == 503 and is_deadline_error(_json(r)):
+            count.labels(pool.name, traffic_class, "failed").inc()
+            raise _deadline_error(part, f"pool {pool.name!r} ({up.url}): {_message(r)}")
         if r.status_code in _RETRYABLE:
             count.labels(pool.name, traffic_class, "rejected").inc()
             return Refusal(r.status_code, _retry_after(r), "rejected")
@@ -120,27 +143,71 @@ class Forwarder:
         raise _upstream_error(r, pool, up, part.indices)
 
 
-def _embeddings_body(r: httpx.Response, pool: Pool, part: Part) -> dict[str, Any]:
+def _checked_body(r: httpx.Response, pool: Pool, part: Part) -> dict[str, Any]:
+    """The upstream's 200 body, if it holds one answer per input of the part (else 502)."""
+    body = _json(r)
+    n = len(part.indices)
     try:
-        body: dict[str, Any] = r.json()
-        data = body["data"]
-        ok = isinstance(data, list) and sorted(d["index"] for d in data) == list(range(len(part.indices)))
-    except (ValueError, KeyError, TypeError):
+        if part.path == COHERE_EMBED_PATH:
+            ok = all(len(vectors) == n for vectors in body["embeddings"].values())
+        elif part.path == RERANK_PATH:
+            ok = all(0 <= item["index"] < n for item in body["results"])
+        else:
+            data = body["data"]
+            ok = isinstance(data, list) and sorted(d["index"] for d in data) == list(range(n))
+    except (KeyError, TypeError, AttributeError):
         ok = False
     if not ok:
         raise ApiError(
             502,
-            f"pool {pool.name!r} answered 200 without one embedding per input: {r.text[:200]}",
+            f"pool {pool.name!r} answered 200 without one answer per input: {r.text[:200]}",
             "server_error",
         )
-    return body
+    result: dict[str, Any] = body
+    return result
+
+
+def _json(r: httpx.Response) -> Any:
+    try:
+        return r.json()
+    except ValueError:
+        return None
+
+
+def _message(r: httpx.Response) -> str:
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:300]
+
+
+def _check_deadline(part: Part, pool: str) -> None:
+    if part.deadline is not None and time.monotonic() >= part.deadline:
+        raise _deadline_error(part, f"no time left to try pool {pool!r}")
+
+
+def _deadline_headers(part: Part) -> tuple[dict[str, str], float | UseClientDefault]:
+    """X-Request-Timeout (the time left, less a margin for the answer's way back, so that the
+    pool's own deadline answer, naming the pool, beats the gateway's) and the call's own limit,
+    a little over the time left. No deadline: none sent, the client's timeout."""
+    if part.deadline is None:
+        return {}, httpx.USE_CLIENT_DEFAULT
+    left = max(part.deadline - time.monotonic(), 0.001)
+    told = left - min(_MARGIN_S, left / 10)
+    return {TIMEOUT_HEADER: f"{told:.3f}"}, left + _GRACE_S
+
+
+def _deadline_error(part: Part, detail: str) -> ApiError:
+    return ApiError(
+        504,
+        f"inputs {part.indices}: the request's deadline passed ({detail}); not retried on "
+        "another pool: retry later or with a longer timeout",
+        DEADLINE_EXCEEDED,
+    )
 
 
 def _upstream_error(r: httpx.Response, pool: Pool, up: Upstream, indices: Sequence[int]) -> ApiError:
-    try:
-        message = str(r.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        message = r.text[:300]
+    message = _message(r)
     where = (
         f"pool {pool.name!r} ({up.url}, request inputs {list(indices)} as its inputs 0..{len(indices) - 1})"
     )

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
+from embedserve.api.deadline import DEADLINE_EXCEEDED
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.gateway.config import GatewayConfig
@@ -71,6 +72,7 @@ class GatewayService:
 
     async def embed(self, req: EmbeddingRequest, traffic_class: str) -> tuple[dict[str, Any], dict[str, str]]:
         start = time.perf_counter()
+        deadline = time.monotonic() + self.config.deadline_s
         route = self.config.route(traffic_class)
         if route is None:
             raise ApiError(400, f"this gateway has no route for traffic class {traffic_class!r}")
@@ -102,21 +104,42 @@ class GatewayService:
             if p.fallback:
                 self.metrics.fallbacks.labels(p.preferred, traffic_class, "unavailable").inc()
         parts = [
-            Part(cands, idx, sum(counts[i] for i in idx), _payload(req, items, idx, traffic_class))
+            Part(
+                cands,
+                idx,
+                sum(counts[i] for i in idx),
+                _payload(req, items, idx, traffic_class),
+                deadline=deadline,
+            )
             for cands, idx in group_placements(placements)
         ]
-        try:
-            results = await _all_or_nothing([self.forwarder.run(p, traffic_class) for p in parts])
-        except ApiError as e:
-            if e.status in (429, 503):
-                self.metrics.rejections.labels(traffic_class, "no_capacity").inc()
-            raise
+        results = await self.run_parts(parts, traffic_class, deadline)
         body = self._assemble(results, counts, name)
         total = time.perf_counter() - start
         upstream = max(r.elapsed for r in results)
         self.metrics.latency.labels(traffic_class).observe(total)
         self.metrics.overhead.labels(traffic_class).observe(max(total - upstream, 0.0))
-        return body, _headers(results, upstream, total)
+        return body, response_headers(results, upstream, total)
+
+    async def run_parts(self, parts: Sequence[Part], traffic_class: str, deadline: float) -> list[PartResult]:
+        """All parts or none, within the request's end-to-end deadline (else 504)."""
+        try:
+            work = _all_or_nothing([self.forwarder.run(p, traffic_class) for p in parts])
+            return await asyncio.wait_for(work, max(deadline - time.monotonic(), 0.0))
+        except asyncio.TimeoutError:
+            self.metrics.rejections.labels(traffic_class, "deadline").inc()
+            raise ApiError(
+                504,
+                f"request not answered within the gateway's deadline of {self.config.deadline_s:g} s "
+                "(request_timeout_s); its upstream work was cancelled",
+                DEADLINE_EXCEEDED,
+            ) from None
+        except ApiError as e:
+            if e.status in (429, 503):
+                self.metrics.rejections.labels(traffic_class, "no_capacity").inc()
+            elif e.kind == DEADLINE_EXCEEDED:
+                self.metrics.rejections.labels(traffic_class, "deadline").inc()
+            raise
 
     def _assemble(
         self, results: Sequence[PartResult], counts: Sequence[int], name: str | None
@@ -181,7 +204,7 @@ async def _all_or_nothing(work: Sequence[Awaitable[PartResult]]) -> list[PartRes
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _headers(results: Sequence[PartResult], upstream: float, total: float) -> dict[str, str]:
+def response_headers(results: Sequence[PartResult], upstream: float, total: float) -> dict[str, str]:
     def ms(seconds: float) -> str:
         return f"{seconds * 1000:.2f}"
 

@@ -20,6 +20,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from embedserve.api.deadline import DEADLINE_EXCEEDED, is_deadline_error
+from embedserve.api.http import EMBEDDINGS_PATH
 from embedserve.api.protocol import ApiError
 from embedserve.gateway.config import GatewayConfigError
 from embedserve.gateway.forward import Part, PartResult, Refusal
@@ -133,6 +135,13 @@ class ServeRunner:
         self.failures = _replica_failures()
 
     async def run(self, part: Part, traffic_class: str) -> PartResult:
+        if part.path != EMBEDDINGS_PATH:
+            raise ApiError(
+                501,
+                f"the Ray Serve ingress routes {EMBEDDINGS_PATH} only; {part.path} goes through "
+                "`embedserve gateway` (HTTP pools) or a pool's server",
+                "not_implemented_error",
+            )
         refusals: list[Refusal] = []
         for name in part.candidates:
             result = await self._on_pool(part, name, traffic_class)
@@ -171,6 +180,12 @@ class ServeRunner:
             if status == 200:
                 return self._accept(part, name, reply, elapsed, traffic_class)
             headers = reply.get("headers") or {}
+            if status == 503 and is_deadline_error(reply["body"]):  # not retried (api/deadline.py)
+                count.labels(name, traffic_class, "failed").inc()
+                message = reply["body"]["error"]["message"]
+                raise ApiError(
+                    504, f"pool {name!r}: {message}; not retried on another pool", DEADLINE_EXCEEDED
+                )
             if status in _RETRYABLE:
                 count.labels(name, traffic_class, "rejected").inc()
                 retry = str(headers.get("Retry-After", "1"))

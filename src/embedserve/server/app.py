@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -15,6 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from embedserve.api.auth import bearer_check
+from embedserve.api.deadline import TIMEOUT_HEADER, header_timeout
 from embedserve.api.http import (
     EMBEDDINGS_PATH,
     answered,
@@ -31,6 +32,7 @@ from embedserve.api.openapi import (
     error_responses,
     metrics_route,
 )
+from embedserve.api.openapi_routes import cohere_embed_route, rerank_route
 from embedserve.api.protocol import ApiError, clip, parse_request
 from embedserve.server.cohere_routes import add_cohere_routes
 from embedserve.server.metrics import ServerMetrics
@@ -61,7 +63,7 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     app.add_middleware(_CountStatuses, counter=metrics.requests, path=EMBEDDINGS_PATH)
     app.add_exception_handler(ApiError, api_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, http_error_handler)  # type: ignore[arg-type]
-    auth = Depends(_bearer_check(settings.api_keys))
+    auth = Depends(bearer_check(settings.api_keys))
     keyed = (401,) if settings.api_keys else ()
 
     @app.get("/health/live", response_model=None, responses={200: {"model": Health}})
@@ -109,14 +111,17 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
 
         async def work() -> Response:
             body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-            result = await service.embed(parse_request(body), disconnect_waiter(request))
+            timeout = header_timeout(request.headers.get(TIMEOUT_HEADER))
+            result = await service.embed(parse_request(body), disconnect_waiter(request), timeout)
             return JSONResponse(result.body, headers=result.headers)
 
         return await answered("embeddings request", work)
 
     errors = error_responses(*statuses)
-    add_cohere_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth], errors)
-    add_rerank_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth], errors)
+    limit = settings.max_inputs_per_request
+    cohere_doc, rerank_doc = cohere_embed_route(limit, errors), rerank_route(limit, errors)
+    add_cohere_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth], cohere_doc)
+    add_rerank_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth], rerank_doc)
     return app
 
 
@@ -151,27 +156,6 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
         "normalize": pooling.normalize,
         "prompt_names": sorted(service.engine.config.prompts),
     }
-
-
-def _bearer_check(keys: tuple[str, ...]) -> Callable[[Request], Awaitable[None]]:
-    encoded = [k.encode() for k in keys]
-
-    async def check(request: Request) -> None:
-        if not encoded:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = token.strip().encode()
-        # compare_digest against every key: timing does not reveal which key (if any) matched.
-        matches = [hmac.compare_digest(given, k) for k in encoded]
-        if scheme.lower() != "bearer" or not any(matches):
-            raise ApiError(
-                401,
-                "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                "authentication_error",
-                {"WWW-Authenticate": "Bearer"},
-            )
-
-    return check
 
 
 class _CountStatuses:

@@ -44,7 +44,7 @@ class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
-        help="serve embeddings over HTTP (OpenAI-compatible /v1/embeddings)",
+        help="serve embeddings over HTTP (OpenAI-compatible /v1/embeddings; Cohere /v2/embed; /v1/rerank)",
         description=__doc__,
         formatter_class=_DefaultsFormatter,
     )
@@ -102,8 +102,9 @@ def register(sub: Any) -> None:
         "--request-timeout",
         type=_seconds,
         default=300.0,
-        help="seconds a request may wait in the queue and run; then its work is cancelled and it "
-        "gets 503 + Retry-After",
+        help="seconds a request may wait in the queue and run (a caller's X-Request-Timeout header "
+        "can only shorten it); then its work is cancelled and it gets 503 + Retry-After with error "
+        "type deadline_exceeded, which a gateway answers at once rather than retrying another pool",
     )
     h.add_argument(
         "--timeout-keep-alive",

@@ -10,10 +10,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from embedserve.api.cohere import cohere_body, embeddings_by_type, parse_cohere_request, quantized_type
-from embedserve.api.http import answered, disconnect_waiter, read_body
+from embedserve.api.deadline import TIMEOUT_HEADER, header_timeout
+from embedserve.api.http import COHERE_EMBED_PATH, answered, disconnect_waiter, read_body
 from embedserve.server.serving import EmbeddingService
-
-COHERE_EMBED_PATH = "/v2/embed"
 
 
 def add_cohere_routes(
@@ -21,12 +20,12 @@ def add_cohere_routes(
     service: Callable[[], EmbeddingService],
     max_body_bytes: int,
     dependencies: list[Any],
-    responses: dict[int | str, dict[str, Any]] | None = None,
+    doc: dict[str, Any] | None = None,
 ) -> None:
-    """`service()` returns the accepting service or raises the 503 ApiError; `responses`: the
-    route's documented error statuses (api/openapi.py)."""
+    """`service()` returns the accepting service or raises the 503 ApiError; `doc`: the
+    route's OpenAPI keyword arguments (api/openapi_routes.py)."""
 
-    @app.post(COHERE_EMBED_PATH, dependencies=dependencies, responses=responses)
+    @app.post(COHERE_EMBED_PATH, dependencies=dependencies, **(doc or {}))
     async def cohere_embed(request: Request) -> Response:
         svc = service()
         return await answered("/v2/embed request", lambda: _embed(svc, request, max_body_bytes))
@@ -38,7 +37,8 @@ async def _embed(svc: EmbeddingService, request: Request, max_body_bytes: int) -
     kinds = [quantized_type(k) for k in req.embedding_types]
     svc.check_types(kinds, req.output_dimension)
     inner = req.to_embedding_request(svc.engine.config.prompts)
-    done = await svc.compute(inner, disconnect_waiter(request))
+    timeout = header_timeout(request.headers.get(TIMEOUT_HEADER))
+    done = await svc.compute(inner, disconnect_waiter(request), timeout)
     meta = svc.metadata
     schemas = {
         k: meta.schema(req.output_dimension, None, svc.schema_type(quantized_type(k)))

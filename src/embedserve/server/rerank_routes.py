@@ -14,6 +14,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from embedserve.api.deadline import TIMEOUT_HEADER, header_timeout
 from embedserve.api.http import answered, disconnect_waiter, read_body, unless_disconnected
 from embedserve.api.protocol import ApiError
 from embedserve.api.rerank import RerankRequest, parse_rerank_request, rerank_body
@@ -25,7 +26,10 @@ RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 
 
 async def rerank(
-    svc: EmbeddingService, req: RerankRequest, wait_disconnect: Callable[[], Awaitable[None]]
+    svc: EmbeddingService,
+    req: RerankRequest,
+    wait_disconnect: Callable[[], Awaitable[None]],
+    timeout_s: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     start = time.perf_counter()
     engine, meta = svc.engine, svc.metadata
@@ -61,7 +65,7 @@ async def rerank(
     try:
         with svc.engine_errors():
             work = engine.rerank_tokenized_async(tokenized, priority=req.priority)
-            done = await unless_disconnected(work, wait_disconnect)
+            done = await svc.within_deadline(unless_disconnected(work, wait_disconnect), timeout_s)
     finally:
         admission.release(ticket)
     outputs = [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
@@ -78,22 +82,21 @@ def add_rerank_routes(
     service: Callable[[], EmbeddingService],
     max_body_bytes: int,
     dependencies: list[Any],
-    responses: dict[int | str, dict[str, Any]] | None = None,
+    doc: dict[str, Any] | None = None,
 ) -> None:
-    """`service()` returns the accepting service or raises the 503 ApiError; `responses`: the
-    routes' documented error statuses (api/openapi.py)."""
+    """`service()` returns the accepting service or raises the 503 ApiError; `doc`: the
+    routes' OpenAPI keyword arguments (api/openapi_routes.py)."""
 
     async def rerank_route(request: Request) -> Response:
         svc = service()
 
         async def work() -> Response:
             req = parse_rerank_request(await read_body(request, max_body_bytes))
-            body, headers = await rerank(svc, req, disconnect_waiter(request))
+            timeout = header_timeout(request.headers.get(TIMEOUT_HEADER))
+            body, headers = await rerank(svc, req, disconnect_waiter(request), timeout)
             return JSONResponse(body, headers=headers)
 
         return await answered("rerank request", work)
 
     for path in RERANK_PATHS:
-        app.add_api_route(
-            path, rerank_route, methods=["POST"], dependencies=dependencies, responses=responses
-        )
+        app.add_api_route(path, rerank_route, methods=["POST"], dependencies=dependencies, **(doc or {}))

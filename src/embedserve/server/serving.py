@@ -12,10 +12,11 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, effective_timeout
 from embedserve.api.http import unless_disconnected
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, encode_vector
 from embedserve.api.quantize import Calibration, quantize, schema_type, to_base64
@@ -26,6 +27,8 @@ from embedserve.schema import ModelMetadata
 from embedserve.server.admission import Admission
 from embedserve.server.metrics import ServerMetrics
 from embedserve.tokenizer import Tokenized
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,12 @@ class EmbeddingService:
         self.request_timeout_s = request_timeout_s
 
     async def embed(
-        self, req: EmbeddingRequest, wait_disconnect: Callable[[], Awaitable[None]]
+        self,
+        req: EmbeddingRequest,
+        wait_disconnect: Callable[[], Awaitable[None]],
+        timeout_s: float | None = None,
     ) -> EmbeddingResult:
-        done = await self.compute(req, wait_disconnect)
+        done = await self.compute(req, wait_disconnect, timeout_s)
         return EmbeddingResult(self._body(req, done), done.headers)
 
     def engine_errors(self) -> contextlib.AbstractContextManager[None]:
@@ -82,9 +88,13 @@ class EmbeddingService:
         return schema_type(kind, self.calibration)
 
     async def compute(
-        self, req: EmbeddingRequest, wait_disconnect: Callable[[], Awaitable[None]]
+        self,
+        req: EmbeddingRequest,
+        wait_disconnect: Callable[[], Awaitable[None]],
+        timeout_s: float | None = None,
     ) -> Computed:
-        """Validate, tokenize, admit and run one request (every refusal before queueing)."""
+        """Validate, tokenize, admit and run one request (every refusal before queueing);
+        `timeout_s`: the caller's own deadline (X-Request-Timeout), if below --request-timeout."""
         start = time.perf_counter()
         if self.engine.config.task != "embed":
             raise ApiError(400, f"model {self.metadata.model!r} is a reranker: POST /v1/rerank")
@@ -123,21 +133,29 @@ class EmbeddingService:
         try:
             with engine_errors(self._on_forward_failure):
                 run = unless_disconnected(self._run(req, tokenized), wait_disconnect)
-                outputs = await asyncio.wait_for(run, self.request_timeout_s)  # cancelling aborts it
-        except asyncio.TimeoutError:
-            wait = str(self.admission.retry_after())
-            raise ApiError(
-                503,
-                f"request not answered within {self.request_timeout_s:g} s (queue and compute); "
-                f"its work was cancelled: retry in {wait} s",
-                "service_unavailable",
-                {"Retry-After": wait},
-            ) from None
+                outputs = await self.within_deadline(run, timeout_s)
         finally:
             self.admission.release(ticket)
         total = time.perf_counter() - start
         self.observe(outputs, tokenize_time, total)
         return Computed(tokenized, outputs, n_tokens, timing_headers(outputs, tokenize_time, total))
+
+    async def within_deadline(self, work: Awaitable[T], caller_timeout_s: float | None) -> T:
+        """`work` (queued engine work) within the request deadline, else cancelled (aborting
+        it) and answered 503 `deadline_exceeded` + Retry-After (api/deadline.py)."""
+        timeout = effective_timeout(self.request_timeout_s, caller_timeout_s)
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except asyncio.TimeoutError:
+            wait = str(self.admission.retry_after())
+            whose = "--request-timeout" if timeout == self.request_timeout_s else TIMEOUT_HEADER
+            raise ApiError(
+                503,
+                f"request not answered within {timeout:g} s ({whose}; queue and compute): its work "
+                f"was cancelled; retry in {wait} s",
+                DEADLINE_EXCEEDED,
+                {"Retry-After": wait},
+            ) from None
 
     def check_types(self, kinds: list[str], dimensions: int | None) -> None:
         """Refuse (400) a compressed type this server cannot produce at that width."""

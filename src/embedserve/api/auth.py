@@ -1,0 +1,33 @@
+"""Bearer API keys for the server's and the gateway's own clients (FastAPI dependency)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+
+from fastapi import Request
+
+from embedserve.api.protocol import ApiError
+
+
+def bearer_check(keys: tuple[str, ...]) -> Callable[[Request], Awaitable[None]]:
+    """A dependency that answers 401 unless `Authorization: Bearer <one of keys>`; no keys: open.
+    Keys are never logged nor echoed back."""
+    encoded = [k.encode() for k in keys]
+
+    async def check(request: Request) -> None:
+        if not encoded:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = token.strip().encode()
+        # compare_digest against every key: timing does not reveal which key (if any) matched.
+        matches = [hmac.compare_digest(given, k) for k in encoded]
+        if scheme.lower() != "bearer" or not any(matches):
+            raise ApiError(
+                401,
+                "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                "authentication_error",
+                {"WWW-Authenticate": "Bearer"},
+            )
+
+    return check

@@ -1,0 +1,118 @@
+"""Fake upstreams for gateway unit tests (httpx.MockTransport): they answer like `embedserve
+serve`, and can refuse, fail, be slow, or answer a deadline 503; they record what they got."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from embedserve.gateway.config import GatewayConfig, parse_config
+from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.forward import Forwarder
+from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.service import GatewayService
+from embedserve.gateway.upstreams import UpstreamSet
+
+SHORT, LONG, SHORT2 = "http://short:1", "http://long:2", "http://short2:3"
+SCHEMA = "es1-test"
+
+
+class FakeUpstream:
+    """Answers like `embedserve serve`; `status` / `raises` / `error_type` / `delay` make it
+    refuse, fail or wait; `inputs` and `headers` record the embeddings calls it got."""
+
+    def __init__(self, url: str, schema: str = SCHEMA) -> None:
+        self.url = url
+        self.schema = schema
+        self.status = 200
+        self.retry_after = "1"
+        self.error_type = "service_unavailable"
+        self.delay = 0.0
+        self.raises: Exception | None = None
+        self.inputs: list[list[str]] = []
+        self.headers: list[httpx.Headers] = []
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/health/ready":
+            return httpx.Response(200, json={"status": "ready"})
+        if path == "/v1/models":
+            card = {"id": "tiny", "embedding_schema": self.schema, "max_model_len": 4096}
+            return httpx.Response(200, json={"object": "list", "data": [card]})
+        self.headers.append(request.headers)
+        if self.raises is not None:
+            raise self.raises
+        if self.status != 200:
+            body = {"error": {"message": f"status {self.status}", "type": self.error_type}}
+            return httpx.Response(self.status, json=body, headers={"Retry-After": self.retry_after})
+        texts = json.loads(request.content)["input"]
+        self.inputs.append(texts)
+        data = [
+            # The vector encodes the text and the server, so order and origin are checkable.
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": [len(t), float(self.url[-1])],
+                "num_tokens": len(t.split()) + 1,
+            }
+            for i, t in enumerate(texts)
+        ]
+        n = sum(d["num_tokens"] for d in data)
+        meta = {"model": "tiny", "model_version": "v1", "dtype": "float32", "backend_profile": "cpu-fp32"}
+        return httpx.Response(
+            200,
+            json={
+                "data": data,
+                "usage": {"prompt_tokens": n, "total_tokens": n},
+                "embedding_schema": self.schema,
+                **meta,
+            },
+            headers={"x-queue-time": "1.50", "x-inference-time": "2.00"},
+        )
+
+
+def fake_config(policy: str = "least_tokens", **extra: Any) -> GatewayConfig:
+    return parse_config(
+        {
+            "balance": policy,
+            "pools": {
+                "short": {"max_tokens": 64, "upstreams": [SHORT, SHORT2]},
+                "long": {"max_tokens": 4096, "upstreams": [LONG]},
+            },
+            "routes": [
+                {"class": "online", "order": ["short", "long"]},
+                {"class": "batch", "order": ["long"]},
+            ],
+            **extra,
+        }
+    )
+
+
+Started = tuple[GatewayService, dict[str, FakeUpstream]]
+
+
+def fake_gateway(counter: TokenCounter) -> Callable[..., Awaitable[Started]]:
+    """`await start(policy, **config)`: a gateway service over three fresh fake upstreams."""
+    fakes = {u: FakeUpstream(u) for u in (SHORT, SHORT2, LONG)}
+
+    async def start(policy: str = "least_tokens", **extra: Any) -> Started:
+        async def route(request: httpx.Request) -> httpx.Response:
+            fake = fakes[f"{request.url.scheme}://{request.url.host}:{request.url.port}"]
+            if fake.delay and request.url.path not in ("/health/ready", "/v1/models"):
+                await asyncio.sleep(fake.delay)
+            return fake.answer(request)
+
+        client = httpx.AsyncClient(transport=httpx.MockTransport(route))
+        config = fake_config(policy, **extra)
+        upstreams = UpstreamSet(config, client)
+        await upstreams.start()
+        await upstreams.close()  # no background polling in unit tests: state changes are explicit
+        metrics = GatewayMetrics(upstreams)
+        forwarder = Forwarder(upstreams, metrics, config.balance)
+        return GatewayService(config, counter, upstreams, metrics, forwarder), fakes
+
+    return start

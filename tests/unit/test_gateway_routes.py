@@ -1,0 +1,134 @@
+"""`/v2/embed` and `/v1/rerank` through the gateway, in-process over real servers: placed whole
+on the pool that fits the longest input, answered as the server answers, errors mapped;
+an unknown path is a 404 naming the gateway's routes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from embedserve.gateway.service import POOLS_HEADER
+from tests.helpers.inprocess import gateway_app, server_client
+from tests.helpers.server_process import words
+from tests.helpers.tiny_rerankers import build_cross_encoder
+
+QUERY = "how do wings produce lift"
+DOCS = ["pressure difference over an airfoil", "boundary layers", "lift", "shock waves in nozzles"]
+
+
+@pytest.fixture(scope="module")
+def embed_server(qwen3_dir: Path) -> Iterator[TestClient]:
+    with server_client(qwen3_dir, max_inputs_per_request=8) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def gateway(embed_server: TestClient, qwen3_dir: Path) -> TestClient:
+    return TestClient(gateway_app(embed_server.app, qwen3_dir, max_inputs_per_request=4))
+
+
+def test_cohere_embed_goes_whole_to_the_pool_of_its_longest_text(
+    gateway: TestClient, embed_server: TestClient
+) -> None:
+    for texts, pool in (([words(3), words(5)], "short"), ([words(3), words(200)], "long")):
+        body = {"texts": texts, "input_type": "search_query", "embedding_types": ["float", "int8"]}
+        resp = gateway.post("/v2/embed", json=body)
+        assert resp.status_code == 200, resp.text
+        assert resp.headers[POOLS_HEADER] == pool and "x-total-time" in resp.headers
+        direct = embed_server.post("/v2/embed", json=body).json()
+        got = resp.json()
+        assert got["response_type"] == "embeddings_by_type" and got["texts"] == texts
+        assert got["embedding_schemas"] == direct["embedding_schemas"]
+        for kind in ("float", "int8"):
+            assert np.allclose(
+                got["embeddings"][kind], direct["embeddings"][kind], atol=1e-5 if kind == "float" else 1
+            )
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"texts": []}, 422, "texts"),
+        ({"texts": ["x"], "input_type": "nope"}, 422, "input_type"),
+        ({"texts": ["x"] * 5}, 400, "5 inputs in one request; the limit is 4"),
+        ({"texts": [words(5000)], "truncate": "NONE"}, 400, "exceed the limit of 512"),
+        ({"texts": ["x"], "model": "other"}, 404, "this gateway serves"),
+        ({"texts": ["x"], "output_dimension": 10**6}, 400, "pool 'short'"),  # found by the pool
+    ],
+)
+def test_cohere_refusals(gateway: TestClient, body: dict[str, Any], status: int, message: str) -> None:
+    resp = gateway.post("/v2/embed", json=body)
+    assert resp.status_code == status, resp.text
+    assert message in resp.json()["error"]["message"]
+
+
+def test_rerank_on_an_embedding_gateway_is_refused_before_any_pool(gateway: TestClient) -> None:
+    resp = gateway.post("/v1/rerank", json={"query": "q", "documents": ["d"]})
+    assert resp.status_code == 400 and "is an embedding model" in resp.json()["error"]["message"]
+
+
+def test_an_unknown_path_names_the_gateways_routes(gateway: TestClient) -> None:
+    resp = gateway.post("/v1/completions", json={})
+    message = resp.json()["error"]["message"]
+    assert resp.status_code == 404 and "not a route of this gateway" in message
+    assert all(p in message for p in ("/v1/embeddings", "/v2/embed", "/v1/rerank"))
+    assert gateway.get("/v1/embeddings").status_code == 405  # a known path, wrong method
+
+
+@pytest.fixture(scope="module")
+def ce_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_cross_encoder(tmp_path_factory.mktemp("ce") / "bert-ce", "bert")
+
+
+@pytest.fixture(scope="module")
+def rerank_pair(ce_dir: Path) -> Iterator[tuple[TestClient, TestClient]]:
+    engine = {"max_model_len": 128, "max_num_batched_tokens": 512}
+    with server_client(ce_dir, engine_kwargs=engine, max_inputs_per_request=8) as server:
+        pools = {  # the long pool at the model's 128 tokens (a pool over it leaves rotation)
+            "short": {"max_tokens": 64, "upstreams": ["http://short:1"]},
+            "long": {"max_tokens": 128, "upstreams": ["http://long:2"]},
+        }
+        yield server, TestClient(gateway_app(server.app, ce_dir, pools=pools))
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/rerank", "/v2/rerank"])
+def test_rerank_through_the_gateway_is_the_servers_answer(
+    rerank_pair: tuple[TestClient, TestClient], path: str
+) -> None:
+    server, gateway = rerank_pair
+    body = {
+        "query": QUERY,
+        "documents": [DOCS[0], {"text": DOCS[1]}, *DOCS[2:]],
+        "top_n": 3,
+        "return_documents": True,
+    }
+    resp = gateway.post(path, json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers[POOLS_HEADER] == "short"  # every pair fits 64 tokens
+    got, direct = resp.json(), server.post("/v1/rerank", json=body).json()
+    assert [r["index"] for r in got["results"]] == [r["index"] for r in direct["results"]]
+    assert np.allclose(
+        [r["relevance_score"] for r in got["results"]],
+        [r["relevance_score"] for r in direct["results"]],
+        atol=1e-5,
+    )
+    assert got["usage"] == direct["usage"] and got["embedding_schema"] == direct["embedding_schema"]
+    long = gateway.post("/v1/rerank", json={"query": QUERY, "documents": ["lift", words(90)]})
+    assert long.status_code == 200 and long.headers[POOLS_HEADER] == "long", long.text
+
+
+def test_rerank_refusals_through_the_gateway(rerank_pair: tuple[TestClient, TestClient]) -> None:
+    _, gateway = rerank_pair
+    empty = gateway.post("/v1/rerank", json={"query": QUERY, "documents": ["ok", " "]})
+    assert empty.status_code == 400 and "document 1" in empty.json()["error"]["message"]
+    too_long = gateway.post(
+        "/v1/rerank", json={"query": QUERY, "documents": [words(200)], "truncate": "error"}
+    )
+    assert too_long.status_code == 400 and "exceed the limit of 128" in too_long.json()["error"]["message"]
+    shape = gateway.post("/v1/rerank", json={"query": QUERY, "documents": "not a list"})
+    assert shape.status_code == 422
