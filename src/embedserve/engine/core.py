@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from embedserve.errors import InternalEngineError
+from embedserve.errors import EngineDeadError, InternalEngineError
 from embedserve.pooling.head import apply_head
 from embedserve.request import Request, RequestStatus
 from embedserve.scheduler.output import LaneSlice, SchedulerOutput
@@ -89,6 +89,8 @@ class EngineCore:
                 req.first_scheduled_time = now
         try:
             rows = self.runner.execute(out)
+        except EngineDeadError:  # the runner cannot run another step (a tensor-parallel rank died)
+            raise  # the loop stops and fails every request in flight
         except Exception as e:  # a failed forward fails this step's requests, not the engine
             log.exception("forward pass failed at step %d", out.step)
             _release_device_memory(e)
