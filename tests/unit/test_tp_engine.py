@@ -125,5 +125,5 @@ def test_options_that_do_not_combine_are_refused(
 
 def test_an_encoder_is_refused(tmp_path: Path) -> None:
     bert = build_encoder(tmp_path / "bert")
-    with pytest.raises(ModelLoadError, match="applies to decoder models.*encoder"):
+    with pytest.raises(ModelLoadError, match=r"applies to decoder models.*encoder"):
         Engine.from_pretrained(bert, tensor_parallel_size=2)

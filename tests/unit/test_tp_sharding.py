@@ -74,7 +74,7 @@ def test_a_size_that_does_not_divide_is_refused_naming_it(
 
 
 def test_encoders_are_refused() -> None:
-    with pytest.raises(ModelLoadError, match="decoder models.*encoder"):
+    with pytest.raises(ModelLoadError, match=r"decoder models.*encoder"):
         plan_shard(replace(CFG, architecture="BertModel", is_causal=False), 2, 0)
 
 

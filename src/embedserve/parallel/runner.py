@@ -23,6 +23,7 @@ import os
 import pickle
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
@@ -50,6 +51,14 @@ class _Worker:
     rank: int
     process: BaseProcess
     conn: Connection
+
+    def settle(self, timeout: float) -> None:
+        """Wait up to `timeout` for the exit code of a worker that is exiting. Two threads
+        (the engine's, the watcher) may ask at once; the one that loses the race to reap the
+        child sees no code yet, so this polls rather than trusting one answer."""
+        deadline = time.monotonic() + timeout
+        while self.process.exitcode is None and time.monotonic() < deadline:
+            self.process.join(0.05)
 
     def describe(self) -> str:
         code = self.process.exitcode
@@ -129,7 +138,7 @@ class TensorParallelRunner(ModelRunner):
 
     def _failure(self, error: Exception, step: int) -> TensorParallelError:
         for w in self.workers:  # a killed peer's socket closes before its exit is reaped
-            w.process.join(0.5)
+            w.settle(0.5)
         dead = [w for w in self.workers if w.process.exitcode is not None]
         if not dead:
             return TensorParallelError(
@@ -150,6 +159,7 @@ class TensorParallelRunner(ModelRunner):
                 ready = wait(list(sentinels), timeout=0.5)
                 if ready and not self._stop_watch.is_set():
                     w = sentinels[ready[0]]  # type: ignore[index]
+                    w.settle(1.0)
                     said = w.error_message()
                     on_dead(TensorParallelError(w.describe() + (f": {said}" if said else "")))
                     return
