@@ -5,15 +5,17 @@ bytes; options that do not combine are refused. TP=4 (4 processes) is marked slo
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from embedserve import Engine
-from embedserve.errors import ModelLoadError
+from embedserve.errors import InvalidInputError, ModelLoadError
 from embedserve.models.loader import iter_weights, read_model_dir
 from embedserve.parallel.runner import TensorParallelRunner
+from embedserve.parallel.sharding import padded_vocab
 from embedserve.schema import ModelMetadata
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
 from tests.helpers.tiny_bert import build_encoder
@@ -90,7 +92,13 @@ def test_tp2_under_forced_preemption(qwen3_dir: Path) -> None:
     assert meta.backend_profile == "cpu-fp32-tp2"
 
 
-def test_each_rank_holds_half_the_weights(qwen3_dir: Path) -> None:
+@pytest.fixture(scope="module")
+def qwen3_tp2(qwen3_dir: Path) -> Iterator[Engine]:
+    with Engine.from_pretrained(qwen3_dir, tensor_parallel_size=2) as engine:
+        yield engine
+
+
+def test_each_rank_holds_half_the_weights(qwen3_dir: Path, qwen3_tp2: Engine) -> None:
     total = replicated = 0
     for name, t in iter_weights(read_model_dir(qwen3_dir).weight_files):
         if name.startswith("lm_head."):
@@ -98,12 +106,20 @@ def test_each_rank_holds_half_the_weights(qwen3_dir: Path) -> None:
         nbytes = t.numel() * 4  # the engine runs float32
         total += nbytes
         replicated += nbytes if "norm" in name else 0
-    with Engine.from_pretrained(qwen3_dir, tensor_parallel_size=2) as engine:
-        per_rank = _workers(engine).rank_weight_bytes
+    per_rank = _workers(qwen3_tp2).rank_weight_bytes
     assert len(per_rank) == 2
     share = (total - replicated) / 2
     for nbytes in per_rank:  # the vocab padding's few rows are the only extra
         assert share * 0.9 <= nbytes - replicated <= share * 1.1, (nbytes, total)
+
+
+def test_padding_ids_are_refused(qwen3_tp2: Engine) -> None:
+    vocab = qwen3_tp2.config.model.vocab_size
+    assert padded_vocab(vocab, 2) > vocab + 1  # ids vocab .. padded-1 are padding rows
+    for bad in (vocab, padded_vocab(vocab, 2) - 1):
+        with pytest.raises(InvalidInputError, match=str(bad)):
+            qwen3_tp2.embed([[1, 2, bad]])
+    assert qwen3_tp2.embed([[1, 2, vocab - 1]]).shape == (1, 64)
 
 
 @pytest.mark.parametrize(
@@ -127,3 +143,17 @@ def test_an_encoder_is_refused(tmp_path: Path) -> None:
     bert = build_encoder(tmp_path / "bert")
     with pytest.raises(ModelLoadError, match=r"applies to decoder models.*encoder"):
         Engine.from_pretrained(bert, tensor_parallel_size=2)
+
+
+def test_serve_takes_the_option() -> None:
+    from embedserve.cli import build_parser
+    from embedserve.server.cli import _settings
+
+    args = build_parser().parse_args(["serve", "--model", "/m", "--tensor-parallel-size", "2"])
+    assert _settings(args).engine_kwargs["tensor_parallel_size"] == 2
+    assert (
+        _settings(build_parser().parse_args(["serve", "--model", "/m"])).engine_kwargs["tensor_parallel_size"]
+        == 1
+    )
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--tensor-parallel-size", "0"])

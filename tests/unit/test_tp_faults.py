@@ -4,6 +4,7 @@ signal, the engine reports dead, nothing hangs, and every worker process is gone
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -112,3 +113,40 @@ def test_the_driver_process_exits_cleanly_after_a_worker_died(qwen3_dir: Path, t
     for pid in pids:  # the driver and its workers are all gone
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.slow
+def test_a_dropped_runner_stops_its_workers(qwen3_dir: Path) -> None:
+    """An engine whose build fails after the workers started never gets closed: dropping
+    the runner stops them."""
+    from embedserve.models.loader import read_model_dir
+    from embedserve.parallel.setup import start_parallel
+
+    runner = start_parallel(read_model_dir(qwen3_dir), 2, 8, 16, torch.float32, torch.device("cpu"))
+    procs = [w.process for w in runner.workers]
+    del runner
+    gc.collect()
+    assert all(p.exitcode == 0 for p in procs)
+
+
+@pytest.mark.slow
+def test_server_reports_not_ready_then_rebuilds_the_ranks(qwen3_dir: Path) -> None:
+    from tests.helpers.inprocess import runtime_of, server_client
+
+    with server_client(qwen3_dir, engine_kwargs={"tensor_parallel_size": 2}) as client:
+        engine = runtime_of(client).engine
+        assert engine is not None
+        os.kill(_workers(engine).worker_pids[0], signal.SIGKILL)
+        _wait_dead(engine)
+        statuses = []
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            statuses.append(client.get("/health/ready").status_code)
+            if statuses[-1] == 200:
+                break
+            time.sleep(0.05)
+        assert 503 in statuses and statuses[-1] == 200  # dead, then a fresh engine and ranks
+        fresh = runtime_of(client).engine
+        assert fresh is not engine and fresh is not None and fresh.alive
+        body = client.post("/v1/embeddings", json={"input": "hello", "model": "qwen3"}).json()
+        assert body["backend_profile"] == "cpu-fp32-tp2" and len(body["data"]) == 1

@@ -1,6 +1,6 @@
 """Vocab padding: the vocab-parallel lookup equals the checkpoint's table bit for bit at TP=1,
-2 and 3 (151,669 rows: odd, a multiple of neither 64 nor 64 x N), and an id in the padding
-range is refused before it reaches a step."""
+2 and 3 (151,669 rows: odd, a multiple of neither 64 nor 64 x N). That an id in the padding
+range is refused: test_tp_engine.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from embedserve.models.loader import iter_weights, read_model_dir
 from embedserve.parallel.group import free_port
-from embedserve.parallel.sharding import padded_vocab, plan_shard
+from embedserve.parallel.sharding import plan_shard
 from tests.helpers.tp_ranks import DTYPES, lookup, lookup_worker
 
 
@@ -58,16 +58,3 @@ def test_lookup_is_bit_exact_at_any_size(qwen3_dir: Path, tmp_path: Path, world:
         assert out.shape == want.shape
         assert torch.equal(_bits(out), _bits(want)), dtype
         assert torch.signbit(out[ids.index(7)]).all()
-
-
-def test_padding_rows_exist_and_padding_ids_are_refused(qwen3_dir: Path) -> None:
-    from embedserve import Engine
-    from embedserve.errors import InvalidInputError
-
-    vocab = read_model_dir(qwen3_dir).model.vocab_size
-    assert padded_vocab(vocab, 2) > vocab + 1  # ids vocab .. padded-1 are padding rows
-    with Engine.from_pretrained(qwen3_dir, tensor_parallel_size=2) as engine:
-        for bad in (vocab, padded_vocab(vocab, 2) - 1):
-            with pytest.raises(InvalidInputError, match=str(bad)):
-                engine.embed([[1, 2, bad]])
-        assert engine.embed([[1, 2, vocab - 1]]).shape == (1, 64)

@@ -76,7 +76,3 @@ class Group:
         acc = x.float()
         self._pg.allreduce([acc]).wait()
         return x.copy_(acc)
-
-    def close(self) -> None:
-        self._pg = None
-        self._store = None

@@ -24,6 +24,7 @@ import pickle
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
@@ -101,6 +102,8 @@ class TensorParallelRunner(ModelRunner):
             child.close()
             self.workers.append(_Worker(rank, proc, parent))
         self._stop_watch = threading.Event()
+        # Also run when the runner is dropped (an engine whose build failed later) or at exit.
+        self._finalizer = weakref.finalize(self, _stop, self.workers, self._stop_watch)
         try:
             torch.set_num_threads(spec.threads)  # the driver's process is rank 0
             model, self.group, own_bytes = build_rank(_with(spec, 0, port))
@@ -168,24 +171,25 @@ class TensorParallelRunner(ModelRunner):
 
     def close(self) -> None:
         """Stop every worker (asked, then killed after JOIN_TIMEOUT_S); idempotent."""
-        self._stop_watch.set()
-        for w in self.workers:
-            with contextlib.suppress(OSError):
-                w.conn.send_bytes(pickle.dumps(None))
-        for w in self.workers:
-            w.process.join(JOIN_TIMEOUT_S)
-            if w.process.exitcode is None:
-                log.warning("tensor-parallel rank %d did not stop; killing it", w.rank)
-                w.process.kill()
-                w.process.join()
-            w.conn.close()
-        group = getattr(self, "group", None)
-        if group is not None:
-            group.close()
+        self._finalizer()
 
     @property
     def worker_pids(self) -> list[int]:
         return [w.process.pid or 0 for w in self.workers]
+
+
+def _stop(workers: list[_Worker], stop_watch: threading.Event) -> None:
+    stop_watch.set()
+    for w in workers:
+        with contextlib.suppress(OSError):
+            w.conn.send_bytes(pickle.dumps(None))
+    for w in workers:
+        w.process.join(JOIN_TIMEOUT_S)
+        if w.process.exitcode is None:
+            log.warning("tensor-parallel rank %d did not stop; killing it", w.rank)
+            w.process.kill()
+            w.process.join()
+        w.conn.close()
 
 
 def _with(spec: WorkerSpec, rank: int, port: int) -> WorkerSpec:
