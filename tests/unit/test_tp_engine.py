@@ -62,6 +62,13 @@ def test_tp2_matches_transformers_and_tp1(fixture: str, pooling: str, request: p
 
 
 @pytest.mark.slow
+def test_tp2_bf16(qwen3_dir: Path) -> None:
+    """bf16 ranks sum bf16 partials (parallel/group.py): the bf16 bar against fp32."""
+    vs_ref, vs_tp1 = _parity(qwen3_dir, "lasttoken", 2, dtype="bfloat16")
+    assert vs_ref >= 0.999 and vs_tp1 >= 0.999, (vs_ref, vs_tp1)
+
+
+@pytest.mark.slow
 def test_tp4_with_kv_heads_replicated(qwen3_dir: Path) -> None:
     vs_ref, vs_tp1 = _parity(qwen3_dir, "lasttoken", 4)  # 2 kv heads on 4 ranks
     assert vs_ref >= FP32_MIN_COSINE and vs_tp1 >= FP32_MIN_COSINE, (vs_ref, vs_tp1)
