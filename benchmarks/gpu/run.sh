@@ -3,6 +3,10 @@
 #
 #   bash benchmarks/gpu/run.sh                # H200: parity + throughput, ~7.5 min, results in $OUT
 #   bash benchmarks/gpu/run.sh --cpu-smoke    # the same flow on CPU with tiny shapes (~1 min)
+#   TP_SIZES=1,2,4 TP_MODEL=DIR bash benchmarks/gpu/run.sh   # then tensor parallelism (#24):
+#       one 16K input on 1, 2, 4 GPUs (NCCL), bf16, tokens/s + cosine to TP=1 + per-rank weight
+#       bytes in $OUT/tp.json (DIR: a model directory, e.g. Qwen3-Embedding-8B, or the random
+#       0.6B shape benchmarks/q06.sh writes; needs as many GPUs as the largest size)
 #
 # Extra arguments go to bench.py (see `python3 benchmarks/gpu/bench.py --help`). Writes
 # $OUT/gpu_bench.json (after every phase) and $OUT/summary.txt, and keeps the log in
@@ -28,3 +32,10 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,dri
 # bench's own budget (--budget-s, 450 s by default) ends it well before this.
 set -o pipefail
 timeout --signal=INT --kill-after=15 570 "$PY" benchmarks/gpu/bench.py "$@" 2>&1 | tee "$OUT/bench.log"
+
+# Tensor parallelism (#24), when asked for: after the single-GPU bench, each size in TP_SIZES.
+if [[ -n "${TP_SIZES:-}" ]]; then
+  timeout --signal=INT --kill-after=15 570 "$PY" benchmarks/tp_bench.py "${TP_MODEL:?TP_MODEL=model directory}" \
+    --device cuda --dtype bfloat16 --tp "$TP_SIZES" --length 16384 --budget 8192 --repeats 3 \
+    --out "$OUT/tp.json" 2>&1 | tee -a "$OUT/bench.log"
+fi

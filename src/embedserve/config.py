@@ -135,3 +135,4 @@ class EngineConfig:
     # Deterministic mode (docs/deterministic.md): decoders cut chunks at scheduler.deterministic_chunk;
     # encoders run every input whole in one call already, so the flag changes only the profile.
     deterministic: bool = False
+    tensor_parallel_size: int = 1  # ranks the model is split across (parallel/)

@@ -1,7 +1,8 @@
 """Vector metadata: where a vector came from, so stored vectors can be traced and rebuilt.
 
 - `model_version`: given by the operator, or a fingerprint of the model directory's files.
-- `backend_profile`: device + dtype (`cpu-fp32`, `cuda-bf16`), `-det` in deterministic mode:
+- `backend_profile`: device + dtype (`cpu-fp32`, `cuda-bf16`), `-tpN` on N tensor-parallel
+  ranks, `-det` in deterministic mode:
   numerics, not meaning.
 - `embedding_schema`: a stable id of the vector *space*. Two vectors with the same schema are
   comparable; anything that changes which vector an input maps to (weights, pooling,
@@ -55,10 +56,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def backend_profile(device: torch.device, dtype: torch.dtype, deterministic: bool = False) -> str:
+def backend_profile(
+    device: torch.device, dtype: torch.dtype, deterministic: bool = False, tensor_parallel_size: int = 1
+) -> str:
     """e.g. `cpu-fp32`, `cuda-bf16`; `-det` in deterministic mode (same vector space, so the
-    embedding_schema does not change, but every vector is reproducible bit for bit)."""
+    embedding_schema does not change, but every vector is reproducible bit for bit); `-tp2`
+    split across 2 ranks (same space; sums in another order, so not the same bits)."""
     profile = f"{device.type}-{_DTYPE_SHORT.get(dtype, dtype_name(dtype))}"
+    if tensor_parallel_size > 1:
+        profile += f"-tp{tensor_parallel_size}"
     return f"{profile}-det" if deterministic else profile
 
 
@@ -97,7 +103,9 @@ class ModelMetadata:
             model=model,
             model_version=version,
             dtype=dtype_name(config.dtype),
-            backend_profile=backend_profile(config.device, config.dtype, config.deterministic),
+            backend_profile=backend_profile(
+                config.device, config.dtype, config.deterministic, config.tensor_parallel_size
+            ),
             hidden_size=config.model.hidden_size,
             max_model_len=config.scheduler.max_model_len,
             default_normalize=pool.normalize,

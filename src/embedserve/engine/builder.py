@@ -24,6 +24,8 @@ from embedserve.models.decoder import DecoderModel
 from embedserve.models.linear import prepack
 from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head, rerank_kind
 from embedserve.models.source import ModelSource, override_pooling
+from embedserve.parallel.runner import TensorParallelRunner
+from embedserve.parallel.setup import check_parallel, start_parallel
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.settings import settings
 from embedserve.tokenizer import Tokenizer
@@ -63,6 +65,7 @@ class EngineParts:
     core: EngineCore  # synchronous; `Engine` runs it in a background thread
     tokenizer: Tokenizer
     score_head: ScoreHead | None = None  # rerankers only
+    workers: TensorParallelRunner | None = None  # tensor_parallel_size > 1: the ranks to watch and stop
 
 
 _TASKS = ("auto", "embed", "rerank")
@@ -101,13 +104,15 @@ def build_engine(
     attention: AttentionFn | None = None,
     task: str = "auto",
     deterministic: bool = False,
+    tensor_parallel_size: int = 1,
 ) -> EngineParts:
     """The engine's parts. `token_buckets`: run steps padded to a few fixed token counts
     (worker/buckets.py); `compile_backend`: also through `torch.compile` with that backend
     (implies buckets); `attention`: force an attention route (default: chosen per device and
     dtype by attention/select.py); `task`: "embed", "rerank" or "auto" (rerank for a
     reranker's directory, models/score_head.py); `deterministic`: every vector bit-identical whatever
-    the batch, budget, chunking, preemption or path (docs/deterministic.md)."""
+    the batch, budget, chunking, preemption or path (docs/deterministic.md);
+    `tensor_parallel_size`: split a decoder across that many ranks (docs/tensor-parallel.md)."""
     if isinstance(path, ModelSource):  # already opened, e.g. random weights made on the GPU
         files = replace(path, pooling=override_pooling(path.pooling, pooling, normalize))
     else:
@@ -134,6 +139,17 @@ def build_engine(
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device='cuda' requested but no CUDA device is available")
+    tp = check_parallel(
+        tensor_parallel_size,
+        files,
+        dev,
+        layer_major_tokens=layer_major_tokens,
+        token_buckets=token_buckets,
+        compile_backend=compile_backend,
+        deterministic=deterministic,
+        gpu_memory_utilization=gpu_memory_utilization,
+        attention=attention,
+    )
     if dev.type == "cpu":
         keep_freed_heap()  # activations reuse freed pages instead of faulting fresh ones in
     try:
@@ -141,8 +157,8 @@ def build_engine(
             max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs,
             batch_tokens_with_online=batch_tokens_with_online,
-            layer_major_tokens=_layer_major_tokens(
-                layer_major_tokens, dev, mcfg.is_causal, max_num_batched_tokens
+            layer_major_tokens=_layer_major_tokens(  # no lane with tensor parallelism
+                layer_major_tokens if tp == 1 else 0, dev, mcfg.is_causal, max_num_batched_tokens
             ),
             max_model_len=max_model_len,
             allow_chunking=mcfg.is_causal,
@@ -175,9 +191,14 @@ def build_engine(
             raise ModelLoadError(
                 f"kv_cache_memory={kv_cache_memory} bytes is smaller than one KV block ({per_block} bytes)"
             )
-    model = build_model(files, dev, torch_dtype, attention)
-    if dev.type == "cpu" and settings().prepack:  # EMBEDSERVE_PREPACK=0: plain weights (A/B runs)
-        prepack(model, release_free_heap)  # weights packed once for oneDNN's matmuls
+    workers = None
+    if tp > 1:  # rank 0 in this process, ranks 1.. in worker processes, each reads its slices
+        workers = start_parallel(files, tp, num_blocks, block_size, torch_dtype, dev)
+        model = workers.model
+    else:
+        model = build_model(files, dev, torch_dtype, attention)
+        if dev.type == "cpu" and settings().prepack:  # EMBEDSERVE_PREPACK=0: plain weights (A/B runs)
+            prepack(model, release_free_heap)  # weights packed once for oneDNN's matmuls
     if gpu_memory_utilization is not None:
         util = gpu_memory_utilization
         kv_cache_memory = gpu_kv_cache_memory(model, sched, block_size, torch_dtype, dev, util)
@@ -194,10 +215,11 @@ def build_engine(
         default_prompt_name=files.default_prompt_name,
         task="embed" if kind is None else "rerank",
         deterministic=deterministic,
+        tensor_parallel_size=tp,
     )
     kv = KVCacheManager(num_blocks, block_size)
     piece = sched.deterministic_chunk
-    runner = ModelRunner(model, num_blocks, block_size, torch_dtype, dev, piece)
+    runner = workers or ModelRunner(model, num_blocks, block_size, torch_dtype, dev, piece)
     if token_buckets or compile_backend is not None:
         sizes = bucket_sizes(max_num_batched_tokens)
         runner = BucketedModelRunner(
@@ -218,4 +240,4 @@ def build_engine(
                 raise ModelLoadError("the tokenizer has no 'yes' / 'no' token for a yes / no reranker")
             yes_no = (int(ids[0] or 0), int(ids[1] or 0))
         head = load_score_head(kind, files.weights(), yes_no)
-    return EngineParts(config, core, tokenizer, head)
+    return EngineParts(config, core, tokenizer, head, workers)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from embedserve.engine.isolate import isolate
-from embedserve.errors import InternalEngineError
+from embedserve.errors import EngineDeadError, InternalEngineError
 from embedserve.pooling.head import apply_head
 from embedserve.request import Request, RequestStatus
 from embedserve.scheduler.output import LaneSlice, SchedulerOutput
@@ -92,6 +92,8 @@ class EngineCore:
         failed: list[Finished] = []
         try:
             rows = self.runner.execute(out)
+        except EngineDeadError:  # the runner cannot run another step (a tensor-parallel rank died)
+            raise  # the loop stops and fails every request in flight
         except Exception as e:  # a failed forward fails the requests that make it fail, not the engine
             log.exception("forward pass failed at step %d (%d chunks)", out.step, len(out.chunks))
             _release_device_memory(e)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from embedserve.errors import EngineDeadError
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
 
 Execute = Callable[[SchedulerOutput], dict[int, torch.Tensor]]
@@ -59,6 +60,8 @@ def isolate(execute: Execute, out: SchedulerOutput, error: Exception) -> Isolate
             result.reruns += 1
             try:
                 rows = execute(dataclasses.replace(out, chunks=half, preempted_ids=[], lane=None))
+            except EngineDeadError:  # the runner is gone (a tensor-parallel rank died): no more tries
+                raise
             except Exception as e:
                 failing.append((half, e))
             else:

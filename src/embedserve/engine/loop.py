@@ -87,6 +87,13 @@ class EngineLoop:
         with self._lock:
             return dict(self._stats)
 
+    def fail(self, error: BaseException) -> None:
+        """Stop the loop from another thread because the engine cannot run any more (a
+        tensor-parallel worker died): requests in flight and queued fail naming `error`."""
+        if self._error is None:
+            self._error = error
+        self._inbox.put(None)
+
     def stop(self, timeout: float | None = 10.0) -> None:
         self._stopping = True
         self._inbox.put(None)
@@ -134,6 +141,8 @@ class EngineLoop:
 
     def _run(self, parts: EngineParts) -> None:
         self.core = parts.core  # the constructor may not have set it yet
+        if parts.workers is not None:
+            parts.workers.watch(self.fail)
         try:
             while self._drain(block=not self.core.has_work):
                 self._reap_cancelled()
@@ -143,6 +152,8 @@ class EngineLoop:
             self._error = e
         finally:
             self._stopping = True
+            if parts.workers is not None:
+                parts.workers.close()
             err = EngineDeadError(f"engine stopped: {self._error or 'shut down'}")
             for fut in self._futures.values():
                 _settle(fut, error=err)

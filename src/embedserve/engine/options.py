@@ -79,6 +79,14 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         "(chunks cut at multiples of 256 tokens; backend_profile gets '-det'; docs/deterministic.md)",
     )
     g.add_argument(
+        "--tensor-parallel-size",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="split a decoder across N ranks (N-1 worker processes; gloo on the CPU, NCCL on N GPUs); "
+        "backend_profile gets '-tpN' (docs/tensor-parallel.md)",
+    )
+    g.add_argument(
         "--compile",
         default=None,
         metavar="BACKEND",
@@ -103,4 +111,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "compile_backend": args.compile,
         "task": args.task,
         "deterministic": args.deterministic,
+        "tensor_parallel_size": args.tensor_parallel_size,
     }
