@@ -14,7 +14,7 @@ import pytest
 
 from embedserve import Engine
 from embedserve.engine.isolate import isolate, max_reruns
-from embedserve.errors import InternalEngineError
+from embedserve.errors import EngineDeadError, InternalEngineError
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
 from tests.helpers.reference import cosine, random_ids
 
@@ -134,3 +134,17 @@ def test_bisection_finds_the_failing_chunks_within_its_bound(n: int, bad: set[in
     found = isolate(execute, SchedulerOutput(0, chunks), RuntimeError("bad chunk"))
     assert sorted(found.failed) == sorted(bad) and sorted(found.rows) == sorted(set(range(n)) - bad)
     assert found.reruns == reruns <= max_reruns(n)
+
+
+def test_a_runner_that_died_is_not_bisected() -> None:
+    """A dead runner (a tensor-parallel rank gone) cannot run any half: stop at once."""
+    chunks = [ScheduledChunk(i, 0, [i], [], (0, 1)) for i in range(8)]
+    calls = []
+
+    def execute(out: SchedulerOutput) -> dict[int, Any]:
+        calls.append(len(out.chunks))
+        raise EngineDeadError("tensor-parallel rank 1 died")
+
+    with pytest.raises(EngineDeadError, match="rank 1 died"):
+        isolate(execute, SchedulerOutput(0, chunks), RuntimeError("first failure"))
+    assert calls == [4]
