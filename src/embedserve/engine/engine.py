@@ -15,12 +15,15 @@ import numpy as np
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop, gather_all, wait_all
+from embedserve.engine.multimodal import refuse_images, tokenize_multimodal
 from embedserve.engine.rerank import RerankMixin
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
 
-Inputs = Sequence[str] | Sequence[Sequence[int]] | str
+# A multimodal model's items may also be an image (PIL image or PNG / JPEG / WebP bytes) or a
+# list of strings and images (vision/prompt.py).
+Inputs = Sequence[str] | Sequence[Sequence[int]] | str | Sequence[Any]
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,12 @@ class Engine(RerankMixin):
     def tokenize(self, inputs: Inputs, prompt: str = "", truncate: str = "error") -> list[Tokenized]:
         """Tokenize and validate every input (raises naming the first bad one)."""
         policy = Truncate.parse(truncate)
+        items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
+        prompter = self._loop.parts.prompter
+        limit = self.config.scheduler.max_model_len
+        if prompter is not None:  # the chat format; `prompt` is the instruction
+            return tokenize_multimodal(prompter, items, prompt, limit)
+        refuse_images(items, Path(self.config.model_path).name)
         return tokenize_inputs(self.tokenizer, inputs, prompt, self.config.scheduler.max_model_len, policy)
 
     def _requests(
@@ -80,6 +89,8 @@ class Engine(RerankMixin):
         core = self._loop.core
         for t in tokenized:
             core.check_admissible(len(t.token_ids))
+            if t.multimodal is not None:  # a step holds a whole image
+                core.scheduler.check_images(max(s.image.num_tokens for s in t.multimodal.spans))
         return [
             Request(
                 next(self._ids),
@@ -89,6 +100,7 @@ class Engine(RerankMixin):
                 prio,
                 excluded_prefix=0 if pool.include_prompt else t.prompt_tokens,
                 token_type_ids=t.token_type_ids,
+                multimodal=t.multimodal,
                 fold_block=self.config.scheduler.deterministic_chunk,
             )
             for t in tokenized
