@@ -24,6 +24,10 @@ class InputTooLongError(InvalidInputError):
         self.limit = limit
 
 
+class ImageTooLargeError(InvalidInputError):
+    """An image exceeds the decoded pixel limit (HTTP 413)."""
+
+
 class ModelLoadError(EmbedServeError):
     """A model directory or file cannot be loaded (clear reason in the message)."""
 

@@ -15,7 +15,7 @@ import numpy as np
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop, gather_all, wait_all
-from embedserve.engine.multimodal import refuse_images, tokenize_multimodal
+from embedserve.engine.multimodal import text_items, tokenize_multimodal
 from embedserve.engine.rerank import RerankMixin
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
@@ -73,9 +73,9 @@ class Engine(RerankMixin):
         prompter = self._loop.parts.prompter
         limit = self.config.scheduler.max_model_len
         if prompter is not None:  # the chat format; `prompt` is the instruction
-            return tokenize_multimodal(prompter, items, prompt, limit)
-        refuse_images(items, Path(self.config.model_path).name)
-        return tokenize_inputs(self.tokenizer, inputs, prompt, self.config.scheduler.max_model_len, policy)
+            return tokenize_multimodal(prompter, self.tokenizer, items, prompt, limit)
+        items = text_items(items, Path(self.config.model_path).name)
+        return tokenize_inputs(self.tokenizer, items, prompt, limit, policy)
 
     def _requests(
         self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str

@@ -8,7 +8,7 @@ from typing import Any
 from embedserve.errors import InputTooLongError, InvalidInputError, ModelLoadError
 from embedserve.models.qwen3_vl.spec import DEFAULT_INSTRUCTION
 from embedserve.models.source import ModelSource
-from embedserve.tokenizer import Tokenized
+from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
 from embedserve.vision.image import DEFAULT_MAX_IMAGE_PIXELS
 from embedserve.vision.prompt import DEFAULT_MAX_IMAGES, MultimodalPrompter, PromptLimits, as_parts, has_image
 
@@ -16,7 +16,7 @@ __all__ = [
     "MultimodalPrompter",
     "check_multimodal_options",
     "multimodal_prompter",
-    "refuse_images",
+    "text_items",
     "tokenize_multimodal",
 ]
 
@@ -50,15 +50,19 @@ def multimodal_prompter(
 
 
 def tokenize_multimodal(
-    prompter: MultimodalPrompter, items: Sequence[Any], instruction: str, limit: int
+    prompter: MultimodalPrompter, tokenizer: Tokenizer, items: Sequence[Any], instruction: str, limit: int
 ) -> list[Tokenized]:
     """Each item (a string, an image, or a list of them) in the model's chat format, with its
-    images preprocessed and M-RoPE positions computed; raises naming the first bad item."""
+    images preprocessed and M-RoPE positions computed; raises naming the first bad item.
+    A token-id list is taken as the final sequence (text only: no vision tokens in it)."""
     if len(items) == 0:
         raise InvalidInputError("inputs is empty: pass at least one string, image or list of parts")
     out = []
     for i, item in enumerate(items):
         try:
+            if isinstance(item, list) and item and all(isinstance(t, int) for t in item):
+                out.append(_text_ids(prompter, tokenizer, item, limit))
+                continue
             ids, state = prompter.encode(as_parts(item), instruction, limit)
         except InputTooLongError as e:
             raise InputTooLongError(e.num_tokens, e.limit, index=i) from None
@@ -68,8 +72,19 @@ def tokenize_multimodal(
     return out
 
 
-def refuse_images(items: Sequence[Any], model: str) -> None:
-    """A text-only model names itself when an input holds an image."""
+def text_items(items: Sequence[Any], model: str) -> list[Any]:
+    """A text-only model's items: a list of text parts is their concatenation; an image part
+    is refused naming the model."""
+    out = []
     for i, item in enumerate(items):
         if has_image(item):
             raise InvalidInputError(f"input {i}: model {model} takes text only; it cannot embed image parts")
+        is_parts = isinstance(item, (list, tuple)) and bool(item) and all(isinstance(p, str) for p in item)
+        out.append("".join(item) if is_parts else item)
+    return out
+
+
+def _text_ids(prompter: MultimodalPrompter, tokenizer: Tokenizer, ids: list[int], limit: int) -> Tokenized:
+    if prompter.image_token_id in ids:
+        raise InvalidInputError("token-id inputs cannot hold image tokens; send the image as a part")
+    return tokenizer.check_ids(ids, limit, Truncate.ERROR)

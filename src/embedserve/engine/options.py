@@ -85,6 +85,18 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="run the model through torch.compile with this backend, e.g. inductor (implies "
         "--token-buckets; off by default, not measured to pay on the CPU)",
     )
+    g.add_argument(
+        "--max-image-pixels",
+        type=positive_int,
+        default=None,
+        help="multimodal models: refuse (413) an image of more decoded pixels (default 64,000,000)",
+    )
+    g.add_argument(
+        "--max-images-per-input",
+        type=positive_int,
+        default=None,
+        help="multimodal models: refuse (400) an input holding more images (default 16)",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
@@ -103,4 +115,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "compile_backend": args.compile,
         "task": args.task,
         "deterministic": args.deterministic,
+        "max_image_pixels": args.max_image_pixels,
+        "max_images_per_input": args.max_images_per_input,
     }

@@ -18,14 +18,12 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from embedserve.errors import InvalidInputError
+from embedserve.errors import ImageTooLargeError, InvalidInputError
 
 FORMATS = ("PNG", "JPEG", "WEBP")  # what a data URI or bytes part may hold
 DEFAULT_MAX_IMAGE_PIXELS = 64_000_000  # decoded size limit (decompression bombs)
 
-
-class ImageTooLargeError(InvalidInputError):
-    """A decoded image would exceed the pixel limit (HTTP 413)."""
+__all__ = ["ImageTooLargeError"]  # raised here, defined with the other errors
 
 
 @dataclass(frozen=True)

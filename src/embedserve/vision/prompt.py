@@ -27,6 +27,7 @@ from embedserve.vision.image import (
     ImageTooLargeError,
     ProcessedImage,
     decode_image,
+    image_tokens,
     preprocess,
 )
 from embedserve.vision.state import ImageSpan, MultimodalState
@@ -117,7 +118,8 @@ class MultimodalPrompter:
             out.append(preprocess(img, self.image))
         return out
 
-    def text(self, parts: Sequence[Part], images: list[ProcessedImage], instruction: str) -> str:
+    def text(self, parts: Sequence[object], image_tokens: list[int], instruction: str) -> str:
+        """The prompt text: strings as they are, every other part the next image's tokens."""
         content = []
         k = 0
         for p in parts:
@@ -126,19 +128,31 @@ class MultimodalPrompter:
                     raise InvalidInputError("text parts may not contain vision special tokens")
                 content.append(p)
             else:
-                content.append(VISION_START + IMAGE_PAD * images[k].num_tokens + VISION_END)
+                content.append(VISION_START + IMAGE_PAD * image_tokens[k] + VISION_END)
                 k += 1
         return (
             f"<|im_start|>system\n{instruction or self.default_instruction}<|im_end|>\n"
             f"<|im_start|>user\n{''.join(content)}<|im_end|>\n<|im_start|>assistant\n"
         )
 
+    def count(self, parts: Sequence[str | tuple[int, int]], instruction: str) -> int:
+        """Tokens of an input whose images are given by their (width, height) only: what
+        `encode` will count, without decoding or preprocessing a pixel (the gateway)."""
+        sizes = [p for p in parts if not isinstance(p, str)]
+        if len(sizes) > self.limits.max_images:
+            raise InvalidInputError(
+                f"{len(sizes)} images in one input exceed the limit of {self.limits.max_images}"
+            )
+        counts = [image_tokens(w, h, self.image) for w, h in sizes]
+        return len(self.tok.encode(self.text(parts, counts, instruction), add_special_tokens=True).ids)
+
     def encode(
         self, parts: Sequence[Part], instruction: str, max_len: int
     ) -> tuple[list[int], MultimodalState]:
         """Token ids (image tokens included) and the image state with its M-RoPE positions."""
         images = self.images(parts)
-        ids = list(self.tok.encode(self.text(parts, images, instruction), add_special_tokens=True).ids)
+        text = self.text(parts, [img.num_tokens for img in images], instruction)
+        ids = list(self.tok.encode(text, add_special_tokens=True).ids)
         if len(ids) > max_len:
             raise InputTooLongError(len(ids), max_len)
         spans = []
