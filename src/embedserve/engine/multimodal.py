@@ -77,6 +77,9 @@ def text_items(items: Sequence[Any], model: str) -> list[Any]:
     is refused naming the model."""
     out = []
     for i, item in enumerate(items):
+        if isinstance(item, str) or (isinstance(item, list) and item and isinstance(item[0], int)):
+            out.append(item)  # text, token ids: as they are (no walk over a long id list)
+            continue
         if has_image(item):
             raise InvalidInputError(f"input {i}: model {model} takes text only; it cannot embed image parts")
         is_parts = isinstance(item, (list, tuple)) and bool(item) and all(isinstance(p, str) for p in item)
