@@ -11,7 +11,7 @@ from embedserve.errors import InvalidInputError
 from embedserve.vision.image import ImageConfig, ImageTooLargeError, decode_image, image_tokens, preprocess
 from tests.helpers.tiny_vl import encoded, image
 
-SIZES = [(224, 224), (1, 40), (33, 1000), (640, 480), (3000, 2000), (17, 19), (100, 3)]
+SIZES = [(224, 224), (1, 40), (33, 1000), (640, 480), (1500, 1000), (17, 19), (100, 3)]
 
 
 def _hf_processor(cfg: ImageConfig):  # type: ignore[no-untyped-def]

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from embedserve import Engine
@@ -164,7 +163,6 @@ def test_matryoshka_dimensions(qwen3_vl_dir: Path) -> None:
     assert cut.shape == (16,) and cosine(cut[None], expect[None])[0] >= FP32_MIN_COSINE
 
 
-@pytest.mark.slow
 def test_bf16_passes_the_multimodal_gate(qwen3_vl_dir: Path) -> None:
     cases = dict(CASES)
     for i in range(7):
