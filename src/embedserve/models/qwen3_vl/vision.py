@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from embedserve.models.linear import Linear
+
 if TYPE_CHECKING:
     from embedserve.models.qwen3_vl.spec import VisionSpec
 
@@ -25,8 +27,8 @@ if TYPE_CHECKING:
 class _MLP(nn.Module):
     def __init__(self, dim: int, hidden: int, act: str) -> None:
         super().__init__()
-        self.linear_fc1 = nn.Linear(dim, hidden, bias=True)
-        self.linear_fc2 = nn.Linear(hidden, dim, bias=True)
+        self.linear_fc1 = Linear(dim, hidden, bias=True)
+        self.linear_fc2 = Linear(hidden, dim, bias=True)
         self.approximate = "tanh" if act == "gelu_pytorch_tanh" else "none"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,8 +39,8 @@ class _Attention(nn.Module):
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=True)
-        self.proj = nn.Linear(dim, dim, bias=True)
+        self.qkv = Linear(dim, 3 * dim, bias=True)
+        self.proj = Linear(dim, dim, bias=True)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
@@ -88,8 +90,8 @@ class _Merger(nn.Module):
         merged = spec.hidden_size * self.unit
         self.postshuffle_norm = postshuffle_norm
         self.norm = nn.LayerNorm(merged if postshuffle_norm else spec.hidden_size, eps=1e-6)
-        self.linear_fc1 = nn.Linear(merged, merged)
-        self.linear_fc2 = nn.Linear(merged, spec.out_hidden_size)
+        self.linear_fc1 = Linear(merged, merged)
+        self.linear_fc2 = Linear(merged, spec.out_hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[N, d] patches in merge-block order -> [N / m^2, out]."""
@@ -106,7 +108,7 @@ class PatchEmbed(nn.Module):
     def __init__(self, spec: VisionSpec) -> None:
         super().__init__()
         flat = spec.in_channels * spec.temporal_patch_size * spec.patch_size**2
-        self.proj = nn.Linear(flat, spec.hidden_size, bias=True)
+        self.proj = Linear(flat, spec.hidden_size, bias=True)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.proj(pixels)
