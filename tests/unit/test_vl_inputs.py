@@ -3,6 +3,8 @@ image limits and refusals, token counts."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -77,3 +79,19 @@ def test_image_limits_and_bad_images(qwen3_vl_dir: Path) -> None:
         out = engine.embed_outputs([["a picture:", png]])[0]  # the engine still serves
     assert out.num_tokens == len(engine.tokenize([["a picture:", png]])[0].token_ids)
     assert out.num_tokens > 4 + 20  # 4 image tokens (64 x 64) and the chat format around them
+
+
+def test_transformers_4_config_format_loads_the_same(qwen3_vl_dir: Path, tmp_path: Path) -> None:
+    """Released Qwen3-VL directories (transformers 4.57) write `rope_theta` and `rope_scaling`
+    (with mrope_section) in text_config and no vision rope_parameters."""
+    old = tmp_path / "old_format"
+    shutil.copytree(qwen3_vl_dir, old)
+    cfg = json.loads((old / "config.json").read_text())
+    rope = cfg["text_config"].pop("rope_parameters")
+    cfg["text_config"]["rope_theta"] = rope.pop("rope_theta")
+    cfg["text_config"]["rope_scaling"] = rope
+    cfg["vision_config"].pop("rope_parameters")
+    (old / "config.json").write_text(json.dumps(cfg))
+    parts = ["text", image(96, 64, seed=4), "more"]
+    with Engine.from_pretrained(qwen3_vl_dir) as a, Engine.from_pretrained(old) as b:
+        assert np.array_equal(a.embed([parts]), b.embed([parts]))
