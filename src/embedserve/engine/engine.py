@@ -44,6 +44,7 @@ class Engine(RerankMixin):
         self.config = self._loop.parts.config
         self.tokenizer = self._loop.parts.tokenizer
         self.score_head = self._loop.parts.score_head  # rerankers (engine/rerank.py)
+        self.multimodal = self._loop.parts.prompter is not None  # takes image parts
         self._ids = itertools.count()
 
     # ---- construction ----------------------------------------------------------------------
