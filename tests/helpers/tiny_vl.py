@@ -133,11 +133,14 @@ def reference_prompt(parts: list[str | Image.Image], instruction: str = INSTRUCT
     )
 
 
-def hf_vl_embed(path: Path, parts: list[str | Image.Image], instruction: str = INSTRUCTION) -> np.ndarray:
-    """transformers' Qwen3VLModel, fp32: post-final-norm last token, L2-normalized."""
+def hf_vl_embed(
+    path: Path, parts: list[str | Image.Image], instruction: str = INSTRUCTION, text: str | None = None
+) -> np.ndarray:
+    """transformers' Qwen3VLModel, fp32: post-final-norm last token, L2-normalized. `text`: the
+    prompt already rendered (one <|image_pad|> per image), else the official embedder's format."""
     model, tok, proc = _hf(str(path))
     images = [p for p in parts if isinstance(p, Image.Image)]
-    text = reference_prompt(parts, instruction)
+    text = reference_prompt(parts, instruction) if text is None else text
     kwargs: dict[str, torch.Tensor] = {}
     if images:
         feats = proc(images=images, return_tensors="pt")

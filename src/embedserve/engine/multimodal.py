@@ -44,7 +44,8 @@ def multimodal_prompter(
     if limits.max_image_pixels < 1 or limits.max_images < 1:
         raise ModelLoadError("max_image_pixels and max_images_per_input must be >= 1")
     try:
-        return MultimodalPrompter(files.tokenizer(), spec.image, DEFAULT_INSTRUCTION, limits)
+        tok = files.tokenizer()
+        return MultimodalPrompter(tok, spec.image, DEFAULT_INSTRUCTION, limits, spec.chat_template)
     except ValueError as e:
         raise ModelLoadError(str(e)) from None
 

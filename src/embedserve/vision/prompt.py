@@ -1,7 +1,8 @@
 """Multimodal inputs -> token ids + image state, in Qwen3-VL-Embedding's chat format.
 
-The official embedder puts the instruction in a system message and the input's parts, in
-order, in a user message, then adds the generation prompt; the vector is the last token's:
+The directory's chat template renders the prompt when it has one (vision/template.py); else the
+built-in format of the official embedder: the instruction in a system message, the input's parts
+in order in a user message, then the generation prompt; the vector is the last token's:
 
     <|im_start|>system\\n{instruction}<|im_end|>\\n<|im_start|>user\\n
     {text}<|vision_start|><|image_pad|> x n<|vision_end|>{text} ...<|im_end|>\\n
@@ -31,6 +32,7 @@ from embedserve.vision.image import (
     preprocess,
 )
 from embedserve.vision.state import ImageSpan, MultimodalState
+from embedserve.vision.template import ChatTemplate
 
 VISION_START, IMAGE_PAD, VISION_END = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
 DEFAULT_MAX_IMAGES = 16
@@ -81,11 +83,13 @@ class MultimodalPrompter:
         image: ImageConfig,
         default_instruction: str,
         limits: PromptLimits | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self.tok = tokenizer
         self.image = image
         self.default_instruction = default_instruction
         self.limits = limits or PromptLimits()
+        self.template = None if chat_template is None else ChatTemplate(chat_template)
         pad = tokenizer.token_to_id(IMAGE_PAD)
         if (
             pad is None
@@ -119,21 +123,40 @@ class MultimodalPrompter:
         return out
 
     def text(self, parts: Sequence[object], image_tokens: list[int], instruction: str) -> str:
-        """The prompt text: strings as they are, every other part the next image's tokens."""
+        """The prompt text: strings as they are, every other part the next image's tokens; in
+        the directory's chat template when it has one, else in the built-in format."""
+        for p in parts:
+            if isinstance(p, str) and any(t in p for t in (VISION_START, IMAGE_PAD, VISION_END)):
+                raise InvalidInputError("text parts may not contain vision special tokens")
+        instruction = instruction or self.default_instruction
+        if self.template is not None:
+            return self._templated(parts, image_tokens, instruction)
         content = []
         k = 0
         for p in parts:
             if isinstance(p, str):
-                if any(t in p for t in (VISION_START, IMAGE_PAD, VISION_END)):
-                    raise InvalidInputError("text parts may not contain vision special tokens")
                 content.append(p)
             else:
                 content.append(VISION_START + IMAGE_PAD * image_tokens[k] + VISION_END)
                 k += 1
         return (
-            f"<|im_start|>system\n{instruction or self.default_instruction}<|im_end|>\n"
+            f"<|im_start|>system\n{instruction}<|im_end|>\n"
             f"<|im_start|>user\n{''.join(content)}<|im_end|>\n<|im_start|>assistant\n"
         )
+
+    def _templated(self, parts: Sequence[object], image_tokens: list[int], instruction: str) -> str:
+        assert self.template is not None
+        content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in parts]
+        pieces = self.template.render(instruction, content).split(IMAGE_PAD)
+        if len(pieces) != len(image_tokens) + 1:
+            raise InvalidInputError(
+                f"the model's chat template wrote {len(pieces) - 1} image placeholders "
+                f"for {len(image_tokens)} images"
+            )
+        out = [pieces[0]]
+        for n, piece in zip(image_tokens, pieces[1:], strict=True):
+            out += [IMAGE_PAD * n, piece]
+        return "".join(out)
 
     def count(self, parts: Sequence[str | tuple[int, int]], instruction: str) -> int:
         """Tokens of an input whose images are given by their (width, height) only: what

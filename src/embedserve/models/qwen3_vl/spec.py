@@ -10,6 +10,7 @@ from typing import Any
 
 from embedserve.errors import ModelLoadError
 from embedserve.vision.image import ImageConfig
+from embedserve.vision.template import read_chat_template
 
 ARCHITECTURES = ("Qwen3VLForConditionalGeneration", "Qwen3VLModel")
 DEFAULT_INSTRUCTION = "Represent the user's input."
@@ -40,6 +41,7 @@ class Qwen3VLSpec:
     vision_start_token_id: int
     vision_end_token_id: int
     image: ImageConfig
+    chat_template: str | None = None  # the directory's, if any (vision/template.py)
 
     @property
     def num_deepstack(self) -> int:
@@ -100,4 +102,5 @@ def read_spec(raw: dict[str, Any], root: Path) -> Qwen3VLSpec:
         vision_start_token_id=int(raw.get("vision_start_token_id", 151652)),
         vision_end_token_id=int(raw.get("vision_end_token_id", 151653)),
         image=image,
+        chat_template=read_chat_template(root),
     )
