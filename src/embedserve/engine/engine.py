@@ -20,6 +20,7 @@ from embedserve.engine.rerank import RerankMixin
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
+from embedserve.vision.prompt import is_image
 
 # A multimodal model's items may also be an image (PIL image or PNG / JPEG / WebP bytes) or a
 # list of strings and images (vision/prompt.py).
@@ -70,7 +71,7 @@ class Engine(RerankMixin):
     def tokenize(self, inputs: Inputs, prompt: str = "", truncate: str = "error") -> list[Tokenized]:
         """Tokenize and validate every input (raises naming the first bad one)."""
         policy = Truncate.parse(truncate)
-        items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
+        items: Sequence[Any] = [inputs] if isinstance(inputs, str) or is_image(inputs) else inputs
         prompter = self._loop.parts.prompter
         limit = self.config.scheduler.max_model_len
         if prompter is not None:  # the chat format; `prompt` is the instruction
