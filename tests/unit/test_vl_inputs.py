@@ -95,3 +95,11 @@ def test_transformers_4_config_format_loads_the_same(qwen3_vl_dir: Path, tmp_pat
     parts = ["text", image(96, 64, seed=4), "more"]
     with Engine.from_pretrained(qwen3_vl_dir) as a, Engine.from_pretrained(old) as b:
         assert np.array_equal(a.embed([parts]), b.embed([parts]))
+
+
+def test_one_image_alone_is_one_input(qwen3_vl_dir: Path) -> None:
+    img = image(96, 64, seed=8)
+    with Engine.from_pretrained(qwen3_vl_dir) as engine:
+        alone, as_bytes, listed = engine.embed(img), engine.embed(encoded(img)), engine.embed([[img]])
+    assert alone.shape == as_bytes.shape == listed.shape == (1, 64)
+    assert np.array_equal(alone, listed) and np.array_equal(alone, as_bytes)  # PNG is lossless
