@@ -63,3 +63,11 @@ def llama_dir(models_dir: Path) -> Path:
 def mistral_dir(models_dir: Path) -> Path:
     """No sentence-transformers files: pooling defaults to last-token + normalize."""
     return build_decoder(models_dir / "mistral", "mistral", seed=3, st_files=False)
+
+
+@pytest.fixture(scope="session")
+def qwen3_vl_dir(models_dir: Path) -> Path:
+    """Tiny Qwen3-VL saved as Qwen3VLModel (`language_model.*`, `visual.*`)."""
+    from tests.helpers.tiny_vl import build_vl
+
+    return build_vl(models_dir / "qwen3_vl")

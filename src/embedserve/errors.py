@@ -33,6 +33,10 @@ class InputTooLongError(InvalidInputError):
         return InputTooLongError(self.num_tokens, self.limit, self.index, remedy)
 
 
+class ImageTooLargeError(InvalidInputError):
+    """An image exceeds the decoded pixel limit (HTTP 413)."""
+
+
 class ModelLoadError(EmbedServeError):
     """A model directory or file cannot be loaded (clear reason in the message)."""
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from embedserve.config import PoolingMethod
 from embedserve.pooling.state import PoolingState
+from embedserve.vision.state import MultimodalState
 
 
 class Priority(str, enum.Enum):
@@ -53,12 +54,16 @@ class Request:
         excluded_prefix: int = 0,
         token_type_ids: list[int] | None = None,
         fold_block: int | None = None,
+        multimodal: MultimodalState | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = token_ids
         # Segment ids of a (query, document) pair for encoders with token types; None: all 0.
         self.token_type_ids = token_type_ids
         self.params = params
+        # Images: their positions computed at admission, kept across preemption; an encoder
+        # cache of its own (a Tokenized submitted twice shares the positions, not the cache).
+        self.mm = None if multimodal is None else multimodal.fresh()
         self.priority = priority
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
@@ -87,6 +92,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.pooling.reset()
+        if self.mm is not None:
+            self.mm.release()  # the tower re-runs with the recompute
         self.num_preemptions += 1
 
     def __repr__(self) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import InputTooLongError, InvalidInputError
+from embedserve.vision.state import MultimodalState
 
 
 class Truncate(str, enum.Enum):
@@ -45,6 +46,8 @@ class Tokenized:
     prompt_tokens: int = 0
     # A (query, document) pair's segment ids, for encoders with token types (pairs.py).
     token_type_ids: list[int] | None = None
+    # Images of a multimodal input: spans, M-RoPE positions (vision/state.py); None: text only.
+    multimodal: MultimodalState | None = None
 
 
 class Tokenizer:

@@ -10,13 +10,15 @@ import base64
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from embedserve.api.multimodal import Item, is_multimodal_item, messages_to_input, parse_item
 from embedserve.api.quantize import EmbeddingType
 
 # After validation: one string, several strings, or several token-id lists (a flat id list,
-# which OpenAI reads as one tokenized input, becomes a one-item list of lists).
-EmbeddingInput = str | list[str] | list[list[int]]
+# which OpenAI reads as one tokenized input, becomes a one-item list of lists); with image or
+# content items (api/multimodal.py), a list of strings and part lists.
+EmbeddingInput = str | list[str] | list[list[int]] | list[Item]
 
 _INPUT_SHAPES = "a string, a list of strings, a list of token ids or a list of token-id lists"
 
@@ -59,12 +61,24 @@ def _check_input(value: object) -> EmbeddingInput:
     """Accept exactly the four OpenAI input shapes; empty inputs pass (the engine names them)."""
     if isinstance(value, str):
         return value
+    if isinstance(value, dict):  # one image or content item
+        return _check_input([value])
     if not isinstance(value, list):
         raise ValueError(f"input must be {_INPUT_SHAPES}; got {type(value).__name__}")
     if not value:
         return []
     if all(isinstance(x, str) for x in value):
         return list(value)
+    if any(is_multimodal_item(x) for x in value):
+        items: list[Item] = []
+        for i, x in enumerate(value):
+            if not isinstance(x, (str, dict)):
+                raise ValueError(f"input[{i}]: with content items, each input is a string or an object")
+            try:
+                items.append(x if isinstance(x, str) else parse_item(x))
+            except ValueError as e:
+                raise ValueError(f"input[{i}]: {e}") from None
+        return items
     if all(_is_id(x) for x in value):
         return [list(value)]
     if all(isinstance(x, list) for x in value):
@@ -96,8 +110,14 @@ class EmbeddingRequest(BaseModel):
 
     _validate_input = field_validator("input", mode="plain")(_check_input)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _messages(cls, data: Any) -> Any:
+        """vLLM's chat-embedding body (`messages`) as one input (api/multimodal.py)."""
+        return messages_to_input(data) if isinstance(data, dict) else data
+
     @property
-    def items(self) -> list[str] | list[list[int]]:
+    def items(self) -> list[str] | list[list[int]] | list[Item]:
         return [self.input] if isinstance(self.input, str) else self.input
 
 

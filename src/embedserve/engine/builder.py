@@ -17,6 +17,7 @@ from embedserve.config import (
     parse_dtype,
 )
 from embedserve.engine.core import EngineCore
+from embedserve.engine.multimodal import MultimodalPrompter, check_multimodal_options, multimodal_prompter
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager, blocks_for
 from embedserve.models.build import build_model, open_model
@@ -35,6 +36,7 @@ from embedserve.worker.gpu_memory import check_utilization, gpu_kv_cache_memory
 from embedserve.worker.host_memory import keep_freed_heap, release_free_heap
 from embedserve.worker.lane_runner import LaneRunner
 from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
+from embedserve.worker.multimodal_runner import MultimodalRunner
 
 _DEFAULT_KV_CAP = 4 << 30  # default KV budget cap (bytes) unless one full prompt needs more
 # Decoders on the CPU run prompts of at least this many tokens (and two token budgets)
@@ -66,6 +68,7 @@ class EngineParts:
     tokenizer: Tokenizer
     score_head: ScoreHead | None = None  # rerankers only
     workers: TensorParallelRunner | None = None  # tensor_parallel_size > 1: the ranks to watch and stop
+    prompter: MultimodalPrompter | None = None  # multimodal models: parts -> tokens + images
 
 
 _TASKS = ("auto", "embed", "rerank")
@@ -105,6 +108,8 @@ def build_engine(
     task: str = "auto",
     deterministic: bool = False,
     tensor_parallel_size: int = 1,
+    max_image_pixels: int | None = None,
+    max_images_per_input: int | None = None,
 ) -> EngineParts:
     """The engine's parts. `token_buckets`: run steps padded to a few fixed token counts
     (worker/buckets.py); `compile_backend`: also through `torch.compile` with that backend
@@ -112,12 +117,18 @@ def build_engine(
     dtype by attention/select.py); `task`: "embed", "rerank" or "auto" (rerank for a
     reranker's directory, models/score_head.py); `deterministic`: every vector bit-identical whatever
     the batch, budget, chunking, preemption or path (docs/deterministic.md);
-    `tensor_parallel_size`: split a decoder across that many ranks (docs/tensor-parallel.md)."""
+    `tensor_parallel_size`: split a decoder across that many ranks (docs/tensor-parallel.md);
+    `max_image_pixels`, `max_images_per_input`: limits on a multimodal model's images
+    (vision/prompt.py)."""
     if isinstance(path, ModelSource):  # already opened, e.g. random weights made on the GPU
         files = replace(path, pooling=override_pooling(path.pooling, pooling, normalize))
     else:
         files = open_model(path, pooling=pooling, normalize=normalize)
     mcfg = files.model
+    if files.multimodal is not None:
+        layer_major_tokens = check_multimodal_options(
+            layer_major_tokens, token_buckets or compile_backend is not None, deterministic
+        )
     kind = _task_kind(task, files)
     if kind is not None:  # the head reads the pair's unnormalized row: CLS or the last token
         files = replace(
@@ -220,6 +231,8 @@ def build_engine(
     kv = KVCacheManager(num_blocks, block_size)
     piece = sched.deterministic_chunk
     runner = workers or ModelRunner(model, num_blocks, block_size, torch_dtype, dev, piece)
+    if files.multimodal is not None:  # check_parallel refused tensor parallelism for it
+        runner = MultimodalRunner(model, num_blocks, block_size, torch_dtype, dev, piece)
     if token_buckets or compile_backend is not None:
         sizes = bucket_sizes(max_num_batched_tokens)
         runner = BucketedModelRunner(
@@ -240,4 +253,7 @@ def build_engine(
                 raise ModelLoadError("the tokenizer has no 'yes' / 'no' token for a yes / no reranker")
             yes_no = (int(ids[0] or 0), int(ids[1] or 0))
         head = load_score_head(kind, files.weights(), yes_no)
-    return EngineParts(config, core, tokenizer, head, workers)
+    prompter = None
+    if files.multimodal is not None:
+        prompter = multimodal_prompter(files, max_image_pixels, max_images_per_input)
+    return EngineParts(config, core, tokenizer, head, workers, prompter)

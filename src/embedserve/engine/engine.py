@@ -15,12 +15,16 @@ import numpy as np
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop, gather_all, wait_all
+from embedserve.engine.multimodal import text_items, tokenize_multimodal
 from embedserve.engine.rerank import RerankMixin
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
+from embedserve.vision.prompt import is_image
 
-Inputs = Sequence[str] | Sequence[Sequence[int]] | str
+# A multimodal model's items may also be an image (PIL image or PNG / JPEG / WebP bytes) or a
+# list of strings and images (vision/prompt.py).
+Inputs = Sequence[str] | Sequence[Sequence[int]] | str | Sequence[Any]
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Engine(RerankMixin):
         self.config = self._loop.parts.config
         self.tokenizer = self._loop.parts.tokenizer
         self.score_head = self._loop.parts.score_head  # rerankers (engine/rerank.py)
+        self.multimodal = self._loop.parts.prompter is not None  # takes image parts
         self._ids = itertools.count()
 
     # ---- construction ----------------------------------------------------------------------
@@ -66,7 +71,13 @@ class Engine(RerankMixin):
     def tokenize(self, inputs: Inputs, prompt: str = "", truncate: str = "error") -> list[Tokenized]:
         """Tokenize and validate every input (raises naming the first bad one)."""
         policy = Truncate.parse(truncate)
-        return tokenize_inputs(self.tokenizer, inputs, prompt, self.config.scheduler.max_model_len, policy)
+        items: Sequence[Any] = [inputs] if isinstance(inputs, str) or is_image(inputs) else inputs
+        prompter = self._loop.parts.prompter
+        limit = self.config.scheduler.max_model_len
+        if prompter is not None:  # the chat format; `prompt` is the instruction
+            return tokenize_multimodal(prompter, self.tokenizer, items, prompt, limit)
+        items = text_items(items, Path(self.config.model_path).name)
+        return tokenize_inputs(self.tokenizer, items, prompt, limit, policy)
 
     def _requests(
         self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str
@@ -80,6 +91,8 @@ class Engine(RerankMixin):
         core = self._loop.core
         for t in tokenized:
             core.check_admissible(len(t.token_ids))
+            if t.multimodal is not None:  # a step holds a whole image
+                core.scheduler.check_images(max(s.image.num_tokens for s in t.multimodal.spans))
         return [
             Request(
                 next(self._ids),
@@ -89,6 +102,7 @@ class Engine(RerankMixin):
                 prio,
                 excluded_prefix=0 if pool.include_prompt else t.prompt_tokens,
                 token_type_ids=t.token_type_ids,
+                multimodal=t.multimodal,
                 fold_block=self.config.scheduler.deterministic_chunk,
             )
             for t in tokenized

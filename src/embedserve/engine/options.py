@@ -93,6 +93,18 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="run the model through torch.compile with this backend, e.g. inductor (implies "
         "--token-buckets; off by default, not measured to pay on the CPU)",
     )
+    g.add_argument(
+        "--max-image-pixels",
+        type=positive_int,
+        default=None,
+        help="multimodal models: refuse (413) an image of more decoded pixels (default 64,000,000)",
+    )
+    g.add_argument(
+        "--max-images-per-input",
+        type=positive_int,
+        default=None,
+        help="multimodal models: refuse (400) an input holding more images (default 16)",
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
@@ -112,4 +124,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
         "task": args.task,
         "deterministic": args.deterministic,
         "tensor_parallel_size": args.tensor_parallel_size,
+        "max_image_pixels": args.max_image_pixels,
+        "max_images_per_input": args.max_images_per_input,
     }

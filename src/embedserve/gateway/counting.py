@@ -13,12 +13,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from embedserve.api.multimodal import ImageURL, image_size
+from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter, text_items
 from embedserve.errors import InvalidInputError
 from embedserve.models.build import open_model
 from embedserve.models.score_head import YES_NO, rerank_kind
 from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
 from embedserve.tokenizer import Tokenizer, Truncate, resolve_prompt, tokenize_inputs
+from embedserve.vision.prompt import ImagePart
 
 # Counting never truncates: the full length decides the pool (and the over-long policy).
 _NO_LIMIT = sys.maxsize
@@ -35,13 +39,18 @@ class TokenCounter:
         self.model_name = source.path.name
         self.rerank_kind = rerank_kind(source.model, source.path)  # None: an embedding model
         self._pair_types = source.model.type_vocab_size > 1
+        # A multimodal model: its chat format, images counted from their size (vision/prompt.py).
+        self.prompter = None if source.multimodal is None else multimodal_prompter(source, None, None)
 
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
         """The engine's rules, shared with it (embedserve.tokenizer.resolve_prompt)."""
         return resolve_prompt(self.prompts, self.default_prompt_name, prompt_name, prompt)
 
-    def count(self, items: Sequence[str | list[int]], prompt: str) -> list[int]:
+    def count(self, items: Sequence[Any], prompt: str) -> list[int]:
         """Tokens per input (prompt and special tokens included); raises naming the first bad one."""
+        if self.prompter is not None:
+            return self._count_multimodal(self.prompter, items, prompt)
+        items = text_items([_text_only(x) for x in items], Path(self.model_path).name)
         return [
             len(t.token_ids)
             for t in tokenize_inputs(self.tokenizer, items, prompt, _NO_LIMIT, Truncate.ERROR)
@@ -64,3 +73,24 @@ class TokenCounter:
                 raise InvalidInputError(f"document {i}: {e}") from None
             out.append(len(t.token_ids))
         return out
+
+    @staticmethod
+    def _count_multimodal(prompter: MultimodalPrompter, items: Sequence[Any], prompt: str) -> list[int]:
+        out = []
+        for i, item in enumerate(items):
+            parts = [item] if isinstance(item, str) else item
+            try:
+                if not parts or isinstance(parts[0], int):
+                    raise InvalidInputError("token-id inputs are not taken by a multimodal model")
+                sized = [p if isinstance(p, str) else image_size(p.url) for p in parts]
+                out.append(prompter.count(sized, prompt))
+            except InvalidInputError as e:
+                raise type(e)(f"input {i}: {e}") from None
+        return out
+
+
+def _text_only(item: Any) -> Any:
+    """A part list with an image becomes an image marker, so `text_items` refuses it by name."""
+    if isinstance(item, list) and any(isinstance(p, ImageURL) for p in item):
+        return [ImagePart(b"")]
+    return item

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED
+from embedserve.api.multimodal import to_json
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.gateway.config import GatewayConfig
@@ -185,7 +186,7 @@ def _payload(
     # The client's options as sent (defaults left to the upstream); `model` is dropped because
     # each upstream may serve the model under its own name (the schema guard vouches for it).
     body = req.model_dump(exclude_unset=True, exclude={"model", "input", "priority"})
-    body["input"] = [items[i] for i in indices]
+    body["input"] = [to_json(items[i]) for i in indices]
     body["priority"] = traffic_class
     return body
 

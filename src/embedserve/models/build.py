@@ -12,6 +12,7 @@ from embedserve.models.bert import EncoderModel
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.gguf import read_gguf
 from embedserve.models.loader import read_model_dir
+from embedserve.models.qwen3_vl.model import Qwen3VLModel
 from embedserve.models.source import ModelSource
 
 EmbeddingModel = DecoderModel | EncoderModel
@@ -35,7 +36,10 @@ def build_model(
     if cfg.is_causal and attention is None:
         attention = select_attention(device, dtype)  # outside "meta": its self-check computes
     with torch.device("meta"):  # no memory until the real weights arrive
-        if cfg.is_causal:
+        if source.multimodal is not None:
+            assert attention is not None
+            model = Qwen3VLModel(cfg, source.multimodal, attention)
+        elif cfg.is_causal:
             assert attention is not None
             model = DecoderModel(cfg, attention)
         else:

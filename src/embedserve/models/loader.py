@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -25,6 +25,9 @@ from embedserve.config import PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
 from embedserve.models.registry import model_config_from_hf, sliding_window
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
+
+if TYPE_CHECKING:
+    from embedserve.models.qwen3_vl.spec import Qwen3VLSpec
 
 _ST_MODULES = ("Transformer", "Pooling", "Normalize")
 
@@ -142,7 +145,14 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
         default_prompt_name=default_prompt_name,
         max_seq_length=int(max_seq) if max_seq else None,
         sliding_window=sliding_window(raw),
+        multimodal=_multimodal(raw, root) if model.model_type == "qwen3_vl" else None,
     )
+
+
+def _multimodal(raw: dict[str, Any], root: Path) -> Qwen3VLSpec:
+    from embedserve.models.qwen3_vl.spec import read_spec  # PIL only for vision models
+
+    return read_spec(raw, root)
 
 
 def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -13,6 +13,7 @@ DECODERS: dict[str, tuple[bool, bool]] = {
     "qwen2": (False, True),
     "llama": (False, False),
     "mistral": (False, False),
+    "qwen3_vl": (True, False),  # the text decoder of Qwen3-VL (models/qwen3_vl/)
 }
 
 ARCHITECTURES: dict[str, str] = {
@@ -24,6 +25,8 @@ ARCHITECTURES: dict[str, str] = {
     "LlamaModel": "llama",
     "MistralForCausalLM": "mistral",
     "MistralModel": "mistral",
+    "Qwen3VLForConditionalGeneration": "qwen3_vl",
+    "Qwen3VLModel": "qwen3_vl",
     "BertModel": "bert",
     "BertForMaskedLM": "bert",
     "RobertaModel": "roberta",
@@ -69,6 +72,11 @@ def sliding_window(raw: dict[str, Any]) -> int | None:
 
 
 def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
+    if (
+        raw.get("model_type") == "qwen3_vl"
+        or ARCHITECTURES.get((raw.get("architectures") or [""])[0]) == "qwen3_vl"
+    ):
+        raw = _vl_text_config(raw)
     archs = raw.get("architectures") or []
     model_type = raw.get("model_type")
     for arch in archs:
@@ -139,3 +147,11 @@ def _encoder_config(raw: dict[str, Any], model_type: str, archs: list[str]) -> M
         type_vocab_size=int(raw.get("type_vocab_size", 2)),
         position_offset=offset,
     )
+
+
+def _vl_text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3-VL: the decoder's numbers are under text_config (the vision tower's: models/qwen3_vl/)."""
+    if not isinstance(raw.get("text_config"), dict):
+        raise ModelLoadError("a Qwen3-VL config.json needs a text_config")
+    archs = raw.get("architectures") or ["Qwen3VLModel"]
+    return {**raw["text_config"], "architectures": archs, "model_type": "qwen3_vl"}

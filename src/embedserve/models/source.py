@@ -10,12 +10,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.config import ModelConfig, PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from embedserve.models.qwen3_vl.spec import Qwen3VLSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +31,7 @@ class ModelSource(ABC):
     default_prompt_name: str | None = None
     max_seq_length: int | None = None
     sliding_window: int | None = None
+    multimodal: Qwen3VLSpec | None = None  # a Qwen3-VL directory: tower, M-RoPE, image preprocessing
 
     @abstractmethod
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:

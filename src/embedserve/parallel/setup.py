@@ -30,6 +30,10 @@ def check_parallel(
         raise ModelLoadError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
     if size == 1:
         return 1
+    if files.multimodal is not None:
+        raise ModelLoadError(
+            "tensor parallelism does not cover multimodal (Qwen3-VL) models yet: use tensor_parallel_size 1"
+        )
     plan_shard(files.model, size, 0)  # heads / kv heads / MLP divisible, a decoder
     if not isinstance(files, ModelFiles):
         raise ModelLoadError(

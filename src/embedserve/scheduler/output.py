@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from embedserve.vision.state import MultimodalState
+
 
 @dataclass(frozen=True)
 class ScheduledChunk:
@@ -20,6 +22,8 @@ class ScheduledChunk:
     # Local rows [lo, hi) of this chunk that pooling reads (see pooling/methods.py).
     pool_rows: tuple[int, int]
     token_type_ids: list[int] | None = None  # a pair's segment ids (encoders); None: all 0
+    # The request's images (positions, encoder cache the runner fills); None: text only.
+    multimodal: MultimodalState | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -69,8 +69,18 @@ class Scheduler:
                 "raise kv_cache_memory"
             )
 
+    def check_images(self, largest: int) -> None:
+        """Raise if an image of `largest` tokens could never run: one step holds a whole image."""
+        if largest > self.config.max_num_batched_tokens:
+            raise InvalidInputError(
+                f"an image of {largest} tokens exceeds the token budget "
+                f"({self.config.max_num_batched_tokens}); use a smaller image or a larger budget"
+            )
+
     def add_request(self, req: Request) -> None:
         self.check_admissible(req.num_prompt_tokens)
+        if req.mm is not None:
+            self.check_images(max((s.image.num_tokens for s in req.mm.spans), default=0))
         if self.lane is not None and self.lane.accepts(req.num_prompt_tokens):
             self.lane.add(req)
             return
@@ -155,6 +165,7 @@ class Scheduler:
                     token_type_ids=None
                     if req.token_type_ids is None
                     else req.token_type_ids[start : start + n],
+                    multimodal=req.mm,
                 )
             )
             scheduled.add(req.request_id)
@@ -182,6 +193,8 @@ class Scheduler:
         cut = self.config.deterministic_chunk
         if cut is not None and n < req.num_remaining_tokens:
             n -= n % cut  # chunks end on multiples of `cut` (the prompt's end excepted)
+        if req.mm is not None and n < req.num_remaining_tokens:
+            n = req.mm.cut(req.num_computed_tokens, n)  # never inside an image: before it
         return max(n, 0)
 
     def _make_room(self, req: Request, n: int, scheduled: set[int]) -> list[int]:
@@ -216,6 +229,8 @@ class Scheduler:
             if req.is_prefill_complete:
                 self.running.remove(req)
                 self.kv.free(req.request_id)
+                if req.mm is not None:
+                    req.mm.release()
                 req.status = RequestStatus.FINISHED
                 finished.append(req)
         return finished

@@ -18,10 +18,11 @@ import numpy as np
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, effective_timeout
 from embedserve.api.http import unless_disconnected
+from embedserve.api.multimodal import resolve_items
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, encode_vector
 from embedserve.api.quantize import Calibration, quantize, schema_type, to_base64
 from embedserve.engine.engine import EmbeddingOutput, Engine
-from embedserve.errors import EngineDeadError, InternalEngineError, InvalidInputError
+from embedserve.errors import EngineDeadError, ImageTooLargeError, InternalEngineError, InvalidInputError
 from embedserve.lengths import bucket_of
 from embedserve.schema import ModelMetadata
 from embedserve.server.admission import Admission
@@ -170,7 +171,7 @@ class EmbeddingService:
         self.engine.check_dimensions(req.dimensions)
         self.check_types([req.embedding_type], req.dimensions)
         prompt = self.engine.resolve_prompt(req.prompt_name, req.prompt)
-        return self.engine.tokenize(req.items, prompt, req.truncate)
+        return self.engine.tokenize(resolve_items(req.items), prompt, req.truncate)
 
     async def _run(self, req: EmbeddingRequest, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
         # The records carry the ids with prompt and truncation applied, and the prompt's
@@ -224,6 +225,8 @@ def engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
     """Engine exceptions -> HTTP statuses. Bad input is the caller's fault; the rest is ours."""
     try:
         yield
+    except ImageTooLargeError as e:
+        raise ApiError(413, str(e)) from None
     except InvalidInputError as e:
         raise ApiError(400, str(e)) from None
     except EngineDeadError as e:

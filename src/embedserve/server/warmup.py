@@ -11,6 +11,7 @@ import logging
 import time
 
 import numpy as np
+from PIL import Image
 
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.errors import InternalEngineError, ModelLoadError
@@ -68,6 +69,9 @@ async def warm_up(engine: Engine, lengths: tuple[int, ...] | None) -> float:
         outputs = await engine.embed_outputs_async([_ids(engine, n) for n in shape], prompt="")
         check_vectors(engine, outputs)
         log.info("warm-up: %d input(s), %d tokens in %.3f s", len(shape), sum(shape), time.perf_counter() - t)
+    if engine.multimodal:  # the vision tower too, on one small image
+        image = Image.new("RGB", (64, 64), (128, 128, 128))
+        check_vectors(engine, await engine.embed_outputs_async([["warm", image]], prompt=""))
     return time.perf_counter() - start
 
 

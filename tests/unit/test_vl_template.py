@@ -1,0 +1,69 @@
+"""A Qwen3-VL directory's own chat template renders the prompt (as transformers'
+apply_chat_template does); without one, the built-in format of the official embedder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from embedserve import Engine
+from tests.helpers.reference import cosine
+from tests.helpers.tiny_vl import INSTRUCTION, hf_vl_embed, image, reference_prompt
+
+# Qwen3-VL's layout: role headers, images as vision_start / image_pad / vision_end, texts inline.
+QWEN_STYLE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for c in message['content'] %}{% if c['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif c['type'] == 'text' %}{{ c['text'] }}"
+    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# A different one: no system turn, the instruction folded into the user turn.
+OTHER = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{% set ns = message['content'][0]['text'] %}Task: {{ ns }}\n"
+    "{% else %}User: {% for c in message['content'] %}{% if c['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}Embedding:{% endif %}"
+)
+PARTS = ["before ", image(128, 64, seed=5), " between ", image(64, 96, seed=6), " after"]
+
+
+def _with_template(src: Path, dst: Path, template: str) -> Path:
+    shutil.copytree(src, dst)
+    (dst / "chat_template.json").write_text(json.dumps({"chat_template": template}))
+    return dst
+
+
+def test_qwen_style_template_is_the_built_in_format(qwen3_vl_dir: Path, tmp_path: Path) -> None:
+    templated = _with_template(qwen3_vl_dir, tmp_path / "qwen_style", QWEN_STYLE)
+    with Engine.from_pretrained(qwen3_vl_dir) as a, Engine.from_pretrained(templated) as b:
+        assert a.tokenize([PARTS])[0].token_ids == b.tokenize([PARTS])[0].token_ids
+        assert np.array_equal(a.embed([PARTS]), b.embed([PARTS]))
+
+
+def test_another_template_matches_transformers_rendering(qwen3_vl_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    templated = _with_template(qwen3_vl_dir, tmp_path / "other", OTHER)
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": INSTRUCTION}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in PARTS
+            ],
+        },
+    ]
+    text = AutoTokenizer.from_pretrained(qwen3_vl_dir).apply_chat_template(
+        messages, chat_template=OTHER, tokenize=False, add_generation_prompt=True
+    )
+    assert text != reference_prompt(PARTS) and text.startswith("Task: ")
+    ref = hf_vl_embed(qwen3_vl_dir, PARTS, text=text)
+    with Engine.from_pretrained(templated, max_num_batched_tokens=48) as engine:
+        got = engine.embed([PARTS])
+    assert cosine(got, ref[None])[0] >= 0.99999
