@@ -103,3 +103,11 @@ def test_one_image_alone_is_one_input(qwen3_vl_dir: Path) -> None:
         alone, as_bytes, listed = engine.embed(img), engine.embed(encoded(img)), engine.embed([[img]])
     assert alone.shape == as_bytes.shape == listed.shape == (1, 64)
     assert np.array_equal(alone, listed) and np.array_equal(alone, as_bytes)  # PNG is lossless
+
+
+def test_tensor_parallelism_is_refused_for_a_multimodal_model(qwen3_vl_dir: Path) -> None:
+    from embedserve.engine.builder import build_engine
+    from embedserve.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match=r"multimodal \(Qwen3-VL\).*tensor_parallel_size 1"):
+        build_engine(qwen3_vl_dir, tensor_parallel_size=2)
