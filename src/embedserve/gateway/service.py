@@ -19,7 +19,7 @@ from embedserve.api.deadline import DEADLINE_EXCEEDED
 from embedserve.api.multimodal import to_json
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip
 from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.gateway.config import GatewayConfig
+from embedserve.gateway.config import GatewayConfig, RouteConfig
 from embedserve.gateway.counting import TokenCounter
 from embedserve.gateway.forward import Part, PartResult
 from embedserve.gateway.metrics import GatewayMetrics
@@ -71,17 +71,23 @@ class GatewayService:
         card = self.upstreams.model_card()
         return self.config.served_model_name or (str(card["id"]) if card and "id" in card else None)
 
-    async def embed(self, req: EmbeddingRequest, traffic_class: str) -> tuple[dict[str, Any], dict[str, str]]:
-        start = time.perf_counter()
-        deadline = time.monotonic() + self.config.deadline_s
+    def route_for(self, traffic_class: str, model: str | None) -> RouteConfig:
+        """The class's route, after checking the request names this gateway's model (or none)."""
         route = self.config.route(traffic_class)
         if route is None:
             raise ApiError(400, f"this gateway has no route for traffic class {traffic_class!r}")
         name = self.model_name
-        if req.model is not None and name is not None and req.model != name:
+        if model is not None and name is not None and model != name:
             raise ApiError(
-                404, f"model {clip(req.model)} not found; this gateway serves {name!r}", "not_found_error"
+                404, f"model {clip(model)} not found; this gateway serves {name!r}", "not_found_error"
             )
+        return route
+
+    async def embed(self, req: EmbeddingRequest, traffic_class: str) -> tuple[dict[str, Any], dict[str, str]]:
+        start = time.perf_counter()
+        deadline = time.monotonic() + self.config.deadline_s
+        route = self.route_for(traffic_class, req.model)
+        name = self.model_name
         items = req.items
         if len(items) > self.config.max_inputs_per_request:
             raise ApiError(

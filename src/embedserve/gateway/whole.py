@@ -20,7 +20,7 @@ from typing import Any
 
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.http import COHERE_EMBED_PATH, RERANK_PATH
-from embedserve.api.protocol import ApiError, clip
+from embedserve.api.protocol import ApiError
 from embedserve.api.rerank import RerankRequest
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.gateway.forward import Part
@@ -63,12 +63,7 @@ async def _forward_whole(
 ) -> Answer:
     start = time.perf_counter()
     deadline = time.monotonic() + service.config.deadline_s
-    route = service.config.route(traffic_class)
-    if route is None:
-        raise ApiError(400, f"this gateway has no route for traffic class {traffic_class!r}")
-    name = service.model_name
-    if model is not None and name is not None and model != name:
-        raise ApiError(404, f"model {clip(model)} not found; this gateway serves {name!r}", "not_found_error")
+    route = service.route_for(traffic_class, model)
     metrics = service.metrics
     try:
         counts: list[int] = await asyncio.to_thread(count)  # tokenizing: off the event loop
