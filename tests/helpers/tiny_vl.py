@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from embedserve.parity.backends.vl_reference import VLReference
 from tests.helpers.tiny_models import _scale_weights, write_qwen_tokenizer
 
 IMAGE_TOKEN_ID = 151655
@@ -107,21 +108,8 @@ def encoded(img: Image.Image, fmt: str = "PNG") -> bytes:
 
 
 @lru_cache(maxsize=4)
-def _hf(path: str) -> tuple[torch.nn.Module, object, object]:
-    from transformers import AutoModel, AutoTokenizer
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    model = AutoModel.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
-    pre = json.loads((Path(path) / "preprocessor_config.json").read_text())
-    proc = Qwen2VLImageProcessorPil(
-        size=pre["size"],
-        patch_size=pre["patch_size"],
-        merge_size=pre["merge_size"],
-        temporal_patch_size=pre["temporal_patch_size"],
-        image_mean=pre["image_mean"],
-        image_std=pre["image_std"],
-    )
-    return model, AutoTokenizer.from_pretrained(path), proc
+def _hf(path: str) -> VLReference:
+    return VLReference(Path(path))
 
 
 def reference_prompt(parts: list[str | Image.Image], instruction: str = INSTRUCTION) -> str:
@@ -138,21 +126,5 @@ def hf_vl_embed(
 ) -> np.ndarray:
     """transformers' Qwen3VLModel, fp32: post-final-norm last token, L2-normalized. `text`: the
     prompt already rendered (one <|image_pad|> per image), else the official embedder's format."""
-    model, tok, proc = _hf(str(path))
-    images = [p for p in parts if isinstance(p, Image.Image)]
     text = reference_prompt(parts, instruction) if text is None else text
-    kwargs: dict[str, torch.Tensor] = {}
-    if images:
-        feats = proc(images=images, return_tensors="pt")
-        grids = feats["image_grid_thw"]
-        counts = iter((grids.prod(-1) // 4).tolist())
-        while "<|image_pad|>" in text:  # the processor's expansion: one pad per merged token
-            text = text.replace("<|image_pad|>", "<|placeholder|>" * next(counts), 1)
-        text = text.replace("<|placeholder|>", "<|image_pad|>")
-        kwargs = {"pixel_values": feats["pixel_values"], "image_grid_thw": grids}
-    ids = torch.tensor([tok(text)["input_ids"]])
-    if images:
-        kwargs["mm_token_type_ids"] = (ids == IMAGE_TOKEN_ID).int()
-    with torch.inference_mode():
-        hidden = model(input_ids=ids, **kwargs).last_hidden_state[0, -1].float()
-    return torch.nn.functional.normalize(hidden, dim=-1).numpy()
+    return _hf(str(path)).embed(parts, instruction, text)

@@ -67,6 +67,7 @@ def test_bucket_overrides_and_profiles(tmp_path: Path) -> None:
     assert loose.thresholds("1K-4K")["top10_overlap"] == {"min": 0.5}
     multimodal = Gate.load(str(path), "multimodal")  # built in
     assert multimodal.thresholds("overall")["vector_cosine"]["p01"] == 0.995
+    assert multimodal.thresholds("overall")["vector_cosine"]["p50"] == 0.999
     assert multimodal.effective()["profile"] == "multimodal"
 
 

@@ -23,7 +23,7 @@ def test_positions_match_transformers_rope_index(qwen3_vl_dir: Path) -> None:
     with Engine.from_pretrained(qwen3_vl_dir) as engine:
         tok = engine.tokenize([parts])[0]
     assert tok.multimodal is not None
-    model, _, _ = _hf(str(qwen3_vl_dir))
+    model = _hf(str(qwen3_vl_dir)).model
     ids = torch.tensor([tok.token_ids])
     grids = torch.tensor([list(s.image.grid) for s in tok.multimodal.spans])
     ref, _ = model.get_rope_index(ids, (ids == IMAGE_TOKEN_ID).int(), image_grid_thw=grids)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embedserve.parity.datasets import Item
+from embedserve.parity.datasets import Item, Parts
 
 
 class VectorCache:
@@ -29,6 +29,13 @@ class VectorCache:
         for item in items:
             if isinstance(item, str):
                 digest.update(b"s" + item.encode() + b"\0")
+            elif isinstance(item, Parts):
+                for p in item.parts:
+                    raw = p.encode() if isinstance(p, str) else p
+                    digest.update(
+                        (b"t" if isinstance(p, str) else b"b") + len(raw).to_bytes(8, "little") + raw
+                    )
+                digest.update(b"p\0")
             else:
                 digest.update(b"i" + np.asarray(item, dtype=np.int64).tobytes() + b"\0")
         return digest.hexdigest()

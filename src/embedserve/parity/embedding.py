@@ -12,7 +12,7 @@ from tqdm import tqdm
 from embedserve.parity.backends import Backend
 from embedserve.parity.backends.modeldir import TokenCounter
 from embedserve.parity.cache import VectorCache
-from embedserve.parity.datasets import Item
+from embedserve.parity.datasets import Item, Parts
 from embedserve.parity.options import ParityError
 
 MAX_PAD_RATIO = 1.25
@@ -41,9 +41,15 @@ class Timing:
 
 def measure(counter: TokenCounter, items: Sequence[Item], prompt: str) -> list[int]:
     """Tokens each item is as the model sees it (prompt and special tokens included)."""
+    if any(isinstance(i, Parts) for i in items):  # the chat format; the prompt is the instruction
+        return [len(i) if isinstance(i, tuple) else counter.count_parts(_parts(i), prompt) for i in items]
     texts = [prompt + i for i in items if isinstance(i, str)]
     counted = iter(counter.count_many(texts)) if texts else iter(())
-    return [next(counted) if isinstance(i, str) else len(i) for i in items]
+    return [len(i) if isinstance(i, tuple) else next(counted) for i in items]
+
+
+def _parts(item: str | Parts) -> tuple[str | bytes, ...]:
+    return item.parts if isinstance(item, Parts) else (item,)
 
 
 def embed_side(

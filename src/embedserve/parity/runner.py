@@ -171,7 +171,8 @@ def _run_all(settings: Settings, gate: Gate, ref: Backend, cand: Backend) -> Out
     limit = min(known) if known else None
     cache = VectorCache(settings.reference_cache) if settings.reference_cache else None
     data_dir = find_data_dir(settings.data_dir)
-    ctx = DatasetContext(data_dir, counter.count, counter.ordinary_ids, limit, settings.progress)
+    images = counter.image_tokens if counter.image is not None else None
+    ctx = DatasetContext(data_dir, counter.count, counter.ordinary_ids, limit, settings.progress, images)
     head = {"tool": "embedserve parity", "gate": gate.effective(), "length_tokenizer": counter.source}
     outcome = Outcome({**head, "datasets": {}})
     total = {"reference": Timing(), "candidate": Timing()}

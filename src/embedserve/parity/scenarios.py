@@ -108,8 +108,9 @@ def run_preemption(
         stats = engine.stats()
 
     pressured = np.stack([o.embedding for o in outputs])
-    items: list[Item] = [tuple(long), *[tuple(o) for o in others]]
-    lengths = [len(i) for i in items]
+    ids = [tuple(long), *[tuple(o) for o in others]]
+    items: list[Item] = list(ids)
+    lengths = [len(i) for i in ids]
     ref, _ = embed_side(reference, items, "", lengths, None, "preemption reference", progress)
     vs_ref = cosine_rows(pressured, ref)
     vs_alone = float(cosine_rows(pressured[:1], alone[None])[0])

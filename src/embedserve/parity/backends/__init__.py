@@ -1,12 +1,15 @@
-"""Backends: `hf:PATH` / `sentence-transformers:PATH`, `engine:PATH?opts`, `http(s)://HOST:PORT?opts`."""
+"""Backends: `hf:PATH` / `sentence-transformers:PATH` (on a Qwen3-VL directory: transformers'
+Qwen3VLModel), `engine:PATH?opts`, `http(s)://HOST:PORT?opts`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import urlencode
 
 from embedserve.errors import ModelLoadError
 from embedserve.models.default import resolve_model
 from embedserve.parity.backends.base import Backend
+from embedserve.parity.backends.modeldir import is_vl_dir
 from embedserve.parity.options import Options, ParityError, split_spec
 
 __all__ = ["Backend", "open_backend"]
@@ -30,6 +33,11 @@ def open_backend(spec: str) -> Backend:
     except ModelLoadError as e:
         raise ParityError(f"backend {spec!r}: {e}") from None
     if kind in ("hf", "sentence-transformers", "st"):
+        if is_vl_dir(Path(path)):
+            from embedserve.parity.backends.vl_reference import VLReferenceBackend
+
+            # sentence-transformers has no Qwen3-VL pipeline: transformers'
+            return VLReferenceBackend(spec, path, opts)
         from embedserve.parity.backends.reference import ReferenceBackend
 
         return ReferenceBackend(spec, path, opts)

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.parity.datasets import Item
-from embedserve.parity.options import Options
+from embedserve.parity.datasets import Item, Parts
+from embedserve.parity.options import Options, ParityError
 
 
 class Backend(abc.ABC):
@@ -43,9 +43,14 @@ class Backend(abc.ABC):
 
 
 def split_items(items: Sequence[Item]) -> tuple[list[str], list[list[int]]]:
-    """A batch is all texts or all token ids (one dataset side never mixes them)."""
+    """A batch is all texts or all token ids (one dataset side never mixes them). Image parts
+    belong to multimodal backends, which take items whole."""
+    if any(isinstance(i, Parts) for i in items):
+        raise ParityError(
+            "this backend's model takes text only; the dataset has image inputs (use a multimodal model)"
+        )
     texts = [i for i in items if isinstance(i, str)]
-    ids = [list(i) for i in items if not isinstance(i, str)]
+    ids = [list(i) for i in items if isinstance(i, tuple)]
     if texts and ids:
         raise ValueError("a batch mixes texts and token ids")
     return texts, ids

@@ -19,8 +19,8 @@ import numpy as np
 from embedserve.engine.builder import build_engine
 from embedserve.engine.engine import Engine
 from embedserve.parity.backends.base import Backend, split_items
-from embedserve.parity.datasets import Item
-from embedserve.parity.options import Options
+from embedserve.parity.datasets import Item, Parts
+from embedserve.parity.options import Options, ParityError
 from embedserve.schema import ModelMetadata, fingerprint_model_dir
 
 ENGINE_KEYWORDS = {
@@ -60,11 +60,24 @@ class EngineBackend(Backend):
         self.num_preemptions = 0
 
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
+        if any(isinstance(i, Parts) for i in items):
+            return self._embed_parts(items, prompt)
         texts, ids = split_items(items)
         if texts:
             outputs = self.engine.embed_outputs(texts, prompt=prompt, truncate="end")
         else:
             outputs = self.engine.embed_outputs(ids, truncate="end")
+        self.num_preemptions += sum(o.num_preemptions for o in outputs)
+        return np.stack([o.embedding for o in outputs]).astype(np.float32, copy=False)
+
+    def _embed_parts(self, items: Sequence[Item], prompt: str) -> np.ndarray:
+        """Text + image inputs (a multimodal model): parts in order, the prompt as instruction."""
+        if not self.engine.multimodal:
+            raise ParityError(
+                f"{self.spec}: model {self.model_dir} takes text only; the dataset has image inputs"
+            )
+        inputs = [list(i.parts) if isinstance(i, Parts) else i for i in items]
+        outputs = self.engine.embed_outputs(inputs, prompt=prompt)
         self.num_preemptions += sum(o.num_preemptions for o in outputs)
         return np.stack([o.embedding for o in outputs]).astype(np.float32, copy=False)
 

@@ -5,11 +5,14 @@ environment variable holding the key; `api_key` works too but is never written t
 `tokenizer` (a local model directory, to measure token lengths when the other side has none),
 `max_length`, `timeout` (s), `retries` (on 429/503, honouring Retry-After), `batch_size`,
 `batch_tokens`. Any other option is sent as an extra JSON field of every request (e.g.
-`truncate=end`). OpenAI's API has no prompt field: prompts are prepended to the text.
+`truncate=end`). OpenAI's API has no prompt field: prompts are prepended to the text. Text +
+image inputs go as content items (images as PNG data URIs), the prompt as embedserve's
+`prompt` field (the instruction of the chat format).
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import time
 from collections.abc import Sequence
@@ -20,7 +23,7 @@ import httpx
 import numpy as np
 
 from embedserve.parity.backends.base import Backend, split_items
-from embedserve.parity.datasets import Item
+from embedserve.parity.datasets import Item, Parts
 from embedserve.parity.options import Options, ParityError
 
 _RETRY_STATUS = (429, 503)
@@ -33,6 +36,20 @@ def _coerce(value: str) -> Any:
         return int(value)
     except ValueError:
         return value
+
+
+def content_item(item: Item) -> Any:
+    """A multimodal input as `/v1/embeddings` takes it: text parts and images as PNG data URIs."""
+    if not isinstance(item, Parts):
+        return item if isinstance(item, str) else list(item)
+    return {"content": [_part(p) for p in item.parts]}
+
+
+def _part(p: str | bytes) -> dict[str, Any]:
+    if isinstance(p, str):
+        return {"type": "text", "text": p}
+    url = "data:image/png;base64," + base64.b64encode(p).decode("ascii")
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 class HttpBackend(Backend):
@@ -87,9 +104,15 @@ class HttpBackend(Backend):
         return names[0]
 
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
-        texts, ids = split_items(items)
-        payload: list[Any] = [prompt + t for t in texts] if texts else ids
-        body = {"model": self.model_name, "input": payload, "encoding_format": "float", **self.extra}
+        body: dict[str, Any] = {"model": self.model_name, "encoding_format": "float", **self.extra}
+        if any(isinstance(i, Parts) for i in items):  # content items; the prompt is the instruction
+            payload: list[Any] = [content_item(i) for i in items]
+            if prompt:
+                body["prompt"] = prompt
+        else:
+            texts, ids = split_items(items)
+            payload = [prompt + t for t in texts] if texts else ids
+        body["input"] = payload
         reply = self._request("POST", "/embeddings", body)
         data = reply.get("data") if isinstance(reply, dict) else None
         if not isinstance(data, list) or len(data) != len(payload):

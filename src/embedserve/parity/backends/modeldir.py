@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
 from tokenizers import Tokenizer
 
 from embedserve.parity.options import ParityError
+from embedserve.vision.image import ImageConfig, image_tokens
+
+DEFAULT_INSTRUCTION = "Represent the user's input."  # Qwen3-VL-Embedding's default system message
+IMAGE_PAD = "<|image_pad|>"
 
 
 def _json(path: Path) -> Any:
@@ -25,6 +32,21 @@ def model_prompts(model_dir: Path) -> dict[str, str]:
         return {}
     prompts = _json(f).get("prompts") or {}
     return {str(k): str(v) for k, v in prompts.items()}
+
+
+def is_vl_dir(path: Path) -> bool:
+    """A Qwen3-VL directory (served by the multimodal path; referenced by transformers)."""
+    cfg = path / "config.json"
+    return cfg.exists() and _json(cfg).get("model_type") == "qwen3_vl"
+
+
+def official_prompt(parts: Sequence[object], instruction: str) -> str:
+    """The official embedder's chat format, one <|image_pad|> per non-text part (expanded later)."""
+    body = "".join(p if isinstance(p, str) else f"<|vision_start|>{IMAGE_PAD}<|vision_end|>" for p in parts)
+    return (
+        f"<|im_start|>system\n{instruction}<|im_end|>\n<|im_start|>user\n{body}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 class TokenCounter:
@@ -44,6 +66,21 @@ class TokenCounter:
             vocab_limit = min(vocab_limit, int(_json(cfg).get("vocab_size", vocab_limit)))
         special = {i for i, tok in self._tok.get_added_tokens_decoder().items() if tok.special}
         self.ordinary_ids = [i for i in range(vocab_limit) if i not in special]
+        pre = model_dir / "preprocessor_config.json"
+        self.image: ImageConfig | None = ImageConfig.from_json(_json(pre)) if pre.exists() else None
+
+    def image_tokens(self, width: int, height: int) -> int:
+        if self.image is None:
+            raise ParityError(
+                f"{self.source}: the model has no preprocessor_config.json (it takes no images)"
+            )
+        return image_tokens(width, height, self.image)
+
+    def count_parts(self, parts: Sequence[str | bytes], instruction: str) -> int:
+        """Tokens of a text + image input in the chat format: each image's tokens from its size."""
+        sizes = [Image.open(io.BytesIO(p)).size for p in parts if isinstance(p, bytes)]
+        text = self.count(official_prompt(parts, instruction or DEFAULT_INSTRUCTION))
+        return text + sum(self.image_tokens(w, h) - 1 for w, h in sizes)  # one pad each already
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text).ids)

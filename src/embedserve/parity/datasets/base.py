@@ -12,8 +12,22 @@ from embedserve.parity.options import ParityError
 
 DATA_DIR_ENV = "EMBEDSERVE_DATA_DIR"
 
-# A text, or raw token ids sent as they are (pure numerical parity, no prompt, no specials).
-Item = str | tuple[int, ...]
+
+@dataclass(frozen=True)
+class Parts:
+    """A multimodal input: text and images (encoded PNG bytes) in order, one vector. The prompt
+    is its instruction (the chat format's system message), not text put before it."""
+
+    parts: tuple[str | bytes, ...]
+
+    @property
+    def num_images(self) -> int:
+        return sum(1 for p in self.parts if isinstance(p, bytes))
+
+
+# A text, raw token ids sent as they are (pure numerical parity, no prompt, no specials), or
+# text + image parts (multimodal models only).
+Item = str | tuple[int, ...] | Parts
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,8 @@ class DatasetContext:
     ordinary_ids: Sequence[int]
     max_length: int | None  # the smaller input limit of the two backends, when known
     progress: bool = False  # progress bars for downloads
+    # Image tokens of a (width, height) image, when the model takes images (else None).
+    image_tokens: Callable[[int, int], int] | None = None
 
     def require_data(self, sub: str) -> Path:
         path = self.data_dir / sub

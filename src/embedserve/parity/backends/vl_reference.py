@@ -1,0 +1,150 @@
+"""`hf:PATH` on a Qwen3-VL directory: transformers' `Qwen3VLModel`, the multimodal reference.
+
+Independent of the engine: transformers' model, its Qwen2-VL image processor (PIL backend,
+the directory's `preprocessor_config.json`), its tokenizer and `apply_chat_template` when the
+directory has a chat template, else the official embedder's format. The vector is the last
+token's post-final-norm hidden state (`last_hidden_state`, not `hidden_states[-1]`),
+L2-normalized. One input at a time (no padding); float32 unless `?dtype=`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from embedserve.parity.backends.base import Backend
+from embedserve.parity.backends.modeldir import DEFAULT_INSTRUCTION, IMAGE_PAD, official_prompt
+from embedserve.parity.datasets import Item, Parts
+from embedserve.parity.options import Options, ParityError
+from embedserve.schema import fingerprint_model_dir
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+VLPart = str | Image.Image
+
+
+class VLReference:
+    """transformers on one Qwen3-VL directory."""
+
+    def __init__(self, path: Path, dtype: torch.dtype = torch.float32) -> None:
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        self.model = AutoModel.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa").eval()
+        self.tok = AutoTokenizer.from_pretrained(str(path))
+        pre = json.loads((path / "preprocessor_config.json").read_text(encoding="utf-8"))
+        keys = ["size", "min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"]
+        keys += ["image_mean", "image_std"]
+        self.proc = Qwen2VLImageProcessorPil(**{k: pre[k] for k in keys if k in pre})
+        self.image_token_id = int(self.tok.convert_tokens_to_ids(IMAGE_PAD))  # type: ignore[arg-type]
+
+    def prompt(self, parts: Sequence[VLPart], instruction: str) -> str:
+        if not self.tok.chat_template:
+            return official_prompt(parts, instruction)
+        content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in parts]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": [{"type": "text", "text": instruction}]},
+            {"role": "user", "content": content},
+        ]
+        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return str(text)
+
+    def embed(self, parts: Sequence[VLPart], instruction: str, text: str | None = None) -> np.ndarray:
+        """One input's vector; `text`: the prompt already rendered (one pad per image)."""
+        images = [p for p in parts if isinstance(p, Image.Image)]
+        text = self.prompt(parts, instruction) if text is None else text
+        kwargs: dict[str, torch.Tensor] = {}
+        if images:
+            feats = self.proc(images=images, return_tensors="pt")
+            grids = feats["image_grid_thw"]
+            counts = iter((grids.prod(-1) // self.proc.merge_size**2).tolist())
+            while IMAGE_PAD in text:  # the processor's expansion: one pad per merged token
+                text = text.replace(IMAGE_PAD, "<|placeholder|>" * next(counts), 1)
+            text = text.replace("<|placeholder|>", IMAGE_PAD)
+            kwargs = {"pixel_values": feats["pixel_values"].to(self.model.dtype), "image_grid_thw": grids}
+        ids = torch.tensor([self.tok(text)["input_ids"]])
+        return self.embed_ids(ids, kwargs)
+
+    def embed_ids(self, ids: torch.Tensor, kwargs: dict[str, torch.Tensor] | None = None) -> np.ndarray:
+        kwargs = dict(kwargs or {})
+        if "pixel_values" in kwargs:
+            kwargs["mm_token_type_ids"] = torch.eq(ids, self.image_token_id).int()
+        with torch.inference_mode():
+            hidden = self.model(input_ids=ids, **kwargs).last_hidden_state[0, -1].float()
+        return torch.nn.functional.normalize(hidden, dim=-1).numpy()
+
+
+def decoded(item: Parts) -> list[VLPart]:
+    return [p if isinstance(p, str) else Image.open(io.BytesIO(p)).convert("RGB") for p in item.parts]
+
+
+class VLReferenceBackend(Backend):
+    kind = "transformers-vl"
+
+    def __init__(self, spec: str, path: str, opts: Options) -> None:
+        self.spec = spec
+        self.model_dir = Path(path)
+        self.dtype = opts.text("dtype", "float32") or "float32"
+        if self.dtype not in _DTYPES:
+            raise ParityError(f"{spec}: dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
+        self.take_batching(opts, 16, 16384)
+        opts.finish()
+        if not (self.model_dir / "preprocessor_config.json").exists():
+            raise ParityError(
+                f"{spec}: {path} has no preprocessor_config.json (a Qwen3-VL directory needs one)"
+            )
+        self.ref = VLReference(self.model_dir, _DTYPES[self.dtype])
+        cfg = self.ref.model.config.get_text_config()
+        self.max_length = int(cfg.max_position_embeddings)
+        self._version: str | None = None
+
+    def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
+        instruction = prompt or DEFAULT_INSTRUCTION
+        rows = []
+        for item in items:
+            if isinstance(item, tuple):  # token ids: the final sequence, as the engine takes them
+                rows.append(self.ref.embed_ids(torch.tensor([list(item)])))
+            else:
+                parts = decoded(item) if isinstance(item, Parts) else [item]
+                rows.append(self.ref.embed(parts, instruction))
+        return np.stack(rows).astype(np.float32)
+
+    @property
+    def model_version(self) -> str:
+        if self._version is None:
+            assert self.model_dir is not None
+            self._version = fingerprint_model_dir(self.model_dir)
+        return self._version
+
+    def cache_identity(self) -> str:
+        versions = ",".join(version(p) for p in ("transformers", "torch", "pillow"))
+        return f"vl|{self.model_version}|{self.dtype}|{versions}"
+
+    def describe(self) -> dict[str, Any]:
+        dim = int(self.ref.model.config.get_text_config().hidden_size)
+        return {
+            "kind": self.kind,
+            "spec": self.spec,
+            "model": str(self.model_dir),
+            "model_version": self.model_version,
+            "dtype": self.dtype,
+            "backend_profile": f"transformers-vl/{self.dtype}/cpu",
+            "embedding_schema": {"dimensions": dim, "pooling": "lasttoken", "normalize": True},
+            "config": {
+                "class": type(self.ref.model).__name__,
+                "chat_template": bool(self.ref.tok.chat_template),
+                "batch_size": 1,
+                "versions": {p: version(p) for p in ("transformers", "torch", "pillow")},
+            },
+        }
+
+    def close(self) -> None:
+        del self.ref
