@@ -94,13 +94,12 @@ def test_parity_run_on_images(qwen3_vl_dir: Path, tmp_path: Path) -> None:
         return outcome.passed, outcome.report["datasets"]["images"]["buckets"]["overall"]["vector_cosine"]
 
     passed, fp32 = gate(f"engine:{qwen3_vl_dir}?max_num_batched_tokens=64")  # chunk cuts at images
+    # (bf16 vs this reference passes the profile: test_vl_parity.py, and docs/multimodal.md's run)
     assert passed and fp32["min"] >= 0.99999, fp32
-    passed, bf16 = gate(f"engine:{qwen3_vl_dir}?dtype=bfloat16")
-    assert passed and bf16["p50"] < 0.99999, bf16  # bf16 really ran, and passed the profile
     wrong = _perturbed(qwen3_vl_dir, tmp_path / "perturbed")
     passed, bad = gate(f"engine:{wrong}")
     assert not passed and bad["p01"] < 0.995, bad
-    print(f"images parity cosine fp32 {fp32}, bf16 {bf16}, perturbed tower {bad}")
+    print(f"images parity cosine fp32 {fp32}, perturbed tower {bad}")
 
 
 def test_http_backend_sends_content_items(qwen3_vl_dir: Path, vl_ctx: DatasetContext) -> None:

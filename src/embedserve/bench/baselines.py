@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from embedserve.bench.target import Reply, TargetSpec
+from embedserve.bench.target import BenchInput, Reply, TargetSpec
 from embedserve.config import PoolingMethod, parse_dtype
 from embedserve.engine.loop import start_thread
+from embedserve.errors import InvalidInputError
 from embedserve.models.loader import read_model_dir
 
 Encode = Callable[[list[str]], np.ndarray]
@@ -46,7 +47,9 @@ class FifoBatcher:
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._thread, _ = start_thread("fifo-batcher", load, self._run)
 
-    async def embed(self, text: str, priority: str) -> Reply:
+    async def embed(self, text: BenchInput, priority: str) -> Reply:
+        if not isinstance(text, str):
+            raise InvalidInputError("the library baselines take text only (no --images-per-input)")
         # FIFO on purpose: the baseline has no notion of priority.
         fut: Future[Reply] = Future()
         self._queue.put(_Item(text, fut, time.perf_counter()))

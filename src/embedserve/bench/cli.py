@@ -63,6 +63,14 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--tokenizer", type=Path, default=None, help="tokenizer.json (default: first local target's)"
     )
+    p.add_argument(
+        "--images-per-input",
+        type=int,
+        default=0,
+        help="image mix (multimodal models; engine: and http:// targets): each input is text + N synthetic "
+        "images, its length in tokens counting the image tokens",
+    )
+    p.add_argument("--image-size", default="448x448", help="WxH of the image mix's images")
     p.add_argument("--min-tokens", type=int, default=16, help="shortest length --mix draws")
     p.add_argument("--max-tokens", type=int, default=16384, help="longest length --mix draws")
     p.add_argument(
@@ -96,6 +104,7 @@ def register(sub: Any) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     from embedserve.bench.config import BenchConfig
+    from embedserve.bench.images import parse_image_size
     from embedserve.bench.inputs import parse_mix
     from embedserve.bench.target import parse_target
 
@@ -127,6 +136,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         flood_max=args.flood_max,
         flood_clients=args.flood_clients,
         settle_s=args.settle_s,
+        images_per_input=args.images_per_input,
+        image_size=parse_image_size(args.image_size),
     )
 
 

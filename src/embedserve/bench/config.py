@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from embedserve.bench.images import ImageMix, image_mix
 from embedserve.bench.target import TargetSpec
 from embedserve.errors import InvalidInputError
+from embedserve.parity.backends.modeldir import is_vl_dir
 
 SCENARIOS = ("matrix", "interference")
 
@@ -39,6 +41,9 @@ class BenchConfig:
     flood_max: int = 16384
     flood_clients: int = 4
     settle_s: float = 0.5
+    # image mix (matrix only): each input is text + this many synthetic images of image_size
+    images_per_input: int = 0
+    image_size: tuple[int, int] = (448, 448)
 
     def __post_init__(self) -> None:
         if not self.targets:
@@ -70,6 +75,32 @@ class BenchConfig:
             raise InvalidInputError(f"--threads must be positive, got {self.threads}")
         if self.short_interval_ms < 0 or self.cosine_sample < 0:
             raise InvalidInputError("--short-interval-ms and --cosine-sample cannot be negative")
+        if self.images_per_input:
+            self._check_image_mix()
+
+    def _check_image_mix(self) -> None:
+        n = self.images_per_input
+        if n < 0:
+            raise InvalidInputError(f"--images-per-input cannot be negative, got {n}")
+        if self.scenario != "matrix":
+            raise InvalidInputError("--images-per-input applies to the matrix scenario only")
+        for t in self.targets:
+            if t.kind not in ("engine", "http"):
+                raise InvalidInputError(
+                    f"--images-per-input {n}: target {t.name} ({t.kind}) takes text only; "
+                    "images go to engine: and http:// targets"
+                )
+            if t.kind == "engine" and t.model_dir is not None and not is_vl_dir(t.model_dir):
+                raise InvalidInputError(
+                    f"--images-per-input {n}: model {t.model_dir} (target {t.name}) takes text only; "
+                    "use a multimodal (Qwen3-VL) model"
+                )
+
+    def image_mix(self) -> ImageMix | None:
+        """What the images of one input are (their tokens from the tokenizer's model directory)."""
+        if not self.images_per_input:
+            return None
+        return image_mix(self.tokenizer_file().parent, self.images_per_input, self.image_size)
 
     def tokenizer_file(self) -> Path:
         """The tokenizer that defines "n tokens": --tokenizer, else the first local target's."""

@@ -1,10 +1,11 @@
-"""The in-process engine as a benchmark target: one Engine per token budget."""
+"""The in-process engine as a benchmark target: one Engine per token budget (image-mix inputs as parts)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from embedserve.bench.target import Reply, TargetSpec
+from embedserve.bench.images import engine_parts
+from embedserve.bench.target import BenchInput, Reply, TargetSpec
 from embedserve.engine.engine import Engine
 
 
@@ -13,8 +14,8 @@ class EngineSession:
         self.engine = engine
         self.device = engine.config.device.type
 
-    async def embed(self, text: str, priority: str) -> Reply:
-        out = (await self.engine.embed_outputs_async([text], priority=priority))[0]
+    async def embed(self, text: BenchInput, priority: str) -> Reply:
+        out = (await self.engine.embed_outputs_async([engine_parts(text)], priority=priority))[0]
         return Reply(out.embedding, out.queue_time)
 
     def counters(self) -> dict[str, int]:

@@ -4,6 +4,7 @@ Options: `model=` (default: the first id under /models), `pid=` (server process 
 children included, is sampled for peak memory), `priority=1` (send embedserve's `priority`
 extension; off by default because other servers reject unknown values), `queue_header=`
 (response header carrying queue time in ms, default x-queue-time), `timeout=` seconds.
+Image-mix inputs go as content items (images as PNG data URIs).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import math
 import httpx
 import numpy as np
 
-from embedserve.bench.target import Reply, TargetSpec
+from embedserve.bench.images import http_item
+from embedserve.bench.target import BenchInput, Reply, TargetSpec
 
 
 class TargetError(RuntimeError):
@@ -44,9 +46,9 @@ class HttpSession:
                 ) from e
         return self._model
 
-    async def embed(self, text: str, priority: str) -> Reply:
+    async def embed(self, text: BenchInput, priority: str) -> Reply:
         body: dict[str, object] = {
-            "input": [text],
+            "input": [http_item(text)],
             "model": await self._model_name(),
             "encoding_format": "float",
         }

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 
+from embedserve.bench.target import BenchInput
 from embedserve.errors import InvalidInputError
 from embedserve.lengths import BUCKET_NAMES, bucket_range
 from embedserve.parity.datasets.base import find_data_dir
@@ -36,8 +37,8 @@ class Workload:
     """The requests of one length setting: a uniform length ("512") or the mix ("mix")."""
 
     key: str
-    texts: list[str]
-    tokens: list[int]
+    texts: list[BenchInput]  # texts, or text + image parts (the image mix, bench/images.py)
+    tokens: list[int]  # each input's tokens, image tokens included
 
 
 def parse_lengths(spec: str) -> list[int]:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from embedserve.bench.stats import Sample
-from embedserve.bench.target import Session
+from embedserve.bench.target import BenchInput, Session
 
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
@@ -21,7 +21,7 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
-async def timed(session: Session, text: str, num_tokens: int, priority: str) -> Sample:
+async def timed(session: Session, text: BenchInput, num_tokens: int, priority: str) -> Sample:
     """One request; a failure becomes a Sample with its error (never raises, except cancel)."""
     t0 = time.perf_counter()
     try:
@@ -32,7 +32,11 @@ async def timed(session: Session, text: str, num_tokens: int, priority: str) -> 
 
 
 async def closed_loop(
-    session: Session, texts: Sequence[str], tokens: Sequence[int], concurrency: int, priority: str = "online"
+    session: Session,
+    texts: Sequence[BenchInput],
+    tokens: Sequence[int],
+    concurrency: int,
+    priority: str = "online",
 ) -> tuple[list[Sample], float]:
     """`concurrency` clients, each sending its next request as soon as the last one returns."""
     todo: Iterator[int] = iter(range(len(texts)))
@@ -49,7 +53,7 @@ async def closed_loop(
 
 
 async def open_loop(
-    session: Session, texts: Sequence[str], tokens: Sequence[int], interval_s: float, priority: str
+    session: Session, texts: Sequence[BenchInput], tokens: Sequence[int], interval_s: float, priority: str
 ) -> list[Sample]:
     """Request i leaves at i * interval_s whatever happened to the others (a steady stream)."""
     t0 = time.perf_counter()
@@ -65,7 +69,9 @@ async def open_loop(
 class Flood:
     """`clients` closed-loop senders cycling through long texts until `stop()`."""
 
-    def __init__(self, session: Session, texts: Sequence[str], tokens: Sequence[int], clients: int) -> None:
+    def __init__(
+        self, session: Session, texts: Sequence[BenchInput], tokens: Sequence[int], clients: int
+    ) -> None:
         self.samples: list[Sample] = []
         self._session, self._texts, self._tokens = session, texts, tokens
         self._stride = clients

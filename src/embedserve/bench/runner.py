@@ -25,10 +25,12 @@ from typing import IO, Any
 import numpy as np
 
 from embedserve.bench.config import BenchConfig
+from embedserve.bench.images import ImageMix, with_images
 from embedserve.bench.inputs import MIX, TextMaker, Workload, draw_mix_lengths
 from embedserve.bench.stats import Sample, samples_from_json
 from embedserve.bench.target import TargetSpec
 from embedserve.bench.worker import PREFIX
+from embedserve.errors import InvalidInputError
 
 SHORT, FLOOD = "short", "flood"
 _WARMUP_TOKENS = 16
@@ -87,12 +89,28 @@ def build_inputs(cfg: BenchConfig) -> dict[str, Workload]:
         out[SHORT] = maker.workload(SHORT, [cfg.short_tokens] * cfg.short_requests, cfg.seed)
         out[FLOOD] = maker.workload(FLOOD, doc_lengths, cfg.seed)
         return out
+    mix = cfg.image_mix()
     for n in cfg.lengths:
-        out[str(n)] = maker.workload(str(n), [n] * cfg.requests, cfg.seed)
+        out[str(n)] = _workload(maker, str(n), [n] * cfg.requests, cfg.seed, mix)
     if cfg.mix:
-        lengths = draw_mix_lengths(cfg.mix, cfg.requests, rng, cfg.min_tokens, cfg.max_tokens)
-        out[MIX] = maker.workload(MIX, lengths, cfg.seed)
+        shortest = max(cfg.min_tokens, mix.tokens + maker.num_special + 1) if mix else cfg.min_tokens
+        lengths = draw_mix_lengths(cfg.mix, cfg.requests, rng, shortest, cfg.max_tokens)
+        out[MIX] = _workload(maker, MIX, lengths, cfg.seed, mix)
     return out
+
+
+def _workload(maker: TextMaker, key: str, lengths: list[int], seed: int, mix: ImageMix | None) -> Workload:
+    """Requests of these total lengths: texts, or with an image mix, shorter texts + images."""
+    if mix is None:
+        return maker.workload(key, lengths, seed)
+    room = min(lengths) - mix.tokens
+    if room <= maker.num_special:
+        raise InvalidInputError(
+            f"a {min(lengths)}-token input leaves no room for text beside {mix.describe()}: "
+            f"use lengths above {mix.tokens + maker.num_special}"
+        )
+    texts = maker.workload(key, [n - mix.tokens for n in lengths], seed).texts
+    return Workload(key, with_images([str(t) for t in texts], mix, key, seed), list(lengths))
 
 
 def plan(cfg: BenchConfig) -> list[Group]:
@@ -229,6 +247,6 @@ def run(cfg: BenchConfig) -> tuple[list[Group], dict[str, Workload]]:
         for g in groups:
             bar.set_postfix_str(f"{g.spec.name} budget={g.token_budget or 'n/a'}")
             before = bar.n
-            run_group(cfg, g, workdir, inputs["warmup"].texts[0], lambda: bar.update(1))
+            run_group(cfg, g, workdir, str(inputs["warmup"].texts[0]), lambda: bar.update(1))
             bar.update(max(len(g.cells), 1) - (bar.n - before))  # failed cells count as done too
     return groups, inputs

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -50,6 +50,11 @@ _INT_OPTIONS = {
 }
 
 
+# One benchmark input: a text, or content parts [{"type": "text", ...}, {"type": "image_url", ...}]
+# (the image mix, bench/images.py).
+BenchInput = str | list[dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class Reply:
     vector: np.ndarray  # float32 [dim]
@@ -61,7 +66,7 @@ class Session(Protocol):
 
     device: str  # "cpu" / "cuda" / "remote": decides how peak memory is measured
 
-    async def embed(self, text: str, priority: str) -> Reply: ...
+    async def embed(self, text: BenchInput, priority: str) -> Reply: ...
 
     def counters(self) -> dict[str, int]: ...
 
