@@ -3,6 +3,7 @@ schema; what it forbids is refused with a documented 4xx in the documented error
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from tests.helpers.inprocess import gateway_app, server_client
 from tests.helpers.tiny_rerankers import build_cross_encoder
+from tests.helpers.tiny_vl import encoded, image
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -68,11 +70,13 @@ def _readme_examples() -> list[dict[str, Any]]:
 
 def test_the_request_body_is_documented_with_every_field(doc: dict[str, Any]) -> None:
     schema = _request_schema(doc)
-    assert schema["required"] == ["input"] and schema["additionalProperties"] is False
-    fields = {"input", "model", "encoding_format", "dimensions", "user", "prompt_name", "prompt"}
+    assert schema["oneOf"] == [{"required": ["input"]}, {"required": ["messages"]}]
+    assert schema["additionalProperties"] is False
+    fields = {"input", "model", "encoding_format", "dimensions", "user", "prompt_name", "prompt", "messages"}
     assert fields | {"normalize", "priority", "truncate", "embedding_type"} == set(schema["properties"])
-    assert len(schema["properties"]["input"]["anyOf"]) == 4
+    assert len(schema["properties"]["input"]["anyOf"]) == 6  # OpenAI's four, an image / content item, a list
     assert schema["properties"]["input"]["anyOf"][1]["maxItems"] == 8  # the server's setting
+    assert schema["properties"]["input"]["anyOf"][5]["maxItems"] == 8
 
 
 def test_every_error_status_is_documented_with_its_body(doc: dict[str, Any]) -> None:
@@ -127,6 +131,68 @@ def test_what_the_schema_forbids_is_refused(
     assert resp.status_code == status, resp.text
     assert str(status) in doc["paths"]["/v1/embeddings"]["post"]["responses"]
     _validator(doc, _response_schema(doc, "/v1/embeddings", "post", status)).validate(resp.json())
+
+
+PNG = "data:image/png;base64," + base64.b64encode(encoded(image(64, 48, seed=1))).decode()
+IMAGE = {"type": "image_url", "image_url": {"url": PNG}}
+TEXT = {"type": "text", "text": "a chart: "}
+
+
+@pytest.fixture(scope="module")
+def vl_client(qwen3_vl_dir: Path) -> Iterator[TestClient]:
+    with server_client(qwen3_vl_dir, max_inputs_per_request=4) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"input": [{"content": [TEXT, IMAGE, {"type": "text", "text": " end"}]}, "plain", IMAGE]}, 200),
+        ({"input": IMAGE}, 200),
+        ({"input": {"content": "text as a content item"}, "prompt": "Find the chart."}, 200),
+        ({"input": [{"type": "image_url", "image_url": PNG}, TEXT]}, 200),
+        (
+            {
+                "messages": [
+                    {"role": "system", "content": "Find it."},
+                    {"role": "user", "content": [TEXT, IMAGE]},
+                ]
+            },
+            200,
+        ),
+        ({"messages": [{"role": "user", "content": "just text"}], "dimensions": 32}, 200),
+        ({"input": [{"content": []}]}, 422),
+        ({"input": [{"type": "image"}]}, 422),
+        ({"input": [{"content": [IMAGE], "extra": 1}]}, 422),
+        ({"input": [{"type": "text", "text": "x", "image_url": PNG}]}, 422),
+        ({"input": [{"content": [TEXT]}, 5]}, 422),
+        ({"input": "x", "messages": [{"role": "user", "content": "y"}]}, 422),
+        ({"messages": [{"role": "assistant", "content": "x"}]}, 422),
+        ({"messages": [{"role": "system", "content": [IMAGE]}, {"role": "user", "content": "x"}]}, 422),
+        ({"messages": []}, 422),
+        ({"input": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}, 400),
+        ({"input": [IMAGE] * 5}, 400),
+    ],
+)
+def test_multimodal_bodies_are_answered_as_documented(
+    vl_client: TestClient, body: dict[str, Any], status: int
+) -> None:
+    doc = vl_client.get("/openapi.json").json()
+    assert _validator(doc, _request_schema(doc)).is_valid(body) == (status == 200), body
+    resp = vl_client.post("/v1/embeddings", json=body)
+    assert resp.status_code == status, resp.text
+    assert str(status) in doc["paths"]["/v1/embeddings"]["post"]["responses"]
+    _validator(doc, _response_schema(doc, "/v1/embeddings", "post", status)).validate(resp.json())
+
+
+def test_a_text_only_model_answers_a_documented_image_with_400(
+    client: TestClient, doc: dict[str, Any]
+) -> None:
+    body = {"input": [{"content": [TEXT, IMAGE]}]}
+    assert _validator(doc, _request_schema(doc)).is_valid(body)
+    resp = client.post("/v1/embeddings", json=body)
+    assert resp.status_code == 400 and "takes text only" in resp.json()["error"]["message"]
+    assert "text-only model" in doc["paths"]["/v1/embeddings"]["post"]["responses"]["400"]["description"]
 
 
 def test_metrics_are_served_as_prometheus_text(client: TestClient) -> None:

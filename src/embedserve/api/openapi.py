@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from embedserve.api.openapi_multimodal import multimodal_inputs, with_messages
 from embedserve.api.protocol import EmbeddingRequest
 
 PROMETHEUS_TEXT = "text/plain"
@@ -98,11 +99,14 @@ class Health(BaseModel):
 
 _WHY = {
     400: "bad JSON, an invalid input (empty, unknown token id, too long with truncate=error, "
-    "dimensions over the model's size, unknown prompt name) or too many inputs",
+    "dimensions over the model's size, unknown prompt name), too many inputs, or an image that is "
+    "not a PNG / JPEG / WebP data URI, cannot be decoded, comes in more than --max-images-per-input "
+    "per input, or goes to a text-only model",
     401: "missing or wrong API key (only when the server has keys)",
     404: "the model named is not the one served",
     408: "the request body did not arrive in time",
-    413: "body over the byte limit, or more inputs / tokens than the server ever queues",
+    413: "body over the byte limit, more inputs / tokens than the server ever queues, or an image "
+    "of more pixels than --max-image-pixels",
     422: "the body does not have the request's shape or types",
     429: "at capacity: retry after Retry-After seconds",
     500: "internal error (e.g. a forward pass failed); other requests are unaffected",
@@ -136,17 +140,20 @@ def _ids(min_items: int) -> dict[str, Any]:
 
 
 def input_schema(max_inputs: int) -> dict[str, Any]:
-    """The four OpenAI input shapes, as `protocol._check_input` reads them."""
+    """The four OpenAI input shapes, then the two with images, as `protocol._check_input` reads them."""
     text = {"type": "string", "minLength": 1}
     return {
         "description": "a string, a list of strings, a list of token ids (one tokenized input) or a "
         f"list of token-id lists; at most {max_inputs} inputs, token ids below the model's "
-        "vocabulary size, each input within the model's max_model_len unless truncate is set",
+        "vocabulary size, each input within the model's max_model_len unless truncate is set. "
+        "Multimodal models (Qwen3-VL) also take an image part, a content item ({content: [text and "
+        "image parts]}) or a list of strings and such items; a text-only model answers an image with 400",
         "anyOf": [
             text,
             {"type": "array", "minItems": 1, "maxItems": max_inputs, "items": text},
             _ids(1),
             {"type": "array", "minItems": 1, "maxItems": max_inputs, "items": _ids(1)},
+            *multimodal_inputs(max_inputs),
         ],
     }
 
@@ -157,7 +164,7 @@ def request_schema(max_inputs: int) -> dict[str, Any]:
     schema["properties"]["dimensions"]["description"] = "Matryoshka: keep the first N values (at most the "
     "model's hidden size), then normalize"
     schema["properties"]["user"]["description"] = "accepted and ignored (OpenAI compatibility)"
-    return schema
+    return with_messages(schema)
 
 
 def embeddings_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
