@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
+from embedserve import Engine
 from embedserve.parity.backends.http import HttpBackend
 from embedserve.parity.backends.modeldir import TokenCounter
 from embedserve.parity.backends.vl_reference import VLReferenceBackend
@@ -64,6 +66,29 @@ def test_token_lengths_count_image_tokens(qwen3_vl_dir: Path, vl_ctx: DatasetCon
     assert isinstance(png, Parts)
     with_image = counter.count_parts(png.parts, "")
     assert with_image == counter.count_parts(("",), "") + 2 + 12  # vision start/end + 12 (128 x 96)
+
+
+# No system turn: the instruction folded into the text (a template unlike the built-in format).
+TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}Task: {{ m['content'][0]['text'] }}\n"
+    "{% else %}User: {% for c in m['content'] %}{% if c['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}Embedding:{% endif %}"
+)
+
+
+def test_the_reference_renders_the_directory_chat_template(
+    qwen3_vl_dir: Path, vl_ctx: DatasetContext, tmp_path: Path
+) -> None:
+    templated = tmp_path / "templated"
+    shutil.copytree(qwen3_vl_dir, templated)
+    (templated / "chat_template.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    items = list(load_dataset(SPEC, vl_ctx).corpus.values())[2:4]
+    ref = VLReferenceBackend(f"hf:{templated}", str(templated), Options("hf", {}))
+    assert ref.ref.prompt(["x"], "y").startswith("Task: y")
+    with Engine.from_pretrained(templated) as engine:
+        got = engine.embed([list(i.parts) for i in items if isinstance(i, Parts)])
+    assert cosine(got, ref.embed(items, "")).min() >= 0.99999
 
 
 def _perturbed(src: Path, dst: Path) -> Path:

@@ -2,7 +2,8 @@
 
 Independent of the engine: transformers' model, its Qwen2-VL image processor (PIL backend,
 the directory's `preprocessor_config.json`), its tokenizer and `apply_chat_template` when the
-directory has a chat template, else the official embedder's format. The vector is the last
+directory has a chat template (the tokenizer's, `chat_template.jinja` or `.json`), else the
+official embedder's format. The vector is the last
 token's post-final-norm hidden state (`last_hidden_state`, not `hidden_states[-1]`),
 L2-normalized. One input at a time (no padding); float32 unless `?dtype=`.
 """
@@ -31,6 +32,17 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 VLPart = str | Image.Image
 
 
+def file_template(path: Path) -> str | None:
+    """A processor-style chat template (`chat_template.jinja` / `chat_template.json`), which
+    the tokenizer alone does not load."""
+    if (path / "chat_template.jinja").exists():
+        return (path / "chat_template.jinja").read_text(encoding="utf-8")
+    if (path / "chat_template.json").exists():
+        template = json.loads((path / "chat_template.json").read_text(encoding="utf-8")).get("chat_template")
+        return template if isinstance(template, str) else None
+    return None
+
+
 class VLReference:
     """transformers on one Qwen3-VL directory."""
 
@@ -44,17 +56,20 @@ class VLReference:
         keys = ["size", "min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"]
         keys += ["image_mean", "image_std"]
         self.proc = Qwen2VLImageProcessorPil(**{k: pre[k] for k in keys if k in pre})
+        self.template = self.tok.chat_template or file_template(path)
         self.image_token_id = int(self.tok.convert_tokens_to_ids(IMAGE_PAD))  # type: ignore[arg-type]
 
     def prompt(self, parts: Sequence[VLPart], instruction: str) -> str:
-        if not self.tok.chat_template:
+        if not self.template:
             return official_prompt(parts, instruction)
         content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image"} for p in parts]
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": [{"type": "text", "text": instruction}]},
             {"role": "user", "content": content},
         ]
-        text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.tok.apply_chat_template(
+            messages, chat_template=self.template, tokenize=False, add_generation_prompt=True
+        )
         return str(text)
 
     def embed(self, parts: Sequence[VLPart], instruction: str, text: str | None = None) -> np.ndarray:
@@ -140,7 +155,7 @@ class VLReferenceBackend(Backend):
             "embedding_schema": {"dimensions": dim, "pooling": "lasttoken", "normalize": True},
             "config": {
                 "class": type(self.ref.model).__name__,
-                "chat_template": bool(self.ref.tok.chat_template),
+                "chat_template": bool(self.ref.template),
                 "batch_size": 1,
                 "versions": {p: version(p) for p in ("transformers", "torch", "pillow")},
             },
