@@ -138,53 +138,6 @@ IMAGE = {"type": "image_url", "image_url": {"url": PNG}}
 TEXT = {"type": "text", "text": "a chart: "}
 
 
-@pytest.fixture(scope="module")
-def vl_client(qwen3_vl_dir: Path) -> Iterator[TestClient]:
-    with server_client(qwen3_vl_dir, max_inputs_per_request=4) as c:
-        yield c
-
-
-@pytest.mark.parametrize(
-    ("body", "status"),
-    [
-        ({"input": [{"content": [TEXT, IMAGE, {"type": "text", "text": " end"}]}, "plain", IMAGE]}, 200),
-        ({"input": IMAGE}, 200),
-        ({"input": {"content": "text as a content item"}, "prompt": "Find the chart."}, 200),
-        ({"input": [{"type": "image_url", "image_url": PNG}, TEXT]}, 200),
-        (
-            {
-                "messages": [
-                    {"role": "system", "content": "Find it."},
-                    {"role": "user", "content": [TEXT, IMAGE]},
-                ]
-            },
-            200,
-        ),
-        ({"messages": [{"role": "user", "content": "just text"}], "dimensions": 32}, 200),
-        ({"input": [{"content": []}]}, 422),
-        ({"input": [{"type": "image"}]}, 422),
-        ({"input": [{"content": [IMAGE], "extra": 1}]}, 422),
-        ({"input": [{"type": "text", "text": "x", "image_url": PNG}]}, 422),
-        ({"input": [{"content": [TEXT]}, 5]}, 422),
-        ({"input": "x", "messages": [{"role": "user", "content": "y"}]}, 422),
-        ({"messages": [{"role": "assistant", "content": "x"}]}, 422),
-        ({"messages": [{"role": "system", "content": [IMAGE]}, {"role": "user", "content": "x"}]}, 422),
-        ({"messages": []}, 422),
-        ({"input": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}, 400),
-        ({"input": [IMAGE] * 5}, 400),
-    ],
-)
-def test_multimodal_bodies_are_answered_as_documented(
-    vl_client: TestClient, body: dict[str, Any], status: int
-) -> None:
-    doc = vl_client.get("/openapi.json").json()
-    assert _validator(doc, _request_schema(doc)).is_valid(body) == (status == 200), body
-    resp = vl_client.post("/v1/embeddings", json=body)
-    assert resp.status_code == status, resp.text
-    assert str(status) in doc["paths"]["/v1/embeddings"]["post"]["responses"]
-    _validator(doc, _response_schema(doc, "/v1/embeddings", "post", status)).validate(resp.json())
-
-
 def test_a_text_only_model_answers_a_documented_image_with_400(
     client: TestClient, doc: dict[str, Any]
 ) -> None:
