@@ -34,17 +34,17 @@ import numpy as np
 from embedserve import Engine
 
 model, dtype, workloads, budget = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
-options = json.loads(sys.argv[5])
+options, top = json.loads(sys.argv[5]), int(sys.argv[6])
 rng = np.random.default_rng(0)
 out = {}
 with Engine.from_pretrained(model, dtype=dtype, max_num_batched_tokens=budget, **options) as engine:
-    engine.embed([rng.integers(1000, 50000, 64).tolist()])  # warm-up: kernels built, pages touched
+    engine.embed([rng.integers(1000, top, 64).tolist()])  # warm-up: kernels built, pages touched
     for name, (length, count) in workloads.items():
         if length == 0:  # the mix: log-uniform lengths in 16..8K
             sizes = np.exp(np.random.default_rng(1).uniform(np.log(16), np.log(8192), count)).astype(int)
         else:
             sizes = [length] * count
-        ids = [rng.integers(1000, 50000, int(n)).tolist() for n in sizes]
+        ids = [rng.integers(1000, top, int(n)).tolist() for n in sizes]
         wall, cpu = time.perf_counter(), time.process_time()
         vectors = engine.embed(ids)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -84,6 +84,7 @@ def run_tree(
         json.dumps(workloads),
         str(args.budget),
         options,
+        str(args.max_id),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--max-id", type=int, default=50000, help="token ids drawn from 1000 .. this (exclusive)")
     p.add_argument("--options-a", default="{}", help="engine options of side A, JSON")
     p.add_argument("--options-b", default="{}", help="engine options of side B, JSON")
     args = p.parse_args(argv)

@@ -130,6 +130,29 @@ def test_strided_inputs_as_the_engine_passes_them(dtype: torch.dtype) -> None:
         torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_writes_into_a_row_slice_of_the_step_output(dtype: torch.dtype) -> None:
+    """paged_attention hands each sequence its rows of the step's output: the kernel writes
+    there (no copy), the same values as a fresh result, rows around the slice untouched; an
+    `out` it cannot write (strided, wrong shape) is refused, and other routes copy into it."""
+    gen = torch.Generator().manual_seed(4)
+    n, kv, heads, kv_heads, d = 70, 200, 4, 2, 32
+    q = torch.randn(n, heads, d, generator=gen).to(dtype)
+    k, v = (torch.randn(kv_heads, kv, d, generator=gen).to(dtype) for _ in range(2))
+    step = torch.full((n + 20, heads * d), 7.0, dtype=dtype)
+    rows = step[10 : 10 + n]
+    got = attention.causal_attention(q, k, v, 0.2, attention.CpuRoute.NATIVE, rows)
+    assert got.data_ptr() == rows.data_ptr()
+    assert torch.equal(rows, flash_attention.flash_attention(q, k, v, 0.2))
+    assert (step[:10] == 7).all() and (step[10 + n :] == 7).all()
+    with pytest.raises(ValueError, match="contiguous"):
+        flash_attention.flash_attention(q, k, v, 0.2, torch.empty(heads * d, n, dtype=dtype).t())
+    other = torch.empty(n, heads * d, dtype=dtype)
+    attention.causal_attention(q, k, v, 0.2, attention.CpuRoute.PYTORCH, other)
+    rtol, atol = (1e-5, 2e-6) if dtype == torch.float32 else (2e-2, 2e-2)
+    torch.testing.assert_close(other.double(), _want(q, k, v, 0.2), rtol=rtol, atol=atol)
+
+
 def test_running_max_rises_across_key_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Scores that grow with the key index to ~500 (the row max changes in every block and the
     output is rescaled each time; a softmax without the max overflows). Rounding scores that

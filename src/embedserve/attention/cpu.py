@@ -113,13 +113,33 @@ def _prefix_then_self(
 
 
 def causal_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, route: CpuRoute | None = None
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    route: CpuRoute | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One sequence's chunk: q [n, heads, d] at positions kv-n .. kv-1; keys, values
     [kv_heads, kv, d] (head-major: each head's keys one contiguous run when the caller keeps
-    them so), every key up to the chunk's last position. Returns [n, heads * d].
+    them so), every key up to the chunk's last position. Returns [n, heads * d], written into
+    `out` where given (the native kernel writes there directly; other routes copy).
     `route`: force a route (benchmarks, tests); by default `cpu_route` picks it.
     """
+    o = _causal_attention(q, keys, values, scale, route, out)
+    if out is None or o is out:
+        return o
+    return out.copy_(o)
+
+
+def _causal_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    route: CpuRoute | None,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
     n, kv = q.shape[0], keys.shape[1]
     start = kv - n
     cpu = q.device.type == "cpu"
@@ -127,7 +147,8 @@ def causal_attention(
         native = cpu and q.dtype in NATIVE_MIN_ROWS and native_flash.available(q.dtype)
         route = cpu_route(n, kv, q.dtype, q.shape[2], native) if cpu else CpuRoute.PYTORCH
     if route is CpuRoute.NATIVE:
-        return native_flash.flash_attention(q, keys, values, scale)
+        direct = out is not None and native_flash.takes_out(q, out)
+        return native_flash.flash_attention(q, keys, values, scale, out if direct else None)
     if route is CpuRoute.BF16_GEMM:
         return gemm_attention(q, keys, values, scale)
     k4, v4 = keys.unsqueeze(0), values.unsqueeze(0)  # [1, kv_heads, kv, d], SDPA's layout
@@ -177,12 +198,12 @@ def paged_attention(
             out[rows] = o.squeeze(0).transpose(0, 1).flatten(1)
         elif s.kv_slots is None:
             keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
-            out[rows] = causal_attention(q[rows], keys, values, scale, route)
+            causal_attention(q[rows], keys, values, scale, route, out[rows])
         else:  # the cache already holds this chunk's K/V (written above) after its context
             assert kv_cache is not None, "a chunk with cached context needs the KV cache"
             keys = kv_cache[0].index_select(0, s.kv_slots).transpose(0, 1)
             values = kv_cache[1].index_select(0, s.kv_slots).transpose(0, 1)
-            out[rows] = causal_attention(q[rows], keys, values, scale, route)
+            causal_attention(q[rows], keys, values, scale, route, out[rows])
     return out
 
 

@@ -64,14 +64,21 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"flash_attention in bfloat16 needs an even head_dim, got {got()}")
 
 
-def _run(fn: Kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """The kernel on inputs `_check` accepted."""
+def _run(
+    fn: Kernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The kernel on inputs `_check` accepted, into `out` (`takes_out`) or a new tensor."""
     q = q if q.stride(2) == 1 else q.contiguous()  # kept alive by these names through the call
     k = k if k.stride(2) == 1 else k.contiguous()
     v = v if v.stride(2) == 1 else v.contiguous()
     n, heads, d = q.shape
     kv_heads, kv, _ = k.shape
-    out = torch.empty(n, heads * d, dtype=q.dtype)
+    out = torch.empty(n, heads * d, dtype=q.dtype) if out is None else out
     dims = _Int64s(n, heads, d, kv_heads, kv, 0)
     strides = _Int64s(q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dims, strides, scale)
@@ -122,11 +129,24 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
     return True
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def takes_out(q: torch.Tensor, out: torch.Tensor) -> bool:
+    """The kernel can write q's attention straight into `out`: [n, heads * d], q's dtype,
+    contiguous (e.g. a row slice of a packed step's output: no copy of the result)."""
+    n, heads, d = q.shape
+    return out.shape == (n, heads * d) and out.dtype == q.dtype and out.is_contiguous()
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """q [n, heads, d] float32 or bfloat16 at positions kv-n .. kv-1; k, v [kv_heads, kv, d]
     of q's dtype (any strides with a dense last dim). Query i sees keys 0 .. kv-n+i. Returns
-    [n, heads * d] in q's dtype. Call only where `available(q.dtype)`."""
+    [n, heads * d] in q's dtype, written into `out` where given (see `takes_out`). Call only
+    where `available(q.dtype)`."""
     _check(q, k, v)
+    if out is not None and not takes_out(q, out):
+        got = f"{tuple(out.shape)} {out.dtype} for q {tuple(q.shape)}"
+        raise ValueError(f"flash_attention writes into a contiguous [n, heads * d] out of q's dtype: {got}")
     fn = _kernel(q.dtype)
     assert fn is not None, f"flash_attention without the native {q.dtype} kernel"
-    return _run(fn, q, k, v, scale)
+    return _run(fn, q, k, v, scale, out)

@@ -1,0 +1,88 @@
+"""Short-query requests/s through a served OpenAI-compatible endpoint, with the `openai`
+client's own request shape (it asks for base64 vectors and decodes them), closed loop.
+
+    python benchmarks/short_served.py --url http://127.0.0.1:8011/v1 --model NAME \
+        --tokenizer DIR --tokens 16 --concurrency 1,32 --requests 200 [--pid SERVER_PID]
+
+Each query is a different `--tokens`-token text (words that are single tokens in the
+tokenizer). Reported per concurrency: requests/s, p50 / p99 latency, and with `--pid` the
+server's CPU seconds per request (its process tree), which holds up on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import psutil
+from openai import AsyncOpenAI
+from tokenizers import Tokenizer
+
+
+def queries(tokenizer_dir: str, tokens: int, count: int) -> list[str]:
+    tok = Tokenizer.from_file(f"{tokenizer_dir}/tokenizer.json")
+    vocab = [w for w in tok.get_vocab() if w.isalpha() and len(w) > 3][:5000]
+    texts = []
+    for i in range(count):
+        picked = [vocab[(i * 7919 + j * 104729) % len(vocab)] for j in range(tokens * 2)]
+        text = " ".join(picked)
+        ids = tok.encode(text, add_special_tokens=False).ids[:tokens]
+        texts.append(tok.decode(ids))
+    return texts
+
+
+def server_cpu(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    proc = psutil.Process(pid)
+    total = 0.0
+    for p in (proc, *proc.children(recursive=True)):
+        t = p.cpu_times()
+        total += t.user + t.system
+    return total
+
+
+async def cell(client: AsyncOpenAI, model: str, texts: list[str], concurrency: int) -> list[float]:
+    latencies: list[float] = []
+    it = iter(texts)
+
+    async def worker() -> None:
+        for text in it:
+            t = time.perf_counter()
+            r = await client.embeddings.create(model=model, input=text)
+            assert len(r.data[0].embedding) > 0
+            latencies.append(time.perf_counter() - t)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--concurrency", default="1,32")
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--pid", type=int)
+    args = p.parse_args()
+    client = AsyncOpenAI(base_url=args.url, api_key="none", max_retries=0, timeout=600)
+    texts = queries(args.tokenizer, args.tokens, args.requests + 10)
+    await cell(client, args.model, texts[-10:], 1)  # warm-up
+    for c in (int(x) for x in args.concurrency.split(",")):
+        cpu, wall = server_cpu(args.pid), time.perf_counter()
+        lat = sorted(await cell(client, args.model, texts[: args.requests], c))
+        wall, cpu = time.perf_counter() - wall, server_cpu(args.pid) - cpu
+        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+        per = f", server {1000 * cpu / len(lat):.1f} CPU-ms/request" if args.pid else ""
+        print(
+            f"concurrency {c}: {len(lat) / wall:.2f} req/s, p50 {1000 * statistics.median(lat):.1f} ms, "
+            f"p99 {1000 * p99:.1f} ms{per} ({len(lat)} requests of {args.tokens} tokens)"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
