@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import numpy as np
 
 from embedserve.parity.datasets import Item, Parts
 from embedserve.parity.options import Options, ParityError
+from embedserve.schema import fingerprint_model_dir
 
 
 class Backend(abc.ABC):
@@ -24,6 +26,13 @@ class Backend(abc.ABC):
     def take_batching(self, opts: Options, items: int, tokens: int) -> None:
         self.batch_items = opts.integer("batch_size", items) or items
         self.batch_tokens = opts.integer("batch_tokens", tokens) or tokens
+
+    @functools.cached_property
+    def model_version(self) -> str:
+        """The fingerprint `embedserve serve` reports for `model_dir`, computed once (it reads
+        every byte). Backends without local files (http) report their server's instead."""
+        assert self.model_dir is not None
+        return fingerprint_model_dir(self.model_dir)
 
     def cache_identity(self) -> str | None:
         """What determines this backend's vectors, if they may be cached (references only)."""

@@ -19,7 +19,6 @@ import torch
 from embedserve.parity.backends.base import Backend, split_items
 from embedserve.parity.datasets import Item
 from embedserve.parity.options import Options, ParityError
-from embedserve.schema import fingerprint_model_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,7 +47,6 @@ class ReferenceBackend(Backend):
         )
         self.model.eval()
         self.max_length = int(self.model.max_seq_length) if self.model.max_seq_length else None
-        self._version: str | None = None
 
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
         texts, ids = split_items(items)
@@ -64,14 +62,6 @@ class ReferenceBackend(Backend):
                 features = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
                 rows.append(self.model.forward(features)["sentence_embedding"][0].float().cpu().numpy())
         return np.stack(rows).astype(np.float32)
-
-    @property
-    def model_version(self) -> str:
-        """The fingerprint `embedserve serve` reports, computed once (it reads every byte)."""
-        if self._version is None:
-            assert self.model_dir is not None
-            self._version = fingerprint_model_dir(self.model_dir)
-        return self._version
 
     def cache_identity(self) -> str:
         versions = ",".join(version(p) for p in ("sentence-transformers", "transformers", "torch"))

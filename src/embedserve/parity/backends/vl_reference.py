@@ -25,7 +25,6 @@ from embedserve.parity.backends.base import Backend
 from embedserve.parity.backends.modeldir import DEFAULT_INSTRUCTION, IMAGE_PAD, official_prompt
 from embedserve.parity.datasets import Item, Parts
 from embedserve.parity.options import Options, ParityError
-from embedserve.schema import fingerprint_model_dir
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -119,7 +118,6 @@ class VLReferenceBackend(Backend):
         self.ref = VLReference(self.model_dir, _DTYPES[self.dtype])
         cfg = self.ref.model.config.get_text_config()
         self.max_length = int(cfg.max_position_embeddings)
-        self._version: str | None = None
 
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
         instruction = prompt or DEFAULT_INSTRUCTION
@@ -131,13 +129,6 @@ class VLReferenceBackend(Backend):
                 parts = decoded(item) if isinstance(item, Parts) else [item]
                 rows.append(self.ref.embed(parts, instruction))
         return np.stack(rows).astype(np.float32)
-
-    @property
-    def model_version(self) -> str:
-        if self._version is None:
-            assert self.model_dir is not None
-            self._version = fingerprint_model_dir(self.model_dir)
-        return self._version
 
     def cache_identity(self) -> str:
         versions = ",".join(version(p) for p in ("transformers", "torch", "pillow"))
