@@ -3,6 +3,11 @@ client's own request shape (it asks for base64 vectors and decodes them), closed
 
     python benchmarks/short_served.py --url http://127.0.0.1:8011/v1 --model NAME \
         --tokenizer DIR --tokens 16 --concurrency 1,32 --requests 200 [--pid SERVER_PID]
+    python benchmarks/short_served.py --tokenizer DIR --rounds 3 \
+        --target ours=http://127.0.0.1:8021/v1,local,PID --target vllm=http://127.0.0.1:8011/v1,peer,PID
+
+With several targets the cells alternate (round, concurrency, target), so a noisy machine
+slows each about equally; the last lines give per-target medians and ratios to the first.
 
 Each query is a different `--tokens`-token text (words that are single tokens in the
 tokenizer). Reported per concurrency: requests/s, p50 / p99 latency, and with `--pid` the
@@ -59,29 +64,59 @@ async def cell(client: AsyncOpenAI, model: str, texts: list[str], concurrency: i
     return latencies
 
 
+def parse_target(spec: str) -> tuple[str, str, str, int | None]:
+    """NAME=URL,MODEL[,PID]"""
+    name, _, rest = spec.partition("=")
+    parts = rest.split(",")
+    if not name or len(parts) not in (2, 3):
+        raise SystemExit(f"--target {spec!r}: expected NAME=URL,MODEL[,PID]")
+    return name, parts[0], parts[1], int(parts[2]) if len(parts) == 3 else None
+
+
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", required=True)
-    p.add_argument("--model", required=True)
+    p.add_argument("--url", help="one endpoint (with --model, --pid); or use --target")
+    p.add_argument("--model")
+    p.add_argument("--pid", type=int)
+    p.add_argument("--target", action="append", default=[], help="NAME=URL,MODEL[,PID]; repeatable")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--concurrency", default="1,32")
     p.add_argument("--requests", type=int, default=200)
-    p.add_argument("--pid", type=int)
+    p.add_argument("--rounds", type=int, default=1, help="alternate the targets this many times")
     args = p.parse_args()
-    client = AsyncOpenAI(base_url=args.url, api_key="none", max_retries=0, timeout=600)
+    targets = [parse_target(t) for t in args.target]
+    if args.url:
+        targets.insert(0, ("server", args.url, args.model or "", args.pid))
+    if not targets:
+        raise SystemExit("give --url and --model, or one or more --target")
     texts = queries(args.tokenizer, args.tokens, args.requests + 10)
-    await cell(client, args.model, texts[-10:], 1)  # warm-up
-    for c in (int(x) for x in args.concurrency.split(",")):
-        cpu, wall = server_cpu(args.pid), time.perf_counter()
-        lat = sorted(await cell(client, args.model, texts[: args.requests], c))
-        wall, cpu = time.perf_counter() - wall, server_cpu(args.pid) - cpu
-        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
-        per = f", server {1000 * cpu / len(lat):.1f} CPU-ms/request" if args.pid else ""
-        print(
-            f"concurrency {c}: {len(lat) / wall:.2f} req/s, p50 {1000 * statistics.median(lat):.1f} ms, "
-            f"p99 {1000 * p99:.1f} ms{per} ({len(lat)} requests of {args.tokens} tokens)"
-        )
+    clients = {
+        name: AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+        for name, url, _, _ in targets
+    }
+    for name, _, model, _ in targets:
+        await cell(clients[name], model, texts[-10:], 1)  # warm-up
+    rates: dict[tuple[str, int], list[float]] = {}
+    for r in range(args.rounds):
+        for c in (int(x) for x in args.concurrency.split(",")):
+            for name, _, model, pid in targets:
+                cpu, wall = server_cpu(pid), time.perf_counter()
+                lat = sorted(await cell(clients[name], model, texts[: args.requests], c))
+                wall, cpu = time.perf_counter() - wall, server_cpu(pid) - cpu
+                rates.setdefault((name, c), []).append(len(lat) / wall)
+                p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+                per = f", server {1000 * cpu / len(lat):.1f} CPU-ms/request" if pid else ""
+                print(
+                    f"round {r + 1} {name} concurrency {c}: {len(lat) / wall:.2f} req/s, "
+                    f"p50 {1000 * statistics.median(lat):.1f} ms, p99 {1000 * p99:.1f} ms{per} "
+                    f"({len(lat)} requests of {args.tokens} tokens)",
+                    flush=True,
+                )
+    first = targets[0][0]
+    for (name, c), values in rates.items():
+        ratio = statistics.median(values) / statistics.median(rates[(first, c)])
+        print(f"median {name} concurrency {c}: {statistics.median(values):.2f} req/s ({ratio:.2f}x {first})")
 
 
 if __name__ == "__main__":
