@@ -96,8 +96,10 @@ def slow_steps(client: TestClient, monkeypatch: pytest.MonkeyPatch, seconds: flo
         return real(out)
 
     monkeypatch.setattr(runner, "execute", execute)
-    yield
-    monkeypatch.undo()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
     deadline = time.monotonic() + 10
     while engine.stats()["kv_blocks_used"] and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -11,12 +11,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
 from embedserve.gateway.service import POOLS_HEADER
 from tests.helpers.inprocess import LocalReplica, ingress_app, runtime_of, server_client, slow_steps
+from tests.helpers.route_checks import (
+    COHERE_REFUSALS,
+    QUERY,
+    RERANK_BODY,
+    assert_rerank_refusals,
+    assert_same_cohere,
+    assert_same_ranking,
+)
 from tests.helpers.server_process import words
 from tests.helpers.tiny_rerankers import build_cross_encoder
 
@@ -24,8 +31,6 @@ pytest.importorskip("ray")
 from embedserve.scale.replica import answer
 
 Ingress = tuple[TestClient, dict[str, LocalReplica]]
-QUERY = "how do wings produce lift"
-DOCS = ["pressure difference over an airfoil", "boundary layers", "lift", "shock waves in nozzles"]
 
 
 @pytest.fixture(scope="module")
@@ -59,26 +64,11 @@ def test_cohere_embed_goes_whole_to_one_pool_as_the_server_answers(
         path, told = replicas[pool].calls[-1]
         assert path == "/v2/embed" and told is not None and 25 < told <= 30  # request_timeout_s
         got, direct = resp.json(), embed_server.post("/v2/embed", json=body).json()
-        assert got["response_type"] == "embeddings_by_type" and got["texts"] == texts
-        assert got["embedding_schemas"] == direct["embedding_schemas"]
+        assert_same_cohere(got, direct, ["float", "int8"])
         assert got["embedding_schema"] == direct["embedding_schema"] and got["model"] == direct["model"]
-        for kind in ("float", "int8"):
-            assert np.allclose(
-                got["embeddings"][kind], direct["embeddings"][kind], atol=1e-5 if kind == "float" else 1
-            )
 
 
-@pytest.mark.parametrize(
-    ("body", "status", "message"),
-    [
-        ({"texts": []}, 422, "texts"),
-        ({"texts": ["x"], "input_type": "nope"}, 422, "input_type"),
-        ({"texts": ["x"] * 5}, 400, "5 inputs in one request; the limit is 4"),
-        ({"texts": [words(5000)], "truncate": "NONE"}, 400, "exceed the limit of 512"),
-        ({"texts": ["x"], "model": "other"}, 404, "this gateway serves"),
-        ({"texts": ["x"], "output_dimension": 10**6}, 400, "pool 'short'"),  # found by the replica
-    ],
-)
+@pytest.mark.parametrize(("body", "status", "message"), COHERE_REFUSALS)
 def test_cohere_refusals(ingress: Ingress, body: dict[str, Any], status: int, message: str) -> None:
     resp = ingress[0].post("/v2/embed", json=body)
     assert resp.status_code == status, resp.text
@@ -164,33 +154,18 @@ def test_rerank_through_the_ingress_is_the_servers_answer(
     rerank_pair: tuple[TestClient, Ingress], path: str
 ) -> None:
     server, (client, replicas) = rerank_pair
-    body = {"query": QUERY, "documents": [DOCS[0], {"text": DOCS[1]}, *DOCS[2:]], "top_n": 3}
-    body["return_documents"] = True
-    resp = client.post(path, json=body)
+    resp = client.post(path, json=RERANK_BODY)
     assert resp.status_code == 200, resp.text
     assert resp.headers[POOLS_HEADER] == "short"  # every pair fits 64 tokens
     assert replicas["short"].calls[-1][0] == "/v1/rerank"
-    got, direct = resp.json(), server.post("/v1/rerank", json=body).json()
-    assert [r["index"] for r in got["results"]] == [r["index"] for r in direct["results"]]
-    assert [r["document"] for r in got["results"]] == [r["document"] for r in direct["results"]]
-    assert np.allclose(
-        [r["relevance_score"] for r in got["results"]],
-        [r["relevance_score"] for r in direct["results"]],
-        atol=1e-5,
-    )
-    assert got["usage"] == direct["usage"] and got["embedding_schema"] == direct["embedding_schema"]
+    assert_same_ranking(resp.json(), server.post("/v1/rerank", json=RERANK_BODY).json())
     long = client.post("/v1/rerank", json={"query": QUERY, "documents": ["lift", words(90)]})
     assert long.status_code == 200 and long.headers[POOLS_HEADER] == "long", long.text
 
 
 def test_rerank_refusals_through_the_ingress(rerank_pair: tuple[TestClient, Ingress]) -> None:
     server, (client, _) = rerank_pair
-    empty = client.post("/v1/rerank", json={"query": QUERY, "documents": ["ok", " "]})
-    assert empty.status_code == 400 and "document 1" in empty.json()["error"]["message"]
-    body = {"query": QUERY, "documents": [words(200)], "truncate": "error"}
-    too_long = client.post("/v1/rerank", json=body)
-    assert too_long.status_code == 400 and "exceed the limit of 128" in too_long.json()["error"]["message"]
-    assert client.post("/v1/rerank", json={"query": QUERY, "documents": "no"}).status_code == 422
+    assert_rerank_refusals(client)
     # The replica's handler honours its deadline on /v1/rerank too.
     runtime = runtime_of(server)
     payload = {"query": "q", "documents": ["d"]}
