@@ -1,5 +1,6 @@
-"""The server and the gateway in-process: a warmed-up server app behind FastAPI's TestClient, and
-a gateway whose pools are that server app (httpx's ASGI transport: no sockets, no processes)."""
+"""The server and the gateway in-process: a warmed-up server app behind FastAPI's TestClient, a
+gateway whose pools are that server app (httpx's ASGI transport: no sockets, no processes), and
+the Ray Serve ingress without Ray: its pools' handles run the replica's code on that server."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -21,7 +24,7 @@ from embedserve.gateway.forward import Forwarder
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.service import GatewayService
 from embedserve.gateway.upstreams import UpstreamSet
-from embedserve.server.app import create_app
+from embedserve.server.app import create_app, model_card
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 
 
@@ -77,3 +80,72 @@ def gateway_app(server_app: Any, model_dir: Path, api_keys: tuple[str, ...] = ()
     forwarder = Forwarder(upstreams, metrics, cfg.balance)
     service = GatewayService(cfg, TokenCounter(model_dir), upstreams, metrics, forwarder)
     return create_gateway_app(service, api_keys)
+
+
+@contextlib.contextmanager
+def slow_steps(client: TestClient, monkeypatch: pytest.MonkeyPatch, seconds: float = 2.0) -> Iterator[None]:
+    """Every engine step of the server takes `seconds` longer; afterwards, the work a deadline
+    cancelled must have freed its KV blocks."""
+    engine = runtime_of(client).engine
+    assert engine is not None
+    runner = engine._loop.core.runner
+    real = runner.execute
+
+    def execute(out: Any) -> Any:
+        time.sleep(seconds)
+        return real(out)
+
+    monkeypatch.setattr(runner, "execute", execute)
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+    deadline = time.monotonic() + 10
+    while engine.stats()["kv_blocks_used"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.stats()["kv_blocks_used"] == 0  # the cancelled work freed its blocks
+
+
+class LocalReplica:
+    """A pool deployment's handle without Ray (`request.remote`, `card.remote`): the replica's
+    code (scale/replica.py) on a started server's runtime; records what each call was told."""
+
+    def __init__(self, runtime: ServerRuntime) -> None:
+        self.runtime = runtime
+        self.calls: list[tuple[str, float | None]] = []  # (path, timeout_s)
+        self.request = SimpleNamespace(remote=self._request)
+        self.card = SimpleNamespace(remote=self._card)
+
+    async def _request(self, path: str, payload: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
+        from embedserve.scale.replica import answer
+
+        self.calls.append((path, timeout_s))
+        return await answer(self.runtime, self.runtime.metrics, path, payload, timeout_s)
+
+    async def _card(self) -> dict[str, Any]:
+        assert self.runtime.service is not None
+        return model_card(self.runtime.service)
+
+
+def ingress_app(
+    server: TestClient, model_dir: Path, **config: Any
+) -> tuple[FastAPI, dict[str, LocalReplica]]:
+    """The Ray Serve ingress's app (scale/ingress.py) with a short and a long pool whose replicas
+    are `server`'s runtime (LocalReplica), and those replicas."""
+    from embedserve.scale.config import parse_scale_config
+    from embedserve.scale.ingress import serve_gateway
+
+    cfg = parse_scale_config(
+        {
+            "model": str(model_dir),
+            "pools": {"short": {"max_tokens": 64}, "long": {"max_tokens": 512}},
+            "routes": [
+                {"class": "online", "order": ["short", "long"]},
+                {"class": "batch", "order": ["long"]},
+            ],
+            **config,
+        }
+    )
+    replicas = {p.name: LocalReplica(runtime_of(server)) for p in cfg.pools}
+    service, _ = asyncio.run(serve_gateway(cfg, replicas, TokenCounter(model_dir)))
+    return create_gateway_app(service), replicas

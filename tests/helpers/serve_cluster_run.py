@@ -1,8 +1,10 @@
 """End-to-end run of `serve-cluster` on a local Ray (run inside a loopback-only network namespace
-by tests/integration/test_serve_cluster.py): correctness, a killed replica, the ingress's overhead
-next to a direct `embedserve serve`, and the short pool scaled 1 -> 2 -> 1 on queued tokens.
+by tests/integration/test_serve_cluster.py): correctness, a killed replica, `/v2/embed` and the
+caller's X-Request-Timeout, the ingress's overhead next to a direct `embedserve serve`, the short
+pool scaled 1 -> 2 -> 1 on queued tokens; then the app redeployed on a cross-encoder for
+`/v1/rerank`.
 
-    python -m tests.helpers.serve_cluster_run MODEL_DIR OUT.json
+    python -m tests.helpers.serve_cluster_run MODEL_DIR RERANKER_DIR OUT.json
 """
 
 from __future__ import annotations
@@ -56,6 +58,16 @@ def pools_yaml(model: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def rerank_pools_yaml(model: str) -> dict[str, Any]:
+    one = {"replicas": {"min": 1, "max": 1}, "resources": {"num_cpus": 0.5}, "warmup_lengths": [16]}
+    return {
+        "model": model,
+        "health_interval_s": 0.5,
+        "pools": {"short": {"max_tokens": 32, **one}, "long": {"max_tokens": 128, **one}},
+        "routes": [{"class": "online", "order": ["short", "long"]}],
+    }
+
+
 def short_replicas() -> int:
     app = serve.status().applications[APP_NAME]
     return int(app.deployments["pool-short"].replica_states.get("RUNNING", 0))
@@ -93,6 +105,58 @@ async def correctness(base: str, model: str) -> dict[str, Any]:
         want = engine.embed(flat)
     diff = float(np.max(np.abs(np.asarray([v for vs in got for v in vs]) - np.asarray(want))))
     return {"requests": len(requests), "inputs": len(flat), "max_abs_diff": diff, "killed": killed}
+
+
+def cohere_and_deadline(base: str, model: str) -> dict[str, Any]:
+    """/v2/embed placed whole (the long text takes the short one with it) equals the engine's
+    vectors; a caller's X-Request-Timeout that has passed is 504 deadline_exceeded; /v1/rerank
+    on an embedding model is the server's 400."""
+    texts = [words(5, seed=1), words(300, seed=2)]
+    body = {"texts": texts, "input_type": "search_query", "embedding_types": ["float", "base64"]}
+    with httpx.Client(timeout=60) as c:
+        r = c.post(f"{base}/v2/embed", json=body)
+        r.raise_for_status()
+        late = c.post(f"{base}/v2/embed", json=body, headers={"X-Request-Timeout": "0.001"})
+        rerank = c.post(f"{base}/v1/rerank", json={"query": "q", "documents": ["d"]})
+    with Engine.from_pretrained(model, max_model_len=LONG_MAX) as engine:
+        want = engine.embed(texts, prompt_name="query")
+    got = r.json()
+    return {
+        "pools": r.headers.get("x-embedserve-pools"),
+        "types": sorted(got["embeddings"]),
+        "max_abs_diff": float(np.max(np.abs(np.asarray(got["embeddings"]["float"]) - want))),
+        "late": [late.status_code, late.json()["error"]["type"]],
+        "rerank_on_embedder": [rerank.status_code, rerank.json()["error"]["message"]],
+    }
+
+
+def rerank(base: str, model: str) -> dict[str, Any]:
+    """The app redeployed on a reranker: /v1/rerank (and /rerank) equal the engine's ranking."""
+    serve.delete(APP_NAME)
+    serve.run(build_app(parse_scale_config(rerank_pools_yaml(model))), name=APP_NAME, route_prefix="/")
+    wait_ready(base)
+    query, docs = "how do wings produce lift", ["lift", "boundary layers", words(60, seed=3), "nozzles"]
+    with Engine.from_pretrained(model, max_model_len=128) as engine:
+        want = [(x.index, x.relevance_score) for x in engine.rerank(query, docs, top_n=3)]
+    out: dict[str, Any] = {}
+    with httpx.Client(timeout=60) as c:
+        for path in ("/v1/rerank", "/rerank"):
+            r = c.post(f"{base}{path}", json={"query": query, "documents": docs, "top_n": 3})
+            r.raise_for_status()
+            got = [(x["index"], x["relevance_score"]) for x in r.json()["results"]]
+            out[path] = {
+                "pools": r.headers.get("x-embedserve-pools"),
+                "same_order": [i for i, _ in got] == [i for i, _ in want],
+                "max_abs_diff": max(abs(a[1] - b[1]) for a, b in zip(got, want, strict=True)),
+            }
+    return out
+
+
+def wait_ready(base: str) -> None:
+    for _ in range(240):
+        if httpx.get(f"{base}/health/ready").status_code == 200:
+            return
+        time.sleep(0.5)
 
 
 def latency(url: str, n: int = 60) -> float:
@@ -165,7 +229,7 @@ def scale(base: str) -> list[tuple[float, int, str]]:
     return trace
 
 
-def main(model: str, out: str) -> None:
+def main(model: str, reranker: str, out: str) -> None:
     ray.init(num_cpus=2, include_dashboard=False)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -173,12 +237,10 @@ def main(model: str, out: str) -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         t = time.monotonic()
         serve.run(build_app(parse_scale_config(pools_yaml(model))), name=APP_NAME, route_prefix="/")
-        for _ in range(120):
-            if httpx.get(f"{base}/health/ready").status_code == 200:
-                break
-            time.sleep(0.5)
+        wait_ready(base)
         result: dict[str, Any] = {"startup_s": round(time.monotonic() - t, 1)}
         result["correctness"] = asyncio.run(correctness(base, model))
+        result["cohere"] = cohere_and_deadline(base, model)
         time.sleep(3)  # the killed replica's replacement comes up
         result["overhead"] = overhead(base, model)
         result["scale_trace"] = scale(base)
@@ -187,6 +249,9 @@ def main(model: str, out: str) -> None:
             x for x in metrics.splitlines() if x.startswith("embedserve_request_latency_seconds_count{")
         ]
         result["metrics_pool_labels"] = sorted({x.split('pool="')[1].split('"')[0] for x in counts})
+        t = time.monotonic()
+        result["rerank"] = rerank(base, reranker)
+        result["rerank_s"] = round(time.monotonic() - t, 1)
         Path(out).write_text(json.dumps(result, indent=1))
     finally:
         serve.shutdown()
@@ -194,4 +259,4 @@ def main(model: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

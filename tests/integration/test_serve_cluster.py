@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.tiny_rerankers import build_cross_encoder
 from tests.integration.test_index_ray import _isolated_network
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +36,7 @@ def _skip_reason() -> str | None:
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 def test_pools_on_ray_serve_route_survive_a_kill_and_scale(qwen3_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run.json"
+    reranker = build_cross_encoder(tmp_path / "bert-ce", "bert")
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
@@ -42,7 +44,7 @@ def test_pools_on_ray_serve_route_survive_a_kill_and_scale(qwen3_dir: Path, tmp_
         "RAY_USAGE_STATS_ENABLED": "0",
     }
     module = "tests.helpers.serve_cluster_run"
-    script = f"ip link set lo up && exec '{sys.executable}' -m {module} '{qwen3_dir}' '{out}'"
+    script = f"ip link set lo up && exec '{sys.executable}' -m {module} '{qwen3_dir}' '{reranker}' '{out}'"
     run = subprocess.run(
         ["unshare", "--net", "sh", "-c", script],
         cwd=ROOT,
@@ -63,3 +65,13 @@ def test_pools_on_ray_serve_route_survive_a_kill_and_scale(qwen3_dir: Path, tmp_
     assert counts[0] == 1 and 2 in counts and counts[-1] == 1
     # The servers' per-length-bucket metrics reach the ingress, labelled by pool.
     assert result["metrics_pool_labels"] == ["long", "short"]
+    # /v2/embed whole on the pool of its longest text, the engine's vectors; a passed deadline
+    # is 504; rerank on an embedding model is the server's 400.
+    co = result["cohere"]
+    assert co["pools"] == "long" and co["types"] == ["base64", "float"] and co["max_abs_diff"] < 2e-5
+    assert co["late"] == [504, "deadline_exceeded"]
+    assert co["rerank_on_embedder"][0] == 400 and "is an embedding model" in co["rerank_on_embedder"][1]
+    # The app redeployed on a cross-encoder: /v1/rerank and /rerank rank as the engine does.
+    for path in ("/v1/rerank", "/rerank"):
+        rr = result["rerank"][path]
+        assert rr["pools"] == "long" and rr["same_order"] and rr["max_abs_diff"] < 1e-5, rr

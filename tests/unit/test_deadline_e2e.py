@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.helpers.inprocess import gateway_app, runtime_of, server_client
+from tests.helpers.inprocess import gateway_app, runtime_of, server_client, slow_steps
 
 
 @pytest.fixture(scope="module")
@@ -23,22 +23,8 @@ def server(qwen3_dir: Path) -> Iterator[TestClient]:
 
 @pytest.fixture
 def slow(server: TestClient, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    engine = runtime_of(server).engine
-    assert engine is not None
-    runner = engine._loop.core.runner
-    real = runner.execute
-
-    def execute(out: Any) -> Any:
-        time.sleep(2.0)
-        return real(out)
-
-    monkeypatch.setattr(runner, "execute", execute)
-    yield
-    monkeypatch.undo()
-    deadline = time.monotonic() + 10
-    while engine.stats()["kv_blocks_used"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert engine.stats()["kv_blocks_used"] == 0  # the cancelled work freed its blocks
+    with slow_steps(server, monkeypatch):
+        yield
 
 
 def _status_count(server: TestClient, status: str) -> float:

@@ -61,6 +61,17 @@ def test_every_upstream_call_carries_the_time_left(counter: TokenCounter) -> Non
     asyncio.run(go())
 
 
+def test_the_clients_timeout_can_only_shorten_the_deadline(counter: TokenCounter) -> None:
+    async def go() -> None:
+        for client_s, low, high in ((2.0, 1.5, 2.0), (100.0, 15.0, 20.0)):
+            service, fakes = await fake_gateway(counter)(request_timeout_s=20)
+            await service.embed(_request(words(3)), "online", client_s)
+            sent = [float(h["x-request-timeout"]) for f in fakes.values() for h in f.headers]
+            assert len(sent) == 1 and low < sent[0] <= high, (client_s, sent)
+
+    asyncio.run(go())
+
+
 def test_the_gateway_deadline_bounds_the_wait_on_a_slow_pool(counter: TokenCounter) -> None:
     async def go() -> None:
         service, fakes = await fake_gateway(counter)(request_timeout_s=0.4)

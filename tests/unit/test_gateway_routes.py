@@ -8,17 +8,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
 from embedserve.gateway.service import POOLS_HEADER
 from tests.helpers.inprocess import gateway_app, server_client
+from tests.helpers.route_checks import (
+    COHERE_REFUSALS,
+    QUERY,
+    RERANK_BODY,
+    assert_rerank_refusals,
+    assert_same_cohere,
+    assert_same_ranking,
+)
 from tests.helpers.server_process import words
 from tests.helpers.tiny_rerankers import build_cross_encoder
-
-QUERY = "how do wings produce lift"
-DOCS = ["pressure difference over an airfoil", "boundary layers", "lift", "shock waves in nozzles"]
 
 
 @pytest.fixture(scope="module")
@@ -40,27 +44,10 @@ def test_cohere_embed_goes_whole_to_the_pool_of_its_longest_text(
         resp = gateway.post("/v2/embed", json=body)
         assert resp.status_code == 200, resp.text
         assert resp.headers[POOLS_HEADER] == pool and "x-total-time" in resp.headers
-        direct = embed_server.post("/v2/embed", json=body).json()
-        got = resp.json()
-        assert got["response_type"] == "embeddings_by_type" and got["texts"] == texts
-        assert got["embedding_schemas"] == direct["embedding_schemas"]
-        for kind in ("float", "int8"):
-            assert np.allclose(
-                got["embeddings"][kind], direct["embeddings"][kind], atol=1e-5 if kind == "float" else 1
-            )
+        assert_same_cohere(resp.json(), embed_server.post("/v2/embed", json=body).json(), ["float", "int8"])
 
 
-@pytest.mark.parametrize(
-    ("body", "status", "message"),
-    [
-        ({"texts": []}, 422, "texts"),
-        ({"texts": ["x"], "input_type": "nope"}, 422, "input_type"),
-        ({"texts": ["x"] * 5}, 400, "5 inputs in one request; the limit is 4"),
-        ({"texts": [words(5000)], "truncate": "NONE"}, 400, "exceed the limit of 512"),
-        ({"texts": ["x"], "model": "other"}, 404, "this gateway serves"),
-        ({"texts": ["x"], "output_dimension": 10**6}, 400, "pool 'short'"),  # found by the pool
-    ],
-)
+@pytest.mark.parametrize(("body", "status", "message"), COHERE_REFUSALS)
 def test_cohere_refusals(gateway: TestClient, body: dict[str, Any], status: int, message: str) -> None:
     resp = gateway.post("/v2/embed", json=body)
     assert resp.status_code == status, resp.text
@@ -101,34 +88,13 @@ def test_rerank_through_the_gateway_is_the_servers_answer(
     rerank_pair: tuple[TestClient, TestClient], path: str
 ) -> None:
     server, gateway = rerank_pair
-    body = {
-        "query": QUERY,
-        "documents": [DOCS[0], {"text": DOCS[1]}, *DOCS[2:]],
-        "top_n": 3,
-        "return_documents": True,
-    }
-    resp = gateway.post(path, json=body)
+    resp = gateway.post(path, json=RERANK_BODY)
     assert resp.status_code == 200, resp.text
     assert resp.headers[POOLS_HEADER] == "short"  # every pair fits 64 tokens
-    got, direct = resp.json(), server.post("/v1/rerank", json=body).json()
-    assert [r["index"] for r in got["results"]] == [r["index"] for r in direct["results"]]
-    assert np.allclose(
-        [r["relevance_score"] for r in got["results"]],
-        [r["relevance_score"] for r in direct["results"]],
-        atol=1e-5,
-    )
-    assert got["usage"] == direct["usage"] and got["embedding_schema"] == direct["embedding_schema"]
+    assert_same_ranking(resp.json(), server.post("/v1/rerank", json=RERANK_BODY).json())
     long = gateway.post("/v1/rerank", json={"query": QUERY, "documents": ["lift", words(90)]})
     assert long.status_code == 200 and long.headers[POOLS_HEADER] == "long", long.text
 
 
 def test_rerank_refusals_through_the_gateway(rerank_pair: tuple[TestClient, TestClient]) -> None:
-    _, gateway = rerank_pair
-    empty = gateway.post("/v1/rerank", json={"query": QUERY, "documents": ["ok", " "]})
-    assert empty.status_code == 400 and "document 1" in empty.json()["error"]["message"]
-    too_long = gateway.post(
-        "/v1/rerank", json={"query": QUERY, "documents": [words(200)], "truncate": "error"}
-    )
-    assert too_long.status_code == 400 and "exceed the limit of 128" in too_long.json()["error"]["message"]
-    shape = gateway.post("/v1/rerank", json={"query": QUERY, "documents": "not a list"})
-    assert shape.status_code == 422
+    assert_rerank_refusals(rerank_pair[1])

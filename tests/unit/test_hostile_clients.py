@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.helpers.fuzz import threaded_server
-from tests.helpers.inprocess import runtime_of, server_client
+from tests.helpers.inprocess import server_client, slow_steps
 from tests.helpers.server_process import words
 
 KEEP_ALIVE_S = 1
@@ -81,25 +81,11 @@ def test_a_request_over_its_deadline_is_cancelled_with_503_and_retry_after(
     server: tuple[TestClient, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client, url = server
-    engine = runtime_of(client).engine
-    assert engine is not None
-    runner = engine._loop.core.runner
-    real = runner.execute
-
-    def slow(out: Any) -> Any:
-        time.sleep(1.5)
-        return real(out)
-
-    monkeypatch.setattr(runner, "execute", slow)
-    resp = httpx.post(f"{url}/v1/embeddings", json={"input": "slow"}, timeout=30)
-    assert resp.status_code == 503 and resp.headers["retry-after"].isdigit()
-    assert "not answered within 1 s" in resp.json()["error"]["message"]
-    assert resp.json()["error"]["type"] == "deadline_exceeded"  # the gateway does not retry it
-    monkeypatch.undo()
-    deadline = time.monotonic() + 10
-    while engine.stats()["num_running"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert engine.stats()["kv_blocks_used"] == 0  # the cancelled work freed its blocks
+    with slow_steps(client, monkeypatch, seconds=1.5):  # then: the cancelled work freed its blocks
+        resp = httpx.post(f"{url}/v1/embeddings", json={"input": "slow"}, timeout=30)
+        assert resp.status_code == 503 and resp.headers["retry-after"].isdigit()
+        assert "not answered within 1 s" in resp.json()["error"]["message"]
+        assert resp.json()["error"]["type"] == "deadline_exceeded"  # the gateway does not retry it
     _serves(url)
 
 

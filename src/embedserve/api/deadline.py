@@ -4,9 +4,10 @@ A server answers a request whose queue + compute time passes its deadline with 5
 of type `deadline_exceeded` (its work cancelled): distinct from the other 503s (not ready, no
 capacity), because re-sending it elsewhere makes the client wait twice. A caller that will not
 wait that long says so with `X-Request-Timeout: SECONDS` (the time it has left); the server
-then uses the smaller of that and its own `--request-timeout`. The gateway sends it on every
-upstream call (its own end-to-end deadline minus the time spent so far) and answers a
-`deadline_exceeded` upstream error at once (504), never retrying it on another pool.
+then uses the smaller of that and its own `--request-timeout`. The gateway does the same with
+its own end-to-end deadline (`request_timeout_s`), sends the time left on every upstream call
+(the Ray Serve ingress passes it to its replicas' handlers) and answers a `deadline_exceeded`
+upstream error at once (504), never retrying it on another pool or replica.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ PROMETHEUS_TEXT = "text/plain"
 DEADLINE_NOTE = (
     "Optional header `X-Request-Timeout: SECONDS` (a positive number): the caller waits no "
     "longer; the server uses the smaller of it and its --request-timeout (then 503 "
-    "deadline_exceeded), a gateway passes down the time left of its own deadline. Not a number "
-    "or not positive: 400."
+    "deadline_exceeded), a gateway the smaller of it and its request_timeout_s (then 504), whose "
+    "time left it passes down to the pools. Not a number or not positive: 400."
 )
 
 
@@ -115,7 +115,8 @@ _WHY = {
     "service_unavailable), or the request was not answered within the server's --request-timeout "
     "or the caller's X-Request-Timeout header (seconds; type deadline_exceeded, its work "
     "cancelled); retry after Retry-After seconds",
-    504: "gateway: its end-to-end deadline (request_timeout_s) passed or a pool's deadline 503 came "
+    504: "gateway: its end-to-end deadline (request_timeout_s, or the client's X-Request-Timeout if "
+    "shorter) passed or a pool's deadline 503 came "
     "back (type deadline_exceeded, not retried on another pool), or an upstream did not answer "
     "within timeout_s",
 }

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from embedserve.api.auth import bearer_check
 from embedserve.api.cohere import parse_cohere_request
+from embedserve.api.deadline import TIMEOUT_HEADER, header_timeout
 from embedserve.api.http import (
     CLIENT_CLOSED,
     COHERE_EMBED_PATH,
@@ -113,13 +114,14 @@ def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastA
     statuses = (400, *keyed, 404, 408, 413, 422, 429, 500, 502, 503, 504)
     limit = service.config.max_inputs_per_request
 
-    async def answer(request: Request, start: Callable[[bytes], Started]) -> Response:
-        """Read the body, start the work (its traffic class first), answer it; metrics count
-        every outcome per class."""
+    async def answer(request: Request, start: Callable[[bytes, float | None], Started]) -> Response:
+        """Read the body, start the work (its traffic class first) with the client's
+        X-Request-Timeout, answer it; metrics count every outcome per class."""
         traffic_class = "unknown"
         try:
             body = await read_body(request, service.config.max_body_bytes)
-            traffic_class, work = start(body)
+            timeout = header_timeout(request.headers.get(TIMEOUT_HEADER))
+            traffic_class, work = start(body, timeout)
             data, headers = await unless_disconnected(work, disconnect_waiter(request))
         except ClientGone:
             metrics.requests.labels(traffic_class, str(CLIENT_CLOSED)).inc()
@@ -136,10 +138,10 @@ def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastA
 
     @app.post(EMBEDDINGS_PATH, dependencies=auth, **embeddings_route(limit, statuses))
     async def embeddings(request: Request) -> Response:
-        def start(body: bytes) -> Started:
+        def start(body: bytes, timeout: float | None) -> Started:
             req = parse_request(body)
             traffic_class = _traffic_class(request, req.priority, "priority" in req.model_fields_set)
-            return traffic_class, service.embed(req, traffic_class)
+            return traffic_class, service.embed(req, traffic_class, timeout)
 
         return await answer(request, start)
 
@@ -147,18 +149,18 @@ def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastA
 
     @app.post(COHERE_EMBED_PATH, dependencies=auth, **cohere_embed_route(limit, errors))
     async def cohere(request: Request) -> Response:
-        def start(body: bytes) -> Started:
+        def start(body: bytes, timeout: float | None) -> Started:
             req = parse_cohere_request(body)
             traffic_class = _traffic_class(request, "online", False)
-            return traffic_class, whole.cohere_embed(service, req, traffic_class)
+            return traffic_class, whole.cohere_embed(service, req, traffic_class, timeout)
 
         return await answer(request, start)
 
     async def rerank(request: Request) -> Response:
-        def start(body: bytes) -> Started:
+        def start(body: bytes, timeout: float | None) -> Started:
             req = parse_rerank_request(body)
             traffic_class = _traffic_class(request, req.priority, "priority" in req.model_fields_set)
-            return traffic_class, whole.rerank(service, req, traffic_class)
+            return traffic_class, whole.rerank(service, req, traffic_class, timeout)
 
         return await answer(request, start)
 

@@ -59,7 +59,8 @@ def register(sub: Any) -> None:
         type=_seconds,
         default=None,
         help="end-to-end deadline of a client request in seconds, queueing in the pools included "
-        "(default: the config's request_timeout_s, else timeout_s); passed down as X-Request-Timeout, "
+        "(default: the config's request_timeout_s, else timeout_s; a client's X-Request-Timeout "
+        "may shorten it); passed down as X-Request-Timeout, "
         "answered 504 once passed; a pool's deadline 503 is answered 504 at once, not retried "
         "on another pool",
     )

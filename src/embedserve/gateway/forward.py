@@ -77,7 +77,7 @@ class Forwarder:
             pool = self.upstreams.pools[name]
             reason = "unavailable"
             for up in pool.choose(self.policy):
-                _check_deadline(part, name)
+                check_deadline(part, name)
                 result = await self._attempt(part, pool, up, traffic_class)
                 if isinstance(result, PartResult):
                     return result
@@ -117,7 +117,7 @@ class Forwarder:
         except httpx.TimeoutException as e:
             count.labels(pool.name, traffic_class, "failed").inc()
             if part.deadline is not None and time.monotonic() >= part.deadline:
-                raise _deadline_error(part, f"pool {pool.name!r} ({up.url}) did not answer in time") from None
+                raise deadline_error(part, f"pool {pool.name!r} ({up.url}) did not answer in time") from None
             raise ApiError(
                 504,
                 f"pool {pool.name!r} ({up.url}) did not answer in time: {type(e).__name__}",
@@ -135,7 +135,7 @@ class Forwarder:
             return result
         if r.status_code == 503 and is_deadline_error(_json(r)):
             count.labels(pool.name, traffic_class, "failed").inc()
-            raise _deadline_error(part, f"pool {pool.name!r} ({up.url}): {_message(r)}")
+            raise deadline_error(part, f"pool {pool.name!r} ({up.url}): {_message(r)}")
         if r.status_code in _RETRYABLE:
             count.labels(pool.name, traffic_class, "rejected").inc()
             return Refusal(r.status_code, _retry_after(r), "rejected")
@@ -146,18 +146,7 @@ class Forwarder:
 def _checked_body(r: httpx.Response, pool: Pool, part: Part) -> dict[str, Any]:
     """The upstream's 200 body, if it holds one answer per input of the part (else 502)."""
     body = _json(r)
-    n = len(part.indices)
-    try:
-        if part.path == COHERE_EMBED_PATH:
-            ok = all(len(vectors) == n for vectors in body["embeddings"].values())
-        elif part.path == RERANK_PATH:
-            ok = all(0 <= item["index"] < n for item in body["results"])
-        else:
-            data = body["data"]
-            ok = isinstance(data, list) and sorted(d["index"] for d in data) == list(range(n))
-    except (KeyError, TypeError, AttributeError):
-        ok = False
-    if not ok:
+    if not answers_every_input(body, part):
         raise ApiError(
             502,
             f"pool {pool.name!r} answered 200 without one answer per input: {r.text[:200]}",
@@ -165,6 +154,20 @@ def _checked_body(r: httpx.Response, pool: Pool, part: Part) -> dict[str, Any]:
         )
     result: dict[str, Any] = body
     return result
+
+
+def answers_every_input(body: Any, part: Part) -> bool:
+    """Whether a 200 body of the part's route holds one answer per input of the part."""
+    n = len(part.indices)
+    try:
+        if part.path == COHERE_EMBED_PATH:
+            return all(len(vectors) == n for vectors in body["embeddings"].values())
+        if part.path == RERANK_PATH:
+            return all(0 <= item["index"] < n for item in body["results"])
+        data = body["data"]
+        return isinstance(data, list) and sorted(d["index"] for d in data) == list(range(n))
+    except (KeyError, TypeError, AttributeError):
+        return False
 
 
 def _json(r: httpx.Response) -> Any:
@@ -181,23 +184,30 @@ def _message(r: httpx.Response) -> str:
         return r.text[:300]
 
 
-def _check_deadline(part: Part, pool: str) -> None:
+def check_deadline(part: Part, pool: str) -> None:
+    """504 `deadline_exceeded` when the part's deadline has passed: it is not sent (again)."""
     if part.deadline is not None and time.monotonic() >= part.deadline:
-        raise _deadline_error(part, f"no time left to try pool {pool!r}")
+        raise deadline_error(part, f"no time left to try pool {pool!r}")
+
+
+def time_to_tell(deadline: float, now: float) -> float:
+    """What a pool is told it has (X-Request-Timeout): the time left, less a margin for the
+    answer's way back, so that the pool's own deadline answer (naming the pool) beats ours."""
+    left = max(deadline - now, 0.001)
+    return left - min(_MARGIN_S, left / 10)
 
 
 def _deadline_headers(part: Part) -> tuple[dict[str, str], float | UseClientDefault]:
-    """X-Request-Timeout (the time left, less a margin for the answer's way back, so that the
-    pool's own deadline answer, naming the pool, beats the gateway's) and the call's own limit,
-    a little over the time left. No deadline: none sent, the client's timeout."""
+    """X-Request-Timeout (`time_to_tell`) and the call's own limit, a little over the time
+    left. No deadline: none sent, the client's timeout."""
     if part.deadline is None:
         return {}, httpx.USE_CLIENT_DEFAULT
-    left = max(part.deadline - time.monotonic(), 0.001)
-    told = left - min(_MARGIN_S, left / 10)
-    return {TIMEOUT_HEADER: f"{told:.3f}"}, left + _GRACE_S
+    now = time.monotonic()
+    told = time_to_tell(part.deadline, now)
+    return {TIMEOUT_HEADER: f"{told:.3f}"}, max(part.deadline - now, 0.001) + _GRACE_S
 
 
-def _deadline_error(part: Part, detail: str) -> ApiError:
+def deadline_error(part: Part, detail: str) -> ApiError:
     return ApiError(
         504,
         f"inputs {part.indices}: the request's deadline passed ({detail}); not retried on "

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, Protocol
 
-from embedserve.api.deadline import DEADLINE_EXCEEDED
+from embedserve.api.deadline import DEADLINE_EXCEEDED, effective_timeout
 from embedserve.api.multimodal import to_json
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip
 from embedserve.errors import InputTooLongError, InvalidInputError
@@ -83,9 +83,16 @@ class GatewayService:
             )
         return route
 
-    async def embed(self, req: EmbeddingRequest, traffic_class: str) -> tuple[dict[str, Any], dict[str, str]]:
+    def deadline(self, caller_timeout_s: float | None) -> float:
+        """When (time.monotonic()) a request must be answered: the gateway's request_timeout_s,
+        or the client's X-Request-Timeout if shorter (api/deadline.py)."""
+        return time.monotonic() + effective_timeout(self.config.deadline_s, caller_timeout_s)
+
+    async def embed(
+        self, req: EmbeddingRequest, traffic_class: str, timeout_s: float | None = None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
         start = time.perf_counter()
-        deadline = time.monotonic() + self.config.deadline_s
+        deadline = self.deadline(timeout_s)
         route = self.route_for(traffic_class, req.model)
         name = self.model_name
         items = req.items
@@ -138,7 +145,8 @@ class GatewayService:
             raise ApiError(
                 504,
                 f"request not answered within the gateway's deadline of {self.config.deadline_s:g} s "
-                "(request_timeout_s); its upstream work was cancelled",
+                "(request_timeout_s, or the client's X-Request-Timeout if shorter); its upstream work "
+                "was cancelled",
                 DEADLINE_EXCEEDED,
             ) from None
         except ApiError as e:

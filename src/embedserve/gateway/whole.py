@@ -30,7 +30,9 @@ from embedserve.gateway.service import GatewayService, response_headers
 Answer = tuple[dict[str, Any], dict[str, str]]
 
 
-async def cohere_embed(service: GatewayService, req: CohereEmbedRequest, traffic_class: str) -> Answer:
+async def cohere_embed(
+    service: GatewayService, req: CohereEmbedRequest, traffic_class: str, timeout_s: float | None = None
+) -> Answer:
     inner = req.to_embedding_request(service.counter.prompts)
 
     def count() -> list[int]:
@@ -39,17 +41,21 @@ async def cohere_embed(service: GatewayService, req: CohereEmbedRequest, traffic
 
     payload = req.model_dump(exclude_unset=True, exclude={"model"})
     return await _forward_whole(
-        service, COHERE_EMBED_PATH, req.model, payload, count, inner.truncate, traffic_class
+        service, COHERE_EMBED_PATH, req.model, payload, count, inner.truncate, traffic_class, timeout_s
     )
 
 
-async def rerank(service: GatewayService, req: RerankRequest, traffic_class: str) -> Answer:
+async def rerank(
+    service: GatewayService, req: RerankRequest, traffic_class: str, timeout_s: float | None = None
+) -> Answer:
     def count() -> list[int]:
         return service.counter.count_pairs(req.query, req.texts, req.instruction)
 
     payload = req.model_dump(exclude_unset=True, exclude={"model", "priority"})
     payload["priority"] = traffic_class
-    return await _forward_whole(service, RERANK_PATH, req.model, payload, count, req.truncate, traffic_class)
+    return await _forward_whole(
+        service, RERANK_PATH, req.model, payload, count, req.truncate, traffic_class, timeout_s
+    )
 
 
 async def _forward_whole(
@@ -60,9 +66,10 @@ async def _forward_whole(
     count: Callable[[], list[int]],
     truncate: str,
     traffic_class: str,
+    timeout_s: float | None,
 ) -> Answer:
     start = time.perf_counter()
-    deadline = time.monotonic() + service.config.deadline_s
+    deadline = service.deadline(timeout_s)
     route = service.route_for(traffic_class, model)
     metrics = service.metrics
     try:

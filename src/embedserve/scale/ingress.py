@@ -6,9 +6,16 @@ this module only supplies what differs from HTTP upstreams:
 
 - ServePools (a PoolDirectory): which pools can take work, polled from each deployment's
   replica cards and judged by the gateway's guard (one "upstream" per pool: its deployment).
-- ServeRunner (a PartRunner): a part goes to its pool's deployment handle. If the replica dies
-  under it, the part is retried once (Serve routes the retry to another replica), then the
-  next candidate pool; if none can take it the client gets 503. Never a silent loss.
+- ServeRunner (a PartRunner): a part (`/v1/embeddings` split per pool; `/v2/embed` and
+  `/v1/rerank` whole, gateway/whole.py) goes to its pool's deployment handle, which runs the
+  server's handler for that route (scale/replica.py). If the replica dies under it, the part is
+  retried once (Serve routes the retry to another replica), then the next candidate pool; if
+  none can take it the client gets 503. Never a silent loss.
+
+Deadlines as in gateway/forward.py: every call carries the time left of the request's deadline
+(the replica's X-Request-Timeout); a part whose deadline has passed is not sent, nor retried on
+another replica or pool (504 `deadline_exceeded`), and a replica's deadline 503 is answered 504
+at once.
 """
 
 from __future__ import annotations
@@ -18,17 +25,28 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from embedserve.api.deadline import DEADLINE_EXCEEDED, is_deadline_error
-from embedserve.api.http import EMBEDDINGS_PATH
+from embedserve.api.deadline import is_deadline_error
 from embedserve.api.protocol import ApiError
 from embedserve.gateway.config import GatewayConfigError
-from embedserve.gateway.forward import Part, PartResult, Refusal
+from embedserve.gateway.forward import (
+    Part,
+    PartResult,
+    Refusal,
+    answers_every_input,
+    check_deadline,
+    deadline_error,
+    time_to_tell,
+)
 from embedserve.gateway.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.scale.config import ScaleConfig, resolve_model
 from embedserve.scale.metrics import ReplicaCollector
+
+if TYPE_CHECKING:  # imported when an Ingress starts (the counter loads a tokenizer)
+    from embedserve.gateway.counting import TokenCounter
+    from embedserve.gateway.service import GatewayService
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +153,6 @@ class ServeRunner:
         self.failures = _replica_failures()
 
     async def run(self, part: Part, traffic_class: str) -> PartResult:
-        if part.path != EMBEDDINGS_PATH:
-            raise ApiError(
-                501,
-                f"the Ray Serve ingress routes {EMBEDDINGS_PATH} only; {part.path} goes through "
-                "`embedserve gateway` (HTTP pools) or a pool's server",
-                "not_implemented_error",
-            )
         refusals: list[Refusal] = []
         for name in part.candidates:
             result = await self._on_pool(part, name, traffic_class)
@@ -166,9 +177,12 @@ class ServeRunner:
     async def _on_pool(self, part: Part, name: str, traffic_class: str) -> PartResult | Refusal:
         count = self.metrics.pool_requests
         for attempt in (1, 2):
+            check_deadline(part, name)  # expired: not sent, not retried on another replica
+            told = None if part.deadline is None else time_to_tell(part.deadline, time.monotonic())
             start = time.perf_counter()
             try:
-                reply: dict[str, Any] = await self.pools.handles[name].embed.remote(part.payload)
+                handle = self.pools.handles[name]
+                reply: dict[str, Any] = await handle.request.remote(part.path, part.payload, told)
             except self.failures as e:
                 count.labels(name, traffic_class, "unreachable").inc()
                 log.warning(
@@ -182,10 +196,7 @@ class ServeRunner:
             headers = reply.get("headers") or {}
             if status == 503 and is_deadline_error(reply["body"]):  # not retried (api/deadline.py)
                 count.labels(name, traffic_class, "failed").inc()
-                message = reply["body"]["error"]["message"]
-                raise ApiError(
-                    504, f"pool {name!r}: {message}; not retried on another pool", DEADLINE_EXCEEDED
-                )
+                raise deadline_error(part, f"pool {name!r}: {reply['body']['error']['message']}")
             if status in _RETRYABLE:
                 count.labels(name, traffic_class, "rejected").inc()
                 retry = str(headers.get("Retry-After", "1"))
@@ -202,16 +213,32 @@ class ServeRunner:
         self, part: Part, name: str, reply: dict[str, Any], elapsed: float, traffic_class: str
     ) -> PartResult:
         body: dict[str, Any] = reply["body"]
-        expected = self.pools.schema
-        if expected is not None and body.get("embedding_schema") != expected:
-            # A replica with other weights or settings: never mix its vectors in.
-            self.pools.mark_down(name, f"SCHEMA MISMATCH: a replica answered {body.get('embedding_schema')}")
+        expected, schema = self.pools.schema, reply.get("embedding_schema")
+        if expected is not None and schema != expected:
+            # A replica with other weights or settings: never mix its vectors in. (The body's
+            # own schema is the request's: `dimensions` or a compressed type name another one.)
+            self.pools.mark_down(name, f"SCHEMA MISMATCH: a replica serves {schema}")
             raise ApiError(502, f"pool {name!r} answered with another embedding schema", "server_error")
+        if not answers_every_input(body, part):
+            self.metrics.pool_requests.labels(name, traffic_class, "failed").inc()
+            raise ApiError(502, f"pool {name!r} answered 200 without one answer per input", "server_error")
         self.metrics.pool_requests.labels(name, traffic_class, "ok").inc()
         self.metrics.pool_inputs.labels(name, traffic_class).inc(len(part.indices))
         self.metrics.pool_tokens.labels(name, traffic_class).inc(part.tokens)
         self.metrics.pool_latency.labels(name, traffic_class).observe(elapsed)
         return PartResult(part, name, body, reply.get("headers") or {}, elapsed)
+
+
+async def serve_gateway(
+    config: ScaleConfig, handles: Mapping[str, Any], counter: TokenCounter
+) -> tuple[GatewayService, ServePools]:
+    """The gateway's service over pool deployments (`handles`: name -> deployment handle)."""
+    from embedserve.gateway.service import GatewayService
+
+    pools = ServePools(config, handles)
+    await pools.start()
+    metrics = GatewayMetrics(None)
+    return GatewayService(config.gateway, counter, pools, metrics, ServeRunner(pools, metrics)), pools
 
 
 class Ingress:
@@ -220,17 +247,11 @@ class Ingress:
     async def __init__(self, config: ScaleConfig, handles: dict[str, Any], hub: Any) -> None:  # type: ignore[misc]  # Serve awaits it
         from embedserve.gateway.app import create_app
         from embedserve.gateway.counting import TokenCounter
-        from embedserve.gateway.service import GatewayService
 
         counter = await asyncio.to_thread(TokenCounter, resolve_model(config.model))
-        self.pools = ServePools(config, handles)
-        await self.pools.start()
-        metrics = GatewayMetrics(None)
+        service, self.pools = await serve_gateway(config, handles, counter)
         self.replica_metrics = ReplicaCollector()
-        metrics.registry.register(self.replica_metrics)
-        service = GatewayService(
-            config.gateway, counter, self.pools, metrics, ServeRunner(self.pools, metrics)
-        )
+        service.metrics.registry.register(self.replica_metrics)
         self._app = create_app(service)
         self._hub = hub
         self._interval = config.gateway.health_interval_s

@@ -4,25 +4,35 @@ The constructor loads the pool's model and runs the server's warm-up (server/run
 Serve sends a replica traffic only once its constructor has returned, so a replica takes
 requests only after its warm-up passed. `check_health` is the server's readiness (engine loop
 alive, a probe after a failed forward pass): when it raises, Serve replaces the replica.
-Requests go through the server's EmbeddingService (validation, admission with 429, metrics by
-length bucket), so a replica answers exactly what `embedserve serve` would.
+Requests (`request`: a route, its JSON body, the caller's time left) go through the server's
+own handlers for `/v1/embeddings`, `/v2/embed` and `/v1/rerank` (parsing, validation, admission
+with 429, the deadline's 503 `deadline_exceeded`, metrics by length bucket), so a replica
+answers exactly what `embedserve serve` would, as a value (`answer`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import generate_latest
 
-from embedserve.api.protocol import ApiError, EmbeddingRequest
+from embedserve.api.cohere import parse_cohere_request
+from embedserve.api.http import COHERE_EMBED_PATH, EMBEDDINGS_PATH, RERANK_PATH
+from embedserve.api.protocol import ApiError, parse_request
+from embedserve.api.rerank import parse_rerank_request
 from embedserve.scale.config import ServePool, resolve_model
 from embedserve.scale.policy import QUEUED_TOKENS
 from embedserve.server.app import model_card
+from embedserve.server.cohere_routes import cohere_embed
 from embedserve.server.metrics import ServerMetrics
+from embedserve.server.rerank_routes import rerank
 from embedserve.server.runtime import ServerRuntime, ServerSettings
+from embedserve.server.serving import EmbeddingService
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +61,9 @@ class PoolReplica:
         self._pusher = asyncio.create_task(self._push_metrics())
         log.info("pool %r replica %s ready", pool.name, self.replica)
 
-    async def embed(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """{status, body, headers}: errors come back as values, as the server would answer them."""
-        service = self.runtime.service
-        try:
-            if service is None or not self.runtime.accepting:
-                raise ApiError(503, "replica is not accepting requests", "service_unavailable")
-            req = EmbeddingRequest.model_validate(payload)
-            result = await service.embed(req, _never)
-        except ApiError as e:
-            self.metrics.requests.labels(str(e.status)).inc()
-            return {"status": e.status, "body": e.body(), "headers": e.headers}
-        self.metrics.requests.labels("200").inc()
-        return {"status": 200, "body": result.body, "headers": result.headers}
+    async def request(self, path: str, payload: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
+        """The ingress's call (a handle method): see `answer`."""
+        return await answer(self.runtime, self.metrics, path, payload, timeout_s)
 
     async def card(self) -> dict[str, Any]:
         """The server's /v1/models card (the ingress's schema guard reads it)."""
@@ -91,6 +91,53 @@ class PoolReplica:
     async def __del__(self) -> None:
         self._pusher.cancel()
         await self.runtime.close()
+
+
+Handler = Callable[[EmbeddingService, bytes, float | None], Awaitable[tuple[dict[str, Any], dict[str, str]]]]
+
+
+async def _embeddings(
+    svc: EmbeddingService, body: bytes, timeout_s: float | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    result = await svc.embed(parse_request(body), _never, timeout_s)
+    return result.body, result.headers
+
+
+_ROUTES: dict[str, Handler] = {
+    EMBEDDINGS_PATH: _embeddings,
+    COHERE_EMBED_PATH: lambda svc, body, t: cohere_embed(svc, parse_cohere_request(body), _never, t),
+    RERANK_PATH: lambda svc, body, t: rerank(svc, parse_rerank_request(body), _never, t),
+}
+
+
+async def answer(
+    runtime: ServerRuntime,
+    metrics: ServerMetrics,
+    path: str,
+    payload: dict[str, Any],
+    timeout_s: float | None,
+) -> dict[str, Any]:
+    """One request on `path` (/v1/embeddings, /v2/embed, /v1/rerank) by the server's handler,
+    its body parsed as the server parses it; `timeout_s`: the caller's time left, as the
+    server's X-Request-Timeout. Errors come back as values, as the server would answer them:
+    {status, body, headers, embedding_schema: this replica's own, for the ingress's guard (a
+    body's schema is the request's: other dimensions or types name another one)}."""
+    service = runtime.service
+    reply: dict[str, Any] = {"embedding_schema": None if service is None else service.metadata.schema()}
+    try:
+        if service is None or not runtime.accepting:
+            raise ApiError(503, "replica is not accepting requests", "service_unavailable")
+        handler = _ROUTES.get(path)
+        if handler is None:
+            raise ApiError(404, f"a replica answers {sorted(_ROUTES)}, not {path[:100]}", "not_found_error")
+        body, headers = await handler(service, json.dumps(payload).encode(), timeout_s)
+    except ApiError as e:
+        reply |= {"status": e.status, "body": e.body(), "headers": e.headers}
+    else:
+        reply |= {"status": 200, "body": body, "headers": headers}
+    if path == EMBEDDINGS_PATH:  # what the server's /metrics counts (server/app.py)
+        metrics.requests.labels(str(reply["status"])).inc()
+    return reply
 
 
 async def _never() -> None:
