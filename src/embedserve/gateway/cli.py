@@ -17,10 +17,14 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from embedserve.api.keepalive import KEEP_ALIVE_S, MAX_RETRY_AFTER_S, UPSTREAM_KEEPALIVE_EXPIRY_S
 from embedserve.errors import EmbedServeError
 from embedserve.models.default import model_argument
 
 if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+
     from embedserve.gateway.config import GatewayConfig
     from embedserve.gateway.counting import TokenCounter
 
@@ -63,6 +67,16 @@ def register(sub: Any) -> None:
         "answered 504 once passed; a pool's deadline 503 is answered 504 at once, not retried "
         "on another pool",
     )
+    p.add_argument(
+        "--timeout-keep-alive",
+        type=_seconds,
+        default=KEEP_ALIVE_S,
+        help=f"seconds before an idle client connection is closed (default: {KEEP_ALIVE_S:g}); keep it above "
+        f"the clients' own idle expiry (httpx: 5 s) and the longest Retry-After ({MAX_RETRY_AFTER_S} s), "
+        "else a request sent as the gateway closes the connection gets no answer. The gateway drops "
+        f"its own idle connections to the pools after {UPSTREAM_KEEPALIVE_EXPIRY_S:g} s (below any pool's "
+        "keep-alive) and resends a request once when a reused pool connection fails before answering",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="TCP port to bind (default: 8080)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -92,7 +106,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         if model is None:
             raise EmbedServeError("no model to count tokens with: pass --model or set 'model:' in the config")
         counter = TokenCounter(model)
-        return asyncio.run(_serve(config, counter, keys, args.host, args.port, args.log_level))
+        return asyncio.run(_serve(config, counter, keys, args))
     except EmbedServeError as e:
         print(f"embedserve gateway: error: {e}", file=sys.stderr)
         return 2
@@ -129,7 +143,7 @@ def _seconds(value: str) -> float:
 
 
 async def _serve(
-    config: GatewayConfig, counter: TokenCounter, keys: tuple[str, ...], host: str, port: int, log_level: str
+    config: GatewayConfig, counter: TokenCounter, keys: tuple[str, ...], args: argparse.Namespace
 ) -> int:
     import httpx
     import uvicorn
@@ -146,8 +160,11 @@ async def _serve(
         if not key:
             raise EmbedServeError(f"upstream_api_key_env: ${config.upstream_api_key_env} is not set")
         headers["Authorization"] = f"Bearer {key}"
-    # One pooled client for every upstream: connections are reused across requests.
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    # One pooled client for every upstream: connections are reused across requests, never once
+    # a pool may have closed them (api/keepalive.py).
+    limits = httpx.Limits(
+        max_connections=1024, max_keepalive_connections=256, keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S
+    )
     timeout = httpx.Timeout(config.timeout_s, connect=5.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
         upstreams = UpstreamSet(config, client)
@@ -156,15 +173,27 @@ async def _serve(
             metrics = GatewayMetrics(upstreams)
             forwarder = Forwarder(upstreams, metrics, config.balance)
             service = GatewayService(config, counter, upstreams, metrics, forwarder)
-            server = uvicorn.Server(
-                uvicorn.Config(create_app(service, keys), host=host, port=port, log_level=log_level)
-            )
+            server = uvicorn.Server(uvicorn_config(create_app(service, keys), args))
             # uvicorn re-raises SIGTERM after its graceful shutdown; this handler makes that exit 0.
             signal.signal(signal.SIGTERM, _stopped)
             await server.serve()
         finally:
             await upstreams.close()
     return 0
+
+
+def uvicorn_config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
+    """The gateway's uvicorn settings from its command line."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        # uvicorn takes whole seconds; never round a keep-alive down to 0.
+        timeout_keep_alive=max(1, round(args.timeout_keep_alive)),
+    )
 
 
 def _stopped(signum: int, frame: FrameType | None) -> None:
