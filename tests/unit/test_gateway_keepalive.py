@@ -113,10 +113,20 @@ def test_upstream_expiry_is_below_every_pool_keep_alive() -> None:
     assert ServerSettings(model="m").timeout_keep_alive_s > UPSTREAM_KEEPALIVE_EXPIRY_S
 
 
-def _gateway_args(*argv: str) -> argparse.Namespace:
+def _gateway_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    return parser.parse_args(["gateway", "--config", "pools.yaml", *argv])
+    return parser
+
+
+def _gateway_args(*argv: str) -> argparse.Namespace:
+    return _gateway_parser().parse_args(["gateway", "--config", "pools.yaml", *argv])
+
+
+def test_gateway_help_names_its_keep_alive() -> None:
+    subparsers = next(a for a in _gateway_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(subparsers.choices["gateway"].format_help().split())
+    assert "--timeout-keep-alive" in text and f"(default: {KEEP_ALIVE_S:g})" in text
 
 
 def test_gateway_keep_alive_outlasts_client_expiry_and_retry_after() -> None:
