@@ -1,6 +1,6 @@
 """`embedserve gateway`: route embeddings requests by token count and traffic class to pools.
 
-Routes POST /v1/embeddings (each input to the smallest pool that fits it), /v2/embed and
+Routes POST /v1/embeddings and /v2/embed (each input to the smallest pool that fits it), and
 /v1/rerank (+ /rerank, /v2/rerank; a request goes whole to the pool that fits its longest input),
 GET /v1/models, /health/live, /health/ready, /metrics."""
 
