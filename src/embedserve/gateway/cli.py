@@ -75,7 +75,8 @@ def register(sub: Any) -> None:
         f"the clients' own idle expiry (httpx: 5 s) and the longest Retry-After ({MAX_RETRY_AFTER_S} s), "
         "else a request sent as the gateway closes the connection gets no answer. The gateway drops "
         f"its own idle connections to the pools after {UPSTREAM_KEEPALIVE_EXPIRY_S:g} s (below any pool's "
-        "keep-alive) and resends a request once when a reused pool connection fails before answering",
+        "keep-alive) and resends a request (at most twice) when a reused pool connection fails "
+        "before answering",
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="TCP port to bind (default: 8080)")
