@@ -39,6 +39,7 @@ from tests.helpers.server_process import ServerProcess, free_port  # noqa: E402
 
 SERVER_ARGS = ("--request-timeout", "60", "--warmup-lengths", "16,512")
 SHORT_MAX, LONG_MAX = 4096, 16384
+CLIENT_EXPIRY_S = 5.0
 ROUTES = [{"class": "online", "order": ["short", "long"]}, {"class": "batch", "order": ["long", "short"]}]
 
 
@@ -51,10 +52,10 @@ def tiny_model(path: Path) -> Path:
     return path
 
 
-def spawn_server(model: Path, log_dir: Path, port: int, max_len: int) -> ServerProcess:
+def spawn_server(model: Path, log_dir: Path, port: int, max_len: int, extra: list[str]) -> ServerProcess:
     log_path = log_dir / f"server-{port}-{int(time.time())}.log"
     cmd = [sys.executable, "-m", "embedserve", "serve", "--model", str(model), "--port", str(port),
-           "--max-model-len", str(max_len), *SERVER_ARGS]  # fmt: skip
+           "--max-model-len", str(max_len), *SERVER_ARGS, *extra]  # fmt: skip
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     return ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
@@ -63,15 +64,17 @@ def spawn_server(model: Path, log_dir: Path, port: int, max_len: int) -> ServerP
 class Cluster:
     """The processes under test: name -> ServerProcess; `front` is where clients send."""
 
-    def __init__(self, model: Path, out: Path, through: str) -> None:
+    def __init__(self, model: Path, out: Path, through: str, keep_alive: float | None) -> None:
         self.model, self.out = model, out
+        # --timeout-keep-alive of every process (None: their default)
+        self.extra = [] if keep_alive is None else ["--timeout-keep-alive", f"{keep_alive:g}"]
         self.events: list[str] = []
         self.servers: dict[str, ServerProcess] = {}
         if through == "server":
-            self.servers["server"] = spawn_server(model, out, free_port(), LONG_MAX)
+            self.servers["server"] = spawn_server(model, out, free_port(), LONG_MAX, self.extra)
         else:
-            self.servers["pool-short"] = spawn_server(model, out, free_port(), SHORT_MAX)
-            self.servers["pool-long"] = spawn_server(model, out, free_port(), LONG_MAX)
+            self.servers["pool-short"] = spawn_server(model, out, free_port(), SHORT_MAX, self.extra)
+            self.servers["pool-long"] = spawn_server(model, out, free_port(), LONG_MAX, self.extra)
         for s in self.servers.values():
             s.wait_ready(180)
         self.gateway: ServerProcess | None = None
@@ -81,7 +84,7 @@ class Cluster:
                 "long": {"max_tokens": LONG_MAX, "upstreams": [self.servers["pool-long"].base_url]},
             }
             cfg = write_config(out / "pools.yaml", model, pools, ROUTES, health_interval_s=0.5)
-            self.gateway = start_gateway(cfg, out)
+            self.gateway = start_gateway(cfg, out, *self.extra)
             self.gateway.wait_ready(120)
         self.front = (self.gateway or self.servers["server"]).base_url
 
@@ -97,7 +100,8 @@ class Cluster:
     def restart(self, name: str, at: float) -> None:
         old = self.servers.pop(name)
         port = int(old.base_url.rsplit(":", 1)[1])
-        new = spawn_server(self.model, self.out, port, LONG_MAX if name.endswith("long") else SHORT_MAX)
+        limit = LONG_MAX if name.endswith("long") else SHORT_MAX
+        new = spawn_server(self.model, self.out, port, limit, self.extra)
         self.servers[name + " (restarted)"] = new
         self.events.append(f"{at:.0f} s: restarting {name} on the same port")
         new.wait_ready(180)
@@ -111,7 +115,11 @@ async def drive(cluster: Cluster, args: argparse.Namespace, readings: list[ProcS
     rec = Recorder(time.monotonic())
     stop = asyncio.Event()
     mon = asyncio.create_task(monitor(rec, cluster.pids, readings, stop))
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=64)
+    # The client retires an idle connection after httpx's usual 5 s, below the servers' and the
+    # gateway's keep-alive (api/keepalive.py), so it never sends on one they are closing.
+    limits = httpx.Limits(
+        max_connections=2000, max_keepalive_connections=64, keepalive_expiry=CLIENT_EXPIRY_S
+    )
     timeout = httpx.Timeout(args.client_timeout, pool=args.client_timeout)
     async with httpx.AsyncClient(base_url=cluster.front, limits=limits, timeout=timeout) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
@@ -168,11 +176,18 @@ def main() -> None:
     ap.add_argument("--client-timeout", type=float, default=180)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", type=Path, default=Path("/tmp/embedserve-soak-model"))
+    ap.add_argument(
+        "--keep-alive",
+        type=float,
+        default=None,
+        help="--timeout-keep-alive of the servers and the gateway (default: theirs; 5 = before #27's fix, "
+        f"equal to the client's {CLIENT_EXPIRY_S:g} s keep-alive expiry)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = tiny_model(args.model)
     readings: list[ProcSample] = []
-    cluster = Cluster(model, args.out, args.through)
+    cluster = Cluster(model, args.out, args.through, args.keep_alive)
     try:
         run = asyncio.run(drive(cluster, args, readings))
     finally:
@@ -191,6 +206,7 @@ def main() -> None:
         "offered": f"{run['rate']:.2f} requests/s ({args.overload}x) for {args.duration:.0f} s from "
         f"{run['load_start']:.0f} s; all answered by {run['drained']:.0f} s",
         "events": "; ".join(cluster.events) or "none",
+        "keep-alive": f"{args.keep_alive:g} s" if args.keep_alive else "the servers' default",
         "exit codes (SIGTERM at the end)": exits,
         "warm-up ends": f"{run['warm_until']:.0f} s (20 % into the load)",
     }

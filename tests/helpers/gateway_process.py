@@ -19,10 +19,11 @@ def write_config(
     return path
 
 
-def start_gateway(config: Path, log_dir: Path) -> ServerProcess:
+def start_gateway(config: Path, log_dir: Path, *args: str) -> ServerProcess:
+    """`args`: more `embedserve gateway` options."""
     port = free_port()
     log_path = log_dir / f"gateway-{port}.log"
-    cmd = [sys.executable, "-m", "embedserve", "gateway", "--config", str(config), "--port", str(port)]
+    cmd = [sys.executable, "-m", "embedserve", "gateway", "--config", str(config), "--port", str(port), *args]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     return ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)

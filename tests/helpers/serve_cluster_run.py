@@ -108,9 +108,9 @@ async def correctness(base: str, model: str) -> dict[str, Any]:
 
 
 def cohere_and_deadline(base: str, model: str) -> dict[str, Any]:
-    """/v2/embed placed whole (the long text takes the short one with it) equals the engine's
-    vectors; a caller's X-Request-Timeout that has passed is 504 deadline_exceeded; /v1/rerank
-    on an embedding model is the server's 400."""
+    """/v2/embed split per text (the short text on the short pool, the long one on the long)
+    equals the engine's vectors in order; a caller's X-Request-Timeout that has passed is 504
+    deadline_exceeded; /v1/rerank on an embedding model is the server's 400."""
     texts = [words(5, seed=1), words(300, seed=2)]
     body = {"texts": texts, "input_type": "search_query", "embedding_types": ["float", "base64"]}
     with httpx.Client(timeout=60) as c:

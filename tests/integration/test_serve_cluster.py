@@ -65,10 +65,10 @@ def test_pools_on_ray_serve_route_survive_a_kill_and_scale(qwen3_dir: Path, tmp_
     assert counts[0] == 1 and 2 in counts and counts[-1] == 1
     # The servers' per-length-bucket metrics reach the ingress, labelled by pool.
     assert result["metrics_pool_labels"] == ["long", "short"]
-    # /v2/embed whole on the pool of its longest text, the engine's vectors; a passed deadline
+    # /v2/embed split per text by token count, the engine's vectors; a passed deadline
     # is 504; rerank on an embedding model is the server's 400.
     co = result["cohere"]
-    assert co["pools"] == "long" and co["types"] == ["base64", "float"] and co["max_abs_diff"] < 2e-5
+    assert co["pools"] == "short,long" and co["types"] == ["base64", "float"] and co["max_abs_diff"] < 2e-5
     assert co["late"] == [504, "deadline_exceeded"]
     assert co["rerank_on_embedder"][0] == 400 and "is an embedding model" in co["rerank_on_embedder"][1]
     # The app redeployed on a cross-encoder: /v1/rerank and /rerank rank as the engine does.

@@ -1,6 +1,7 @@
-"""`/v2/embed` and `/v1/rerank` through the gateway, in-process over real servers: placed whole
-on the pool that fits the longest input, answered as the server answers, errors mapped;
-an unknown path is a 404 naming the gateway's routes."""
+"""`/v2/embed` and `/v1/rerank` through the gateway, in-process over real servers: `/v2/embed`
+split per text by token count and reassembled, a rerank placed whole on the pool that fits its
+longest pair; answered as the server answers, errors mapped; an unknown path is a 404 naming the
+gateway's routes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -18,7 +20,6 @@ from tests.helpers.route_checks import (
     QUERY,
     RERANK_BODY,
     assert_rerank_refusals,
-    assert_same_cohere,
     assert_same_ranking,
 )
 from tests.helpers.server_process import words
@@ -36,15 +37,42 @@ def gateway(embed_server: TestClient, qwen3_dir: Path) -> TestClient:
     return TestClient(gateway_app(embed_server.app, qwen3_dir, max_inputs_per_request=4))
 
 
-def test_cohere_embed_goes_whole_to_the_pool_of_its_longest_text(
-    gateway: TestClient, embed_server: TestClient
+KINDS = ["float", "int8", "binary", "base64"]
+
+
+@pytest.mark.parametrize(
+    ("texts", "pools"),
+    [
+        ([words(3), words(5)], "short"),
+        ([words(200)], "long"),
+        ([words(3), words(200), words(5, seed=1), words(300, seed=2)], "short,long"),  # split
+        ([words(200), words(3)], "long,short"),  # pools named in the order of their first text
+    ],
+)
+def test_cohere_embed_is_split_by_token_count_and_reassembled_in_order(
+    gateway: TestClient, embed_server: TestClient, texts: list[str], pools: str
 ) -> None:
-    for texts, pool in (([words(3), words(5)], "short"), ([words(3), words(200)], "long")):
-        body = {"texts": texts, "input_type": "search_query", "embedding_types": ["float", "int8"]}
-        resp = gateway.post("/v2/embed", json=body)
-        assert resp.status_code == 200, resp.text
-        assert resp.headers[POOLS_HEADER] == pool and "x-total-time" in resp.headers
-        assert_same_cohere(resp.json(), embed_server.post("/v2/embed", json=body).json(), ["float", "int8"])
+    body = {"texts": texts, "input_type": "search_query", "embedding_types": KINDS, "output_dimension": 32}
+    resp = gateway.post("/v2/embed", json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers[POOLS_HEADER] == pools and "x-total-time" in resp.headers
+    direct = embed_server.post("/v2/embed", json=body).json()  # the whole request on one server
+    got = resp.json()
+    assert got["response_type"] == "embeddings_by_type" and got["texts"] == texts
+    assert list(got["embeddings"]) == KINDS
+    for key in ("embedding_schema", "embedding_schemas", "model_version", "dtype", "backend_profile"):
+        assert got[key] == direct[key], key
+    assert got["meta"] == direct["meta"]  # billed input tokens summed over the parts
+    for kind in KINDS:
+        assert len(got["embeddings"][kind]) == len(texts)
+        if kind == "float":
+            assert np.allclose(got["embeddings"][kind], direct["embeddings"][kind], atol=1e-5)
+        elif kind == "int8":
+            assert np.abs(np.subtract(got["embeddings"][kind], direct["embeddings"][kind])).max() <= 1
+    # each text's vector is its own, in its place: equal to the server's answer for it alone
+    for i, text in enumerate(texts):
+        alone = embed_server.post("/v2/embed", json={**body, "texts": [text]}).json()
+        assert np.allclose(got["embeddings"]["float"][i], alone["embeddings"]["float"][0], atol=1e-5)
 
 
 @pytest.mark.parametrize(("body", "status", "message"), COHERE_REFUSALS)

@@ -133,8 +133,10 @@ def test_kept_buffers_serve_a_thread_inside_and_outside_inference_mode() -> None
     so its buffers are made here."""
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(40, 4, 16, generator=gen).bfloat16()
-    k, v = (torch.randn(2, 40, 16, generator=gen).bfloat16().transpose(1, 2).contiguous().transpose(1, 2)
-            for _ in range(2))  # fmt: skip  (not dense per head: copied into the kept buffers)
+    k, v = (
+        torch.randn(2, 40, 16, generator=gen).bfloat16().transpose(1, 2).contiguous().transpose(1, 2)
+        for _ in range(2)
+    )  # fmt: skip  (not dense per head: copied into the kept buffers)
     out: list[torch.Tensor] = []
 
     def both_ways() -> None:

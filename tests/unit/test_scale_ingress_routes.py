@@ -45,24 +45,24 @@ def ingress(embed_server: TestClient, qwen3_dir: Path) -> Ingress:
     return TestClient(app), replicas
 
 
-def test_cohere_embed_goes_whole_to_one_pool_as_the_server_answers(
+def test_cohere_embed_is_split_per_pool_as_the_gateway_splits_it(
     ingress: Ingress, embed_server: TestClient
 ) -> None:
     client, replicas = ingress
-    for texts, pool in (([words(3), words(5)], "short"), ([words(3), words(200)], "long")):
+    for texts, pools in (([words(3), words(5)], ["short"]), ([words(3), words(200)], ["short", "long"])):
         # output_dimension and int8 name other schemas than the pool's: still the pool's vectors
         body = {"texts": texts, "input_type": "search_query", "embedding_types": ["float", "int8"]}
         body["output_dimension"] = 32
         before = {name: len(r.calls) for name, r in replicas.items()}
         resp = client.post("/v2/embed", json=body)
         assert resp.status_code == 200, resp.text
-        assert resp.headers[POOLS_HEADER] == pool and "x-total-time" in resp.headers
+        assert resp.headers[POOLS_HEADER] == ",".join(pools) and "x-total-time" in resp.headers
         assert {name: len(r.calls) - before[name] for name, r in replicas.items()} == {
-            "short": int(pool == "short"),
-            "long": int(pool == "long"),
+            name: int(name in pools) for name in replicas
         }
-        path, told = replicas[pool].calls[-1]
-        assert path == "/v2/embed" and told is not None and 25 < told <= 30  # request_timeout_s
+        for pool in pools:
+            path, told = replicas[pool].calls[-1]
+            assert path == "/v2/embed" and told is not None and 25 < told <= 30  # request_timeout_s
         got, direct = resp.json(), embed_server.post("/v2/embed", json=body).json()
         assert_same_cohere(got, direct, ["float", "int8"])
         assert got["embedding_schema"] == direct["embedding_schema"] and got["model"] == direct["model"]

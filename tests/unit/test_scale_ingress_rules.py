@@ -45,6 +45,7 @@ class StubHandle:
         self.status, self.error_type, self.dies = status, error_type, dies
         self.schema = SCHEMA
         self.delay = 0.0
+        self.retry_after = "2"
         self.request = SimpleNamespace(remote=self._remote)
 
     async def _remote(self, path: str, payload: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
@@ -52,7 +53,7 @@ class StubHandle:
         await asyncio.sleep(self.delay)
         if len(self.calls) <= self.dies:
             raise Died("replica died")
-        reply: dict[str, Any] = {"status": self.status, "headers": {"Retry-After": "2"}}
+        reply: dict[str, Any] = {"status": self.status, "headers": {"Retry-After": self.retry_after}}
         reply["embedding_schema"] = self.schema
         if self.status == 200:
             reply["body"] = BODIES[path]
@@ -121,6 +122,15 @@ def test_a_deadline_503_is_not_retried_on_the_next_pool(path: str) -> None:
     assert e.value.status == 504 and e.value.kind == "deadline_exceeded"
     assert "pool 'short': waited too long" in e.value.message and "not retried" in e.value.message
     assert len(handles["short"].calls) == 1 and handles["long"].calls == []
+
+
+@pytest.mark.parametrize(("told", "relayed"), [("600", "60"), ("7", "7"), ("soon", "1")])
+def test_a_pools_retry_after_is_relayed_capped_below_the_keep_alive(told: str, relayed: str) -> None:
+    handles = {"short": StubHandle(429, "rate_limit_error"), "long": StubHandle(503)}
+    handles["short"].retry_after = handles["long"].retry_after = told
+    with pytest.raises(ApiError) as e:
+        _run(handles, _part())
+    assert e.value.status == 429 and e.value.headers["Retry-After"] == relayed
 
 
 def test_another_503_falls_back() -> None:

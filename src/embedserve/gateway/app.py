@@ -41,6 +41,7 @@ from embedserve.api.openapi_routes import cohere_embed_route, rerank_route
 from embedserve.api.protocol import ApiError, clip, error_body, parse_request
 from embedserve.api.rerank import parse_rerank_request
 from embedserve.gateway import whole
+from embedserve.gateway.cohere_embed import cohere_embed
 from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.service import GatewayService
 
@@ -152,7 +153,7 @@ def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastA
         def start(body: bytes, timeout: float | None) -> Started:
             req = parse_cohere_request(body)
             traffic_class = _traffic_class(request, "online", False)
-            return traffic_class, whole.cohere_embed(service, req, traffic_class, timeout)
+            return traffic_class, cohere_embed(service, req, traffic_class, timeout)
 
         return await answer(request, start)
 

@@ -1,6 +1,6 @@
 """`embedserve gateway`: route embeddings requests by token count and traffic class to pools.
 
-Routes POST /v1/embeddings (each input to the smallest pool that fits it), /v2/embed and
+Routes POST /v1/embeddings and /v2/embed (each input to the smallest pool that fits it), and
 /v1/rerank (+ /rerank, /v2/rerank; a request goes whole to the pool that fits its longest input),
 GET /v1/models, /health/live, /health/ready, /metrics."""
 
@@ -17,10 +17,14 @@ import sys
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from embedserve.api.keepalive import KEEP_ALIVE_S, MAX_RETRY_AFTER_S, UPSTREAM_KEEPALIVE_EXPIRY_S
 from embedserve.errors import EmbedServeError
 from embedserve.models.default import model_argument
 
 if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+
     from embedserve.gateway.config import GatewayConfig
     from embedserve.gateway.counting import TokenCounter
 
@@ -64,6 +68,17 @@ def register(sub: Any) -> None:
         "answered 504 once passed; a pool's deadline 503 is answered 504 at once, not retried "
         "on another pool",
     )
+    p.add_argument(
+        "--timeout-keep-alive",
+        type=_seconds,
+        default=KEEP_ALIVE_S,
+        help=f"seconds before an idle client connection is closed (default: {KEEP_ALIVE_S:g}); keep it above "
+        f"the clients' own idle expiry (httpx: 5 s) and the longest Retry-After ({MAX_RETRY_AFTER_S} s), "
+        "else a request sent as the gateway closes the connection gets no answer. The gateway drops "
+        f"its own idle connections to the pools after {UPSTREAM_KEEPALIVE_EXPIRY_S:g} s (below any pool's "
+        "keep-alive) and resends a request (at most twice) when a reused pool connection fails "
+        "before answering",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="TCP port to bind (default: 8080)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -93,7 +108,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         if model is None:
             raise EmbedServeError("no model to count tokens with: pass --model or set 'model:' in the config")
         counter = TokenCounter(model)
-        return asyncio.run(_serve(config, counter, keys, args.host, args.port, args.log_level))
+        return asyncio.run(_serve(config, counter, keys, args))
     except EmbedServeError as e:
         print(f"embedserve gateway: error: {e}", file=sys.stderr)
         return 2
@@ -130,7 +145,7 @@ def _seconds(value: str) -> float:
 
 
 async def _serve(
-    config: GatewayConfig, counter: TokenCounter, keys: tuple[str, ...], host: str, port: int, log_level: str
+    config: GatewayConfig, counter: TokenCounter, keys: tuple[str, ...], args: argparse.Namespace
 ) -> int:
     import httpx
     import uvicorn
@@ -147,8 +162,11 @@ async def _serve(
         if not key:
             raise EmbedServeError(f"upstream_api_key_env: ${config.upstream_api_key_env} is not set")
         headers["Authorization"] = f"Bearer {key}"
-    # One pooled client for every upstream: connections are reused across requests.
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    # One pooled client for every upstream: connections are reused across requests, never once
+    # a pool may have closed them (api/keepalive.py).
+    limits = httpx.Limits(
+        max_connections=1024, max_keepalive_connections=256, keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S
+    )
     timeout = httpx.Timeout(config.timeout_s, connect=5.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
         upstreams = UpstreamSet(config, client)
@@ -157,15 +175,27 @@ async def _serve(
             metrics = GatewayMetrics(upstreams)
             forwarder = Forwarder(upstreams, metrics, config.balance)
             service = GatewayService(config, counter, upstreams, metrics, forwarder)
-            server = uvicorn.Server(
-                uvicorn.Config(create_app(service, keys), host=host, port=port, log_level=log_level)
-            )
+            server = uvicorn.Server(uvicorn_config(create_app(service, keys), args))
             # uvicorn re-raises SIGTERM after its graceful shutdown; this handler makes that exit 0.
             signal.signal(signal.SIGTERM, _stopped)
             await server.serve()
         finally:
             await upstreams.close()
     return 0
+
+
+def uvicorn_config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
+    """The gateway's uvicorn settings from its command line."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        # uvicorn takes whole seconds; never round a keep-alive down to 0.
+        timeout_keep_alive=max(1, round(args.timeout_keep_alive)),
+    )
 
 
 def _stopped(signum: int, frame: FrameType | None) -> None:

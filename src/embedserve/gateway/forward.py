@@ -5,6 +5,11 @@ first. Saturation (429), unavailability (503) and connection errors move on to t
 upstream or pool: embedding is idempotent, so re-sending a part can never duplicate anything.
 Any other answer ends the part: a 4xx is the caller's fault, the rest is the upstream's (502).
 
+A request that fails on a reused keep-alive connection before any answer came back is sent
+again at once, to the same upstream, on another connection: the pool most likely closed that
+connection idle as it was reused (api/keepalive.py), which says nothing about its health. Only
+a failure on a fresh connection takes the upstream out of rotation.
+
 Deadlines (api/deadline.py): each call carries `X-Request-Timeout`, the time left of the client
 request's end-to-end deadline; when it has passed, or an upstream answers 503
 `deadline_exceeded` (the request's time ran out in its queue), the part ends at once with 504:
@@ -24,6 +29,7 @@ from httpx._client import UseClientDefault
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, is_deadline_error
 from embedserve.api.http import COHERE_EMBED_PATH, EMBEDDINGS_PATH, RERANK_PATH
+from embedserve.api.keepalive import MAX_RETRY_AFTER_S
 from embedserve.api.protocol import ApiError
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.upstreams import Pool, Upstream, UpstreamSet
@@ -37,6 +43,10 @@ _RETRYABLE = (429, 503)
 _GRACE_S = 1.0
 # The time left, less this (at most a tenth of it), is what an upstream is told it has.
 _MARGIN_S = 0.25
+# Resends of one request after failures on reused connections (each failure drops that connection).
+_STALE_RESENDS = 2
+# What a connection that broke without an answer raises (a refused connect is ConnectError).
+_BROKEN = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 @dataclass(frozen=True)
@@ -104,9 +114,7 @@ class Forwarder:
         start = time.perf_counter()
         headers, timeout = _deadline_headers(part)
         try:
-            r = await self.upstreams.client.post(
-                f"{up.url}{part.path}", json=part.payload, headers=headers, timeout=timeout
-            )
+            r = await self._post(f"{up.url}{part.path}", part.payload, headers, timeout)
         except (httpx.NetworkError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
             # Never reached, or dropped the connection before answering (killed, restarted).
             reason = f"connection failed: {type(e).__name__}: {e}"
@@ -138,9 +146,41 @@ class Forwarder:
             raise deadline_error(part, f"pool {pool.name!r} ({up.url}): {_message(r)}")
         if r.status_code in _RETRYABLE:
             count.labels(pool.name, traffic_class, "rejected").inc()
-            return Refusal(r.status_code, _retry_after(r), "rejected")
+            return Refusal(r.status_code, retry_after(r.headers.get("retry-after")), "rejected")
         count.labels(pool.name, traffic_class, "failed").inc()
         raise _upstream_error(r, pool, up, part.indices)
+
+    async def _post(
+        self, url: str, payload: dict[str, Any], headers: dict[str, str], timeout: float | UseClientDefault
+    ) -> httpx.Response:
+        """POST, resent when it broke on a reused connection before any answer (see above)."""
+        client = self.upstreams.client
+        for _ in range(_STALE_RESENDS):
+            trace = _ConnectionTrace()
+            try:
+                return await client.post(
+                    url, json=payload, headers=headers, timeout=timeout, extensions={"trace": trace}
+                )
+            except _BROKEN as e:
+                if trace.connected or trace.answered:
+                    raise
+                log.info("%s: reused connection closed without an answer (%s: %s); resending", url,
+                         type(e).__name__, e)  # fmt: skip
+        return await client.post(url, json=payload, headers=headers, timeout=timeout)
+
+
+class _ConnectionTrace:
+    """httpcore's trace events of one request: did it open a connection, did an answer begin."""
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.answered = False
+
+    async def __call__(self, event: str, info: Mapping[str, Any]) -> None:
+        if event.startswith("connection.connect_tcp."):
+            self.connected = True
+        elif event.endswith(".receive_response_headers.complete"):
+            self.answered = True
 
 
 def _checked_body(r: httpx.Response, pool: Pool, part: Part) -> dict[str, Any]:
@@ -226,6 +266,8 @@ def _upstream_error(r: httpx.Response, pool: Pool, up: Upstream, indices: Sequen
     return ApiError(502, f"{where} failed with HTTP {r.status_code}: {message}", "server_error")
 
 
-def _retry_after(r: httpx.Response) -> int:
-    value = r.headers.get("retry-after", "")
-    return int(value) if value.isdigit() else 1
+def retry_after(value: str | None) -> int:
+    """A pool's Retry-After in seconds, at most MAX_RETRY_AFTER_S (below the gateway's
+    keep-alive: api/keepalive.py); 1 when absent or not a number of seconds."""
+    value = (value or "").strip()
+    return min(int(value), MAX_RETRY_AFTER_S) if value.isdigit() else 1

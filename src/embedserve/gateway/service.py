@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, effective_timeout
@@ -23,7 +23,7 @@ from embedserve.gateway.config import GatewayConfig, RouteConfig
 from embedserve.gateway.counting import TokenCounter
 from embedserve.gateway.forward import Part, PartResult
 from embedserve.gateway.metrics import GatewayMetrics
-from embedserve.gateway.routing import NoPoolAvailable, group_placements, place_inputs
+from embedserve.gateway.routing import NoPoolAvailable, Placement, group_placements, place_inputs
 
 log = logging.getLogger(__name__)
 
@@ -96,24 +96,12 @@ class GatewayService:
         route = self.route_for(traffic_class, req.model)
         name = self.model_name
         items = req.items
-        if len(items) > self.config.max_inputs_per_request:
-            raise ApiError(
-                400, f"{len(items)} inputs in one request; the limit is {self.config.max_inputs_per_request}"
-            )
-        try:
+
+        def count() -> list[int]:
             prompt = self.counter.resolve_prompt(req.prompt_name, req.prompt)
-            # Tokenizing a long document takes milliseconds: keep it off the event loop.
-            counts = await asyncio.to_thread(self.counter.count, items, prompt)
-            placements = place_inputs(counts, route, self._limits, self.upstreams.available(), req.truncate)
-        except InputTooLongError as e:
-            self.metrics.rejections.labels(traffic_class, "too_long").inc()
-            raise ApiError(400, str(e)) from None
-        except InvalidInputError as e:
-            raise ApiError(400, str(e)) from None
-        except NoPoolAvailable as e:
-            self.metrics.rejections.labels(traffic_class, "unavailable").inc()
-            retry = str(max(1, round(self.config.health_interval_s)))
-            raise ApiError(503, str(e), "service_unavailable", {"Retry-After": retry}) from None
+            return self.counter.count(items, prompt)
+
+        counts, placements = await self.place(len(items), count, route, req.truncate, traffic_class)
         for p in placements:
             if p.fallback:
                 self.metrics.fallbacks.labels(p.preferred, traffic_class, "unavailable").inc()
@@ -134,6 +122,34 @@ class GatewayService:
         self.metrics.latency.labels(traffic_class).observe(total)
         self.metrics.overhead.labels(traffic_class).observe(max(total - upstream, 0.0))
         return body, response_headers(results, upstream, total)
+
+    async def place(
+        self,
+        n_inputs: int,
+        count: Callable[[], list[int]],
+        route: RouteConfig,
+        truncate: str,
+        traffic_class: str,
+    ) -> tuple[list[int], list[Placement]]:
+        """Each input's token count (`count()`) and placement; refusals as 400 (too many or too
+        long inputs, a bad prompt) or 503 + Retry-After (no pool ready), counted."""
+        limit = self.config.max_inputs_per_request
+        if n_inputs > limit:
+            raise ApiError(400, f"{n_inputs} inputs in one request; the limit is {limit}")
+        try:
+            # Tokenizing a long document takes milliseconds: keep it off the event loop.
+            counts = await asyncio.to_thread(count)
+            placements = place_inputs(counts, route, self._limits, self.upstreams.available(), truncate)
+        except InputTooLongError as e:
+            self.metrics.rejections.labels(traffic_class, "too_long").inc()
+            raise ApiError(400, str(e)) from None
+        except InvalidInputError as e:
+            raise ApiError(400, str(e)) from None
+        except NoPoolAvailable as e:
+            self.metrics.rejections.labels(traffic_class, "unavailable").inc()
+            retry = str(max(1, round(self.config.health_interval_s)))
+            raise ApiError(503, str(e), "service_unavailable", {"Retry-After": retry}) from None
+        return counts, placements
 
     async def run_parts(self, parts: Sequence[Part], traffic_class: str, deadline: float) -> list[PartResult]:
         """All parts or none, within the request's end-to-end deadline (else 504)."""

@@ -6,11 +6,12 @@ this module only supplies what differs from HTTP upstreams:
 
 - ServePools (a PoolDirectory): which pools can take work, polled from each deployment's
   replica cards and judged by the gateway's guard (one "upstream" per pool: its deployment).
-- ServeRunner (a PartRunner): a part (`/v1/embeddings` split per pool; `/v2/embed` and
-  `/v1/rerank` whole, gateway/whole.py) goes to its pool's deployment handle, which runs the
-  server's handler for that route (scale/replica.py). If the replica dies under it, the part is
-  retried once (Serve routes the retry to another replica), then the next candidate pool; if
-  none can take it the client gets 503. Never a silent loss.
+- ServeRunner (a PartRunner): a part (`/v1/embeddings` and `/v2/embed` split per pool,
+  `/v1/rerank` whole: gateway/service.py, cohere_embed.py, whole.py) goes to its pool's
+  deployment handle, which runs the server's handler for that route (scale/replica.py). If
+  the replica dies under it, the part is retried once (Serve routes the retry to another
+  replica), then the next candidate pool; if none can take it the client gets 503 (a pool's
+  Retry-After relayed at most 60 s, as the gateway relays it). Never a silent loss.
 
 Deadlines as in gateway/forward.py: every call carries the time left of the request's deadline
 (the replica's X-Request-Timeout); a part whose deadline has passed is not sent, nor retried on
@@ -37,6 +38,7 @@ from embedserve.gateway.forward import (
     answers_every_input,
     check_deadline,
     deadline_error,
+    retry_after,
     time_to_tell,
 )
 from embedserve.gateway.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
@@ -199,8 +201,8 @@ class ServeRunner:
                 raise deadline_error(part, f"pool {name!r}: {reply['body']['error']['message']}")
             if status in _RETRYABLE:
                 count.labels(name, traffic_class, "rejected").inc()
-                retry = str(headers.get("Retry-After", "1"))
-                return Refusal(status, int(retry) if retry.isdigit() else 1, "rejected")
+                wait = retry_after(headers.get("Retry-After") or headers.get("retry-after"))
+                return Refusal(status, wait, "rejected")
             count.labels(name, traffic_class, "failed").inc()
             message = reply["body"].get("error", {}).get("message", "")
             where = f"pool {name!r} (request inputs {part.indices} as its inputs 0..{len(part.indices) - 1})"

@@ -12,6 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from embedserve.api.keepalive import MAX_RETRY_AFTER_S
+
 
 @dataclass(frozen=True)
 class Ticket:
@@ -76,8 +78,8 @@ class Admission:
         self.tokens -= ticket.tokens
 
     def retry_after(self) -> int:
-        """Whole seconds until the held work should have drained (1..60)."""
+        """Whole seconds until the held work should have drained (1..MAX_RETRY_AFTER_S)."""
         rate = self.meter.rate()
         if rate <= 0:
             return 1
-        return max(1, min(60, math.ceil(self.tokens / rate)))
+        return max(1, min(MAX_RETRY_AFTER_S, math.ceil(self.tokens / rate)))

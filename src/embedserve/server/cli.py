@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from embedserve.api.keepalive import KEEP_ALIVE_S, MAX_RETRY_AFTER_S
 from embedserve.engine.options import add_engine_options, engine_kwargs, positive_int
 
 if TYPE_CHECKING:
@@ -109,8 +110,11 @@ def register(sub: Any) -> None:
     h.add_argument(
         "--timeout-keep-alive",
         type=_seconds,
-        default=5.0,
-        help="seconds before an idle keep-alive connection is closed",
+        default=KEEP_ALIVE_S,
+        help=f"seconds before an idle keep-alive connection is closed (default: {KEEP_ALIVE_S:g}); keep "
+        "it above the clients' own idle expiry (httpx: 5 s) and the longest Retry-After "
+        f"({MAX_RETRY_AFTER_S} s), else a request sent as the server closes the connection gets no "
+        "answer; idle connections count towards --limit-concurrency",
     )
     h.add_argument(
         "--limit-concurrency",

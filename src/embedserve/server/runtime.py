@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedserve.api.keepalive import KEEP_ALIVE_S
 from embedserve.api.quantize import DEFAULT_INT8_SCALE, Calibration
 from embedserve.engine.engine import Engine
 from embedserve.errors import ModelLoadError
@@ -49,7 +50,7 @@ class ServerSettings:
     max_engine_restarts: int = 3  # engine loop deaths rebuilt in-process before the server fails
     body_timeout_s: float = 30.0  # whole body within this, else 408
     request_timeout_s: float = 300.0  # queue + compute within this, else 503 + Retry-After
-    timeout_keep_alive_s: float = 5.0  # idle keep-alive connections closed after this
+    timeout_keep_alive_s: float = KEEP_ALIVE_S  # idle keep-alive connections closed after this
     limit_concurrency: int = 1024  # open connections + tasks beyond this get 503 from uvicorn
     # int8 / uint8 outputs: ranges from this .npy file, else [-int8_scale, int8_scale] (api/quantize.py)
     int8_calibration: str | None = None
