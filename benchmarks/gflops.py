@@ -78,7 +78,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = json.loads((args.model / "config.json").read_text())
     flops = model_flops_per_token(cfg, args.length) * args.length
-    ids = torch.randint(1000, 100_000, (args.length,), generator=torch.Generator().manual_seed(0)).tolist()
+    top = min(100_000, int(cfg["vocab_size"]))  # ids the model's vocabulary has (SmolLM2: 49,152)
+    ids = torch.randint(1000, top, (args.length,), generator=torch.Generator().manual_seed(0)).tolist()
     cpu = platform.processor() or platform.machine()
     print(f"machine: {cpu}, {args.threads} threads, torch {torch.__version__}")
     print(
