@@ -64,7 +64,9 @@ def spawn_server(model: Path, log_dir: Path, port: int, max_len: int, extra: lis
 class Cluster:
     """The processes under test: name -> ServerProcess; `front` is where clients send."""
 
-    def __init__(self, model: Path, out: Path, through: str, keep_alive: float | None) -> None:
+    def __init__(
+        self, model: Path, out: Path, through: str, keep_alive: float | None, gateway_timeout: float | None
+    ) -> None:
         self.model, self.out = model, out
         # --timeout-keep-alive of every process (None: their default)
         self.extra = [] if keep_alive is None else ["--timeout-keep-alive", f"{keep_alive:g}"]
@@ -84,7 +86,8 @@ class Cluster:
                 "long": {"max_tokens": LONG_MAX, "upstreams": [self.servers["pool-long"].base_url]},
             }
             cfg = write_config(out / "pools.yaml", model, pools, ROUTES, health_interval_s=0.5)
-            self.gateway = start_gateway(cfg, out, *self.extra)
+            deadline = [] if gateway_timeout is None else ["--request-timeout", f"{gateway_timeout:g}"]
+            self.gateway = start_gateway(cfg, out, *self.extra, *deadline)
             self.gateway.wait_ready(120)
         self.front = (self.gateway or self.servers["server"]).base_url
 
@@ -183,11 +186,18 @@ def main() -> None:
         help="--timeout-keep-alive of the servers and the gateway (default: theirs; 5 = before #27's fix, "
         f"equal to the client's {CLIENT_EXPIRY_S:g} s keep-alive expiry)",
     )
+    ap.add_argument(
+        "--gateway-timeout",
+        type=float,
+        default=None,
+        help="the gateway's --request-timeout (end-to-end deadline; default: its own); below the "
+        f"pools' {SERVER_ARGS[1]} s it is the gateway that answers 504 deadline_exceeded",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     model = tiny_model(args.model)
     readings: list[ProcSample] = []
-    cluster = Cluster(model, args.out, args.through, args.keep_alive)
+    cluster = Cluster(model, args.out, args.through, args.keep_alive, args.gateway_timeout)
     try:
         run = asyncio.run(drive(cluster, args, readings))
     finally:
@@ -207,6 +217,7 @@ def main() -> None:
         f"{run['load_start']:.0f} s; all answered by {run['drained']:.0f} s",
         "events": "; ".join(cluster.events) or "none",
         "keep-alive": f"{args.keep_alive:g} s" if args.keep_alive else "the servers' default",
+        "gateway deadline": f"{args.gateway_timeout:g} s" if args.gateway_timeout else "its default",
         "exit codes (SIGTERM at the end)": exits,
         "warm-up ends": f"{run['warm_until']:.0f} s (20 % into the load)",
     }
