@@ -23,9 +23,8 @@ from typing import Any
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.http import COHERE_EMBED_PATH
 from embedserve.api.protocol import ApiError
-from embedserve.gateway.forward import Part, PartResult
-from embedserve.gateway.routing import group_placements
-from embedserve.gateway.service import GatewayService, response_headers
+from embedserve.gateway.forward import PartResult
+from embedserve.gateway.service import GatewayService
 
 Answer = tuple[dict[str, Any], dict[str, str]]
 _METADATA = ("model_version", "dtype", "backend_profile")
@@ -47,28 +46,16 @@ async def cohere_embed(
         return service.counter.count(inner.items, prompt)
 
     counts, placements = await service.place(len(req.texts), count, route, inner.truncate, traffic_class)
-    for p in placements:
-        if p.fallback:
-            service.metrics.fallbacks.labels(p.preferred, traffic_class, "unavailable").inc()
     options = req.model_dump(exclude_unset=True, exclude={"model", "texts"})
-    parts = [
-        Part(
-            cands,
-            idx,
-            sum(counts[i] for i in idx),
-            {**options, "texts": [req.texts[i] for i in idx]},
-            COHERE_EMBED_PATH,
-            deadline,
-        )
-        for cands, idx in group_placements(placements)
-    ]
-    results = await service.run_parts(parts, traffic_class, deadline)
-    body = assemble(results, req.texts, name)
-    total = time.perf_counter() - start
-    upstream = max(r.elapsed for r in results)
-    service.metrics.latency.labels(traffic_class).observe(total)
-    service.metrics.overhead.labels(traffic_class).observe(max(total - upstream, 0.0))
-    return body, response_headers(results, upstream, total)
+    results = await service.run_split(
+        counts,
+        placements,
+        lambda idx: {**options, "texts": [req.texts[i] for i in idx]},
+        COHERE_EMBED_PATH,
+        traffic_class,
+        deadline,
+    )
+    return assemble(results, req.texts, name), service.answered(results, start, traffic_class)
 
 
 def assemble(results: Sequence[PartResult], texts: Sequence[str], name: str | None) -> dict[str, Any]:

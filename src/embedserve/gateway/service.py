@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, effective_timeout
+from embedserve.api.http import EMBEDDINGS_PATH
 from embedserve.api.multimodal import to_json
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip
 from embedserve.errors import InputTooLongError, InvalidInputError
@@ -102,26 +103,15 @@ class GatewayService:
             return self.counter.count(items, prompt)
 
         counts, placements = await self.place(len(items), count, route, req.truncate, traffic_class)
-        for p in placements:
-            if p.fallback:
-                self.metrics.fallbacks.labels(p.preferred, traffic_class, "unavailable").inc()
-        parts = [
-            Part(
-                cands,
-                idx,
-                sum(counts[i] for i in idx),
-                _payload(req, items, idx, traffic_class),
-                deadline=deadline,
-            )
-            for cands, idx in group_placements(placements)
-        ]
-        results = await self.run_parts(parts, traffic_class, deadline)
-        body = self._assemble(results, counts, name)
-        total = time.perf_counter() - start
-        upstream = max(r.elapsed for r in results)
-        self.metrics.latency.labels(traffic_class).observe(total)
-        self.metrics.overhead.labels(traffic_class).observe(max(total - upstream, 0.0))
-        return body, response_headers(results, upstream, total)
+        results = await self.run_split(
+            counts,
+            placements,
+            lambda idx: _payload(req, items, idx, traffic_class),
+            EMBEDDINGS_PATH,
+            traffic_class,
+            deadline,
+        )
+        return self._assemble(results, counts, name), self.answered(results, start, traffic_class)
 
     async def place(
         self,
@@ -150,6 +140,35 @@ class GatewayService:
             retry = str(max(1, round(self.config.health_interval_s)))
             raise ApiError(503, str(e), "service_unavailable", {"Retry-After": retry}) from None
         return counts, placements
+
+    async def run_split(
+        self,
+        counts: Sequence[int],
+        placements: Sequence[Placement],
+        payload_of: Callable[[list[int]], dict[str, Any]],
+        path: str,
+        traffic_class: str,
+        deadline: float,
+    ) -> list[PartResult]:
+        """The inputs as one part per group of inputs with the same pools (`payload_of`: the
+        part's body from its input positions), fallbacks counted, run all or nothing."""
+        for p in placements:
+            if p.fallback:
+                self.metrics.fallbacks.labels(p.preferred, traffic_class, "unavailable").inc()
+        parts = [
+            Part(cands, idx, sum(counts[i] for i in idx), payload_of(idx), path, deadline)
+            for cands, idx in group_placements(placements)
+        ]
+        return await self.run_parts(parts, traffic_class, deadline)
+
+    def answered(self, results: Sequence[PartResult], start: float, traffic_class: str) -> dict[str, str]:
+        """A request's latency and gateway overhead observed (`start`: its time.perf_counter()
+        on arrival); its response headers."""
+        total = time.perf_counter() - start
+        upstream = max(r.elapsed for r in results)
+        self.metrics.latency.labels(traffic_class).observe(total)
+        self.metrics.overhead.labels(traffic_class).observe(max(total - upstream, 0.0))
+        return response_headers(results, upstream, total)
 
     async def run_parts(self, parts: Sequence[Part], traffic_class: str, deadline: float) -> list[PartResult]:
         """All parts or none, within the request's end-to-end deadline (else 504)."""

@@ -17,7 +17,7 @@ from typing import Any
 from embedserve.api.http import RERANK_PATH
 from embedserve.api.rerank import RerankRequest
 from embedserve.gateway.forward import Part
-from embedserve.gateway.service import GatewayService, response_headers
+from embedserve.gateway.service import GatewayService
 
 Answer = tuple[dict[str, Any], dict[str, str]]
 
@@ -42,7 +42,4 @@ async def rerank(
         metrics.fallbacks.labels(longest.preferred, traffic_class, "unavailable").inc()
     part = Part(longest.candidates, list(range(len(counts))), sum(counts), payload, RERANK_PATH, deadline)
     (result,) = await service.run_parts([part], traffic_class, deadline)
-    total = time.perf_counter() - start
-    metrics.latency.labels(traffic_class).observe(total)
-    metrics.overhead.labels(traffic_class).observe(max(total - result.elapsed, 0.0))
-    return result.body, response_headers([result], result.elapsed, total)
+    return result.body, service.answered([result], start, traffic_class)
