@@ -84,7 +84,7 @@ def run_tree(
         json.dumps(workloads),
         str(args.budget),
         options,
-        str(args.max_id),
+        str(args.max_id or max_token_id(args.model)),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -92,6 +92,13 @@ def run_tree(
         raise SystemExit(f"tree {src} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
     return result
+
+
+def max_token_id(model: str) -> int:
+    """50,000, or the model's vocabulary where smaller (SmolLM2: 49,152)."""
+    config = Path(model) / "config.json"
+    vocab = json.loads(config.read_text()).get("vocab_size", 50000) if config.is_file() else 50000
+    return min(50000, int(vocab))
 
 
 def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
@@ -107,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--budget", type=int, default=2048, help="max_num_batched_tokens")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--max-id", type=int, default=50000, help="token ids drawn from 1000 .. this (exclusive)")
+    p.add_argument(
+        "--max-id",
+        type=int,
+        default=None,
+        help="token ids drawn from 1000 .. this (exclusive); default 50,000 or the model's vocabulary",
+    )
     p.add_argument("--options-a", default="{}", help="engine options of side A, JSON")
     p.add_argument("--options-b", default="{}", help="engine options of side B, JSON")
     args = p.parse_args(argv)

@@ -74,6 +74,8 @@ def _want(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> to
         (70, 70, 8, 1, 32),  # 8 query heads on one KV head: tiles of 32 queries
         (100, 400, 21, 3, 16),  # 7 query heads per KV head (Qwen2-7B's 28/4): tiles of 36 queries
         (257, 2000, 2, 2, 128),  # no GQA, Qwen3's head_dim
+        (520, 520, 9, 3, 64),  # SmolLM2's heads: a short prompt's tiles of 64 queries
+        (200, 4300, 4, 2, 16),  # keys past SHORT_KEYS: the long prompts' tiles
     ],
 )
 def test_kernel_equals_float64_masked_attention(n: int, kv: int, heads: int, kv_heads: int, d: int) -> None:
@@ -85,6 +87,23 @@ def test_kernel_equals_float64_masked_attention(n: int, kv: int, heads: int, kv_
     torch.testing.assert_close(got.double(), _want(q, k, v, d**-0.5), rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_peaked_scores_underflow_to_exact_zeros(dtype: torch.dtype) -> None:
+    """Scores tens to hundreds apart: most probabilities underflow (exp of -100 and below),
+    the rest must weigh as float64 does (the kernel's own exp, not libm's). Integer q and k
+    and a power-of-two scale make every score exact in both dtypes, so the exp and the sums
+    are all that differ from the reference."""
+    gen = torch.Generator().manual_seed(7)
+    n, kv, heads, kv_heads, d = 90, 333, 4, 2, 16
+    q = torch.randint(-12, 13, (n, heads, d), generator=gen).to(dtype)
+    k = torch.randint(-12, 13, (kv_heads, kv, d), generator=gen).to(dtype)
+    v = torch.randn(kv_heads, kv, d, generator=gen).to(dtype)
+    got = flash_attention.flash_attention(q, k, v, 0.25)
+    want = _want(q, k, v, 0.25)
+    tol = {torch.float32: (1e-5, 2e-6), torch.bfloat16: (2e-2, 2e-2)}[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol[0], atol=tol[1])
+
+
 @pytest.mark.parametrize(
     ("n", "kv", "heads", "kv_heads", "d"),
     [
@@ -93,6 +112,8 @@ def test_kernel_equals_float64_masked_attention(n: int, kv: int, heads: int, kv_
         (300, 1100, 4, 2, 16),  # tiles and key blocks with remainders, a prefix
         (100, 400, 21, 3, 16),  # 7 query heads per KV head
         (257, 2000, 16, 8, 128),  # Qwen3-0.6B's heads
+        (520, 520, 9, 3, 64),  # SmolLM2's heads, a short prompt's tiles
+        (130, 4300, 4, 2, 32),  # keys past SHORT_KEYS
     ],
 )
 @needs_bf16_cpu
