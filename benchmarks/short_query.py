@@ -2,7 +2,7 @@
 and optionally a torch.profiler table of where its time goes.
 
     python benchmarks/short_query.py --model /tmp/embedserve-bench-models/q06 --dtype bfloat16 \
-        --tokens 16 --queries 100 [--profile 20]
+        --tokens 16 --queries 100 [--profile 20] [--options '{"token_buckets": true}']
 
 Each query is added as an online request and stepped to completion; 10 warm-up queries first.
 Reported: p50 / p99 / min latency in ms and the CPU time per query (all threads).
@@ -11,6 +11,7 @@ Reported: p50 / p99 / min latency in ms and the CPU time per query (all threads)
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import torch
@@ -27,10 +28,16 @@ def main() -> None:
     p.add_argument("--queries", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--profile", type=int, default=0, help="profile this many more queries")
+    p.add_argument(
+        "--options",
+        default="{}",
+        help='engine options as JSON, e.g. \'{"token_buckets": true, "compile_backend": "inductor"}\'',
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     with torch.inference_mode():
-        parts = build_engine(args.model, dtype=args.dtype)
+        start = time.perf_counter()
+        parts = build_engine(args.model, dtype=args.dtype, **json.loads(args.options))
         core, cfg = parts.core, parts.config
         ids = list(range(1000, 1000 + args.tokens))
         next_id = iter(range(1, 1 << 30))
@@ -43,6 +50,7 @@ def main() -> None:
 
         for _ in range(10):
             one()
+        print(f"built and warmed up in {time.perf_counter() - start:.1f} s")
         lat, cpu = [], time.process_time()
         for _ in range(args.queries):
             t = time.perf_counter()
