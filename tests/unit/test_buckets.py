@@ -106,6 +106,15 @@ def test_compiled_buckets_give_the_same_vectors(
     np.testing.assert_allclose(_embed(qwen3_dir, route, backend="eager"), plain_vectors, atol=2e-5)
 
 
+@pytest.mark.parametrize("route", [lower_right_attention], indirect=True, ids=["lr"])
+def test_inductor_buckets_give_the_same_vectors(
+    qwen3_dir: Path, plain_vectors: np.ndarray, route: AttentionFn
+) -> None:
+    # inductor generates its own matmuls: the weights must stay plain tensors, not oneDNN's
+    # opaque packed ones (every request failed with prepacked weights)
+    np.testing.assert_allclose(_embed(qwen3_dir, route, backend="inductor"), plain_vectors, atol=2e-5)
+
+
 def test_the_engine_option_builds_a_bucketed_runner_that_checks_buckets(qwen3_dir: Path) -> None:
     runner = build_engine(qwen3_dir, max_num_batched_tokens=64, kv_cache_memory=1 << 20, token_buckets=True)
     bucketed = runner.core.runner

@@ -208,7 +208,10 @@ def build_engine(
         model = workers.model
     else:
         model = build_model(files, dev, torch_dtype, attention)
-        if dev.type == "cpu" and settings().prepack:  # EMBEDSERVE_PREPACK=0: plain weights (A/B runs)
+        # EMBEDSERVE_PREPACK=0: plain weights (A/B runs). A compiling backend (inductor) emits
+        # its own matmuls, which cannot read oneDNN's opaque packed tensors: plain weights there.
+        codegen = compile_backend not in (None, "eager")
+        if dev.type == "cpu" and settings().prepack and not codegen:
             prepack(model, release_free_heap)  # weights packed once for oneDNN's matmuls
     if gpu_memory_utilization is not None:
         util = gpu_memory_utilization
