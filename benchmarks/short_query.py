@@ -2,10 +2,13 @@
 and optionally a torch.profiler table of where its time goes.
 
     python benchmarks/short_query.py --model /tmp/embedserve-bench-models/q06 --dtype bfloat16 \
-        --tokens 16 --queries 100 [--profile 20] [--options '{"token_buckets": true}']
+        --tokens 16 --queries 100 [--profile 20] [--options '{"token_buckets": true}'] [--bound]
 
 Each query is added as an online request and stepped to completion; 10 warm-up queries first.
 Reported: p50 / p99 / min latency in ms and the CPU time per query (all threads).
+--bound also measures, in the same process, this machine's read bandwidth (`torch.sum` over 1 GiB,
+best of 5) and bf16/fp32 matmul peak (the engine's packed `Linear`, 2,048 x 1,024 x 3,072, best of
+3), and prints the query's floor: max(projection weight bytes / bandwidth, projection FLOPs / peak).
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
 from embedserve.engine.builder import build_engine
+from embedserve.models.linear import Linear, prepack
 from embedserve.request import EmbedParams, Priority, Request
 
 
@@ -28,6 +33,7 @@ def main() -> None:
     p.add_argument("--queries", type=int, default=100)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--profile", type=int, default=0, help="profile this many more queries")
+    p.add_argument("--bound", action="store_true", help="also measure this machine's floor")
     p.add_argument(
         "--options",
         default="{}",
@@ -63,6 +69,9 @@ def main() -> None:
             f"{args.dtype} {args.tokens} tokens: p50 {lat[len(lat) // 2]:.1f} ms, p99 {p99:.1f} ms, "
             f"min {lat[0]:.1f} ms, {cpu:.1f} CPU-ms per query"
         )
+        if args.bound:
+            hf = json.loads((Path(args.model) / "config.json").read_text())
+            print(floor_ms(hf, cfg.dtype, args.tokens))
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
@@ -70,6 +79,44 @@ def main() -> None:
                 for _ in range(args.profile):
                     one()
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
+def projection_weights(cfg: dict[str, int]) -> int:
+    """Weights of the decoder's projections (q, k, v, o, gate, up, down) over all layers."""
+    hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    return layers * (hidden * (2 * q + 2 * kv) + 3 * hidden * cfg["intermediate_size"])
+
+
+def best_of(n: int, fn: object) -> float:
+    assert callable(fn)
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def floor_ms(cfg: dict[str, int], dtype: torch.dtype, tokens: int) -> str:
+    """The query's floor on this machine, measured now (see the module doc)."""
+    big = torch.ones(1 << 28)  # 1 GiB of fp32
+    bandwidth = big.numel() * 4 / best_of(5, big.sum) / 1e9
+    del big
+    lin = Linear(1024, 3072, bias=False).to(dtype)
+    prepack(lin)
+    x = torch.randn(2048, 1024, dtype=dtype)
+    lin(x)
+    peak = 2 * 2048 * 1024 * 3072 / best_of(3, lambda: lin(x)) / 1e9
+    weights = projection_weights(cfg)
+    stream = weights * dtype.itemsize / bandwidth / 1e6
+    compute = 2 * weights * tokens / peak / 1e6
+    return (
+        f"read bandwidth {bandwidth:.1f} GB/s, matmul peak {peak:.0f} GFLOP/s; {weights / 1e6:.0f} M "
+        f"projection weights: streaming {stream:.1f} ms, compute {compute:.1f} ms, "
+        f"floor {max(stream, compute):.1f} ms"
+    )
 
 
 if __name__ == "__main__":
