@@ -76,6 +76,8 @@ def _want(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> to
         (257, 2000, 2, 2, 128),  # no GQA, Qwen3's head_dim
         (520, 520, 9, 3, 64),  # SmolLM2's heads: a short prompt's tiles of 64 queries
         (200, 4300, 4, 2, 16),  # keys past SHORT_KEYS: the long prompts' tiles
+        (70, 333, 8, 2, 80),  # head_dim 80: vector and scalar remainders in a row
+        (50, 290, 4, 2, 24),  # head_dim 24
     ],
 )
 def test_kernel_equals_float64_masked_attention(n: int, kv: int, heads: int, kv_heads: int, d: int) -> None:
@@ -104,6 +106,25 @@ def test_peaked_scores_underflow_to_exact_zeros(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got.double(), want, rtol=tol[0], atol=tol[1])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_infinite_scores_give_what_float64_gives(dtype: torch.dtype) -> None:
+    """A key whose score overflows to -inf, and one whose score is huge but finite, weigh
+    nothing, as in float64: their exp must be 0, not NaN (exp's range reduction of -inf) or
+    inf (its polynomial far outside the range)."""
+    gen = torch.Generator().manual_seed(3)
+    n, kv, heads, kv_heads, d = 20, 80, 2, 1, 32
+    q = torch.rand(n, heads, d, generator=gen) + 0.5  # positive: every q . q[0, 0] is too
+    k = torch.randn(kv_heads, kv, d, generator=gen)
+    k[:, 5] = -1e38 * q[0, 0]  # q . k overflows float32: -inf
+    k[:, 9] = -1e25 * q[0, 0]  # about -1e25: finite
+    v = torch.randn(kv_heads, kv, d, generator=gen)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    got = flash_attention.flash_attention(q, k, v, d**-0.5).double()
+    assert torch.isfinite(got).all()
+    tol = {torch.float32: (1e-5, 2e-6), torch.bfloat16: (2e-2, 2e-2)}[dtype]
+    torch.testing.assert_close(got, _want(q, k, v, d**-0.5), rtol=tol[0], atol=tol[1])
+
+
 @pytest.mark.parametrize(
     ("n", "kv", "heads", "kv_heads", "d"),
     [
@@ -114,6 +135,10 @@ def test_peaked_scores_underflow_to_exact_zeros(dtype: torch.dtype) -> None:
         (257, 2000, 16, 8, 128),  # Qwen3-0.6B's heads
         (520, 520, 9, 3, 64),  # SmolLM2's heads, a short prompt's tiles
         (130, 4300, 4, 2, 32),  # keys past SHORT_KEYS
+        (45, 301, 4, 2, 64),  # an odd key count: V's last key pair half padding
+        (33, 257, 2, 2, 128),
+        (70, 333, 8, 2, 80),  # head_dim 80 (Phi-2's), 96 below (Phi-3's)
+        (40, 129, 4, 1, 96),
     ],
 )
 @needs_bf16_cpu

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#ifdef CPU_CAPABILITY_AVX512  // cpu_vec.h's test: ATen's 512-bit Vec is there too
 #define EMBEDSERVE_AVX512 1
 #include <immintrin.h>
 #endif
@@ -29,8 +29,10 @@ using Vec = at::vec::Vectorized<float>;
 #ifdef EMBEDSERVE_AVX512
 // exp(x) of 16 floats: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor
 // polynomial (relative error below 2e-7: about 2 ulp), times 2^n by scalef, which
-// underflows to zero, overflows to inf and keeps NaN.
+// underflows to zero, overflows to inf and keeps NaN. Inputs below -104 (exp is 0 in float
+// there) are clamped first: -inf or a huge negative x would make r NaN or the polynomial inf.
 inline __m512 exp512(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);  // x second: a NaN x passes through
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2's high bits: n * hi is exact
