@@ -22,7 +22,7 @@ from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager, blocks_for
 from embedserve.models.build import build_model, open_model
 from embedserve.models.decoder import DecoderModel
-from embedserve.models.linear import prepack
+from embedserve.models.linear import for_codegen, prepack
 from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head, rerank_kind
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.parallel.runner import TensorParallelRunner
@@ -211,7 +211,9 @@ def build_engine(
         # EMBEDSERVE_PREPACK=0: plain weights (A/B runs). A compiling backend (inductor) emits
         # its own matmuls, which cannot read oneDNN's opaque packed tensors: plain weights there.
         codegen = compile_backend not in (None, "eager")
-        if dev.type == "cpu" and settings().prepack and not codegen:
+        if dev.type == "cpu" and codegen:
+            for_codegen(model)
+        elif dev.type == "cpu" and settings().prepack:
             prepack(model, release_free_heap)  # weights packed once for oneDNN's matmuls
     if gpu_memory_utilization is not None:
         util = gpu_memory_utilization

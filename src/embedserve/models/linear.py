@@ -96,10 +96,12 @@ def _silu_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torc
 
 
 class Linear(nn.Linear):
+    aten_when_compiled = False  # `for_codegen`: aten's linear while torch.compile traces
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN reads it
             return _onednn_linear(x, self.weight, self.bias)
-        if torch.compiler.is_compiling():  # the compiler lowers aten's linear its own way
+        if self.aten_when_compiled and torch.compiler.is_compiling():
             return functional.linear(x, self.weight, self.bias)
         if x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and onednn_available(x.dtype):
             return _onednn_linear(x, self.weight, self.bias)
@@ -150,6 +152,15 @@ class SiluGateUp(Linear):
         self.up = nn.Parameter(_pack(plain[n:].contiguous()), requires_grad=False)
         self.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
         return True
+
+
+def for_codegen(model: nn.Module) -> None:
+    """Make a model's `Linear`s trace as aten's linear, for a compiler that generates its own
+    matmul code (inductor): it cannot lower oneDNN's linear over a weight that is not a
+    frozen constant. Leave the weights unpacked for it too (`prepack` not called)."""
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.aten_when_compiled = True
 
 
 def prepack(model: nn.Module, after_each: Callable[[], object] | None = None) -> int:
