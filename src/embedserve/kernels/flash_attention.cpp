@@ -194,12 +194,12 @@ void transpose_keys(const Shape& sh, const float* k_h, float* kt) {
 void transpose_keys(const Shape& sh, const BF16* k_h, BF16* kt) {
   const int64_t pairs = sh.d / 2;
   for (int64_t j = 0; j < whole_blocks(sh.kv); ++j) {
-    uint32_t* col = reinterpret_cast<uint32_t*>(kt + (j / KEY_BLOCK) * sh.d * KEY_BLOCK) + j % KEY_BLOCK;
-    const BF16* row = k_h + j * sh.k_row;
+    BF16* col = kt + (j / KEY_BLOCK) * sh.d * KEY_BLOCK + 2 * (j % KEY_BLOCK);  // word j % KEY_BLOCK
+    const BF16* row = j < sh.kv ? k_h + j * sh.k_row : nullptr;  // keys past kv: zero words
     for (int64_t c = 0; c < pairs; ++c) {
       uint32_t word = 0;
-      if (j < sh.kv) std::memcpy(&word, row + 2 * c, sizeof word);
-      col[c * KEY_BLOCK] = word;
+      if (row != nullptr) std::memcpy(&word, row + 2 * c, sizeof word);
+      std::memcpy(col + 2 * c * KEY_BLOCK, &word, sizeof word);  // bf16 storage: copied, not punned
     }
   }
 }
