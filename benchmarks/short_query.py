@@ -7,8 +7,9 @@ and optionally a torch.profiler table of where its time goes.
 Each query is added as an online request and stepped to completion; 10 warm-up queries first.
 Reported: p50 / p99 / min latency in ms and the CPU time per query (all threads).
 --bound also measures, in the same process, this machine's read bandwidth (`torch.sum` over 1 GiB,
-best of 5) and bf16/fp32 matmul peak (the engine's packed `Linear`, 2,048 x 1,024 x 3,072, best of
-3), and prints the query's floor: max(projection weight bytes / bandwidth, projection FLOPs / peak).
+best of 5) and matmul peak in the query's dtype (benchmarks/gflops.py's, on the model's own
+projection shapes), and prints the query's floor: max(projection weight bytes / bandwidth,
+projection FLOPs / peak).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import time
 from pathlib import Path
 
 import torch
+from gflops import matmul_peak, projection_shapes  # benchmarks/, first on the path when run as a script
 
 from embedserve.engine.builder import build_engine
-from embedserve.models.linear import Linear, prepack
 from embedserve.request import EmbedParams, Priority, Request
 
 
@@ -81,35 +82,21 @@ def main() -> None:
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
-def projection_weights(cfg: dict[str, int]) -> int:
-    """Weights of the decoder's projections (q, k, v, o, gate, up, down) over all layers."""
-    hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
-    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
-    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
-    return layers * (hidden * (2 * q + 2 * kv) + 3 * hidden * cfg["intermediate_size"])
-
-
-def best_of(n: int, fn: object) -> float:
-    assert callable(fn)
-    times = []
-    for _ in range(n):
+def read_bandwidth() -> float:
+    """GB/s of `torch.sum` over 1 GiB of fp32, best of 5."""
+    big = torch.ones(1 << 28)
+    best = float("inf")
+    for _ in range(5):
         t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+        big.sum()
+        best = min(best, time.perf_counter() - t)
+    return big.numel() * 4 / best / 1e9
 
 
 def floor_ms(cfg: dict[str, int], dtype: torch.dtype, tokens: int) -> str:
     """The query's floor on this machine, measured now (see the module doc)."""
-    big = torch.ones(1 << 28)  # 1 GiB of fp32
-    bandwidth = big.numel() * 4 / best_of(5, big.sum) / 1e9
-    del big
-    lin = Linear(1024, 3072, bias=False).to(dtype)
-    prepack(lin)
-    x = torch.randn(2048, 1024, dtype=dtype)
-    lin(x)
-    peak = 2 * 2048 * 1024 * 3072 / best_of(3, lambda: lin(x)) / 1e9
-    weights = projection_weights(cfg)
+    bandwidth, peak = read_bandwidth(), matmul_peak(cfg, dtype)
+    weights = cfg["num_hidden_layers"] * sum(k * n for k, n in projection_shapes(cfg).values())
     stream = weights * dtype.itemsize / bandwidth / 1e6
     compute = 2 * weights * tokens / peak / 1e6
     return (
