@@ -39,6 +39,8 @@ needs_bf16_cpu = pytest.mark.skipif(
     reason="the CPU lacks avx512_bf16/amx_bf16: the bf16 native flash kernel fails its self-check",
 )
 DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16_cpu)]
+# (rtol, atol) against float64: fp32 rounding, and bf16 inputs and outputs
+TOLERANCE = {torch.float32: (1e-5, 2e-6), torch.bfloat16: (2e-2, 2e-2)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -102,8 +104,8 @@ def test_peaked_scores_underflow_to_exact_zeros(dtype: torch.dtype) -> None:
     v = torch.randn(kv_heads, kv, d, generator=gen).to(dtype)
     got = flash_attention.flash_attention(q, k, v, 0.25)
     want = _want(q, k, v, 0.25)
-    tol = {torch.float32: (1e-5, 2e-6), torch.bfloat16: (2e-2, 2e-2)}[dtype]
-    torch.testing.assert_close(got.double(), want, rtol=tol[0], atol=tol[1])
+    rtol, atol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -121,8 +123,8 @@ def test_infinite_scores_give_what_float64_gives(dtype: torch.dtype) -> None:
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     got = flash_attention.flash_attention(q, k, v, d**-0.5).double()
     assert torch.isfinite(got).all()
-    tol = {torch.float32: (1e-5, 2e-6), torch.bfloat16: (2e-2, 2e-2)}[dtype]
-    torch.testing.assert_close(got, _want(q, k, v, d**-0.5), rtol=tol[0], atol=tol[1])
+    rtol, atol = TOLERANCE[dtype]
+    torch.testing.assert_close(got, _want(q, k, v, d**-0.5), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize(
@@ -170,7 +172,7 @@ def test_strided_inputs_as_the_engine_passes_them(dtype: torch.dtype) -> None:
     lane = torch.full((2, kv_heads, kv + 100, d), float("nan"), dtype=dtype)
     lane[:, :, :kv] = cache.transpose(1, 2)
     want = _want(q, paged_k, paged_v, 0.2)
-    rtol, atol = (1e-5, 2e-6) if dtype == torch.float32 else (2e-2, 2e-2)
+    rtol, atol = TOLERANCE[dtype]
     for k, v in ((paged_k, paged_v), (lane[0, :, :kv], lane[1, :, :kv])):
         got = flash_attention.flash_attention(q, k, v, 0.2)
         torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol)
@@ -195,7 +197,7 @@ def test_writes_into_a_row_slice_of_the_step_output(dtype: torch.dtype) -> None:
         flash_attention.flash_attention(q, k, v, 0.2, torch.empty(heads * d, n, dtype=dtype).t())
     other = torch.empty(n, heads * d, dtype=dtype)
     attention.causal_attention(q, k, v, 0.2, attention.CpuRoute.PYTORCH, other)
-    rtol, atol = (1e-5, 2e-6) if dtype == torch.float32 else (2e-2, 2e-2)
+    rtol, atol = TOLERANCE[dtype]
     torch.testing.assert_close(other.double(), _want(q, k, v, 0.2), rtol=rtol, atol=atol)
 
 
@@ -248,7 +250,7 @@ def test_route_uses_the_kernel_from_native_min_rows(
     gen = torch.Generator().manual_seed(3)
     k, v = (torch.randn(2, 100, 16, generator=gen).to(dtype) for _ in range(2))
     least = attention.NATIVE_MIN_ROWS[dtype]
-    rtol, atol = (1e-5, 2e-6) if dtype == torch.float32 else (2e-2, 2e-2)
+    rtol, atol = TOLERANCE[dtype]
     for n in (least - 1, least, 100):
         q = torch.randn(n, 4, 16, generator=gen).to(dtype)
         got = attention.causal_attention(q, k, v, 0.25)
@@ -290,7 +292,7 @@ def test_a_short_whole_sequence_takes_sdpa(monkeypatch: pytest.MonkeyPatch, dtyp
     monkeypatch.setattr(attention, "NATIVE_MIN_ROWS", {torch.float32: 16, torch.bfloat16: 16})
     gen = torch.Generator().manual_seed(4)
     below = attention.SDPA_WHOLE_BELOW
-    rtol, atol = (1e-5, 2e-6) if dtype == torch.float32 else (2e-2, 2e-2)
+    rtol, atol = TOLERANCE[dtype]
     for n, kv in ((1, 1), (16, 16), (below - 1, below - 1), (below, below), (16, below)):
         q = torch.randn(n, 4, 16, generator=gen).to(dtype)
         k, v = (torch.randn(2, kv, 16, generator=gen).to(dtype) for _ in range(2))
