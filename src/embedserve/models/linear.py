@@ -31,6 +31,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from embedserve.kernels import amx_linear
+
 _POINTWISE = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _BINARY = getattr(_POINTWISE, "binary", None)  # (x W^T + b) <op> other, fused
 _REORDER = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
@@ -95,11 +97,31 @@ def _silu_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torc
     return _BINARY(x, _POINTWISE(x, gate, None, "swish", [], ""), up, None, "mul")
 
 
+def _amx_reads(plain: torch.Tensor, *packed: torch.Tensor) -> list[int] | None:
+    """The packed weights' addresses where the AMX short-rows kernel can read them (bfloat16,
+    the kernel's self-check passed here, each packing checked against `plain`'s rows), else None."""
+    if plain.dtype != torch.bfloat16 or not amx_linear.available():
+        return None
+    rows = [plain] if len(packed) == 1 else list(plain.chunk(len(packed)))
+    if not all(amx_linear.packed_as_blocks(r, p) for r, p in zip(rows, packed, strict=True)):
+        return None
+    return [amx_linear.packed_address(p) for p in packed]
+
+
+def _few_rows(x: torch.Tensor) -> bool:
+    """x is rows the AMX kernel takes and there are few of them: a short query's step."""
+    return x.dim() == 2 and 0 < x.shape[0] <= amx_linear.MAX_ROWS and x.stride(1) == 1
+
+
 class Linear(nn.Linear):
     aten_when_compiled = False  # `for_codegen`: aten's linear while torch.compile traces
+    # where the AMX kernel reads the packed weight(s) for few rows (`prepack(short_rows=True)`)
+    amx: list[int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN reads it
+        if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN (or the AMX kernel) reads it
+            if self.amx is not None and _few_rows(x):
+                return amx_linear.linear(x, self.amx[0], self.bias, self.out_features)
             return _onednn_linear(x, self.weight, self.bias)
         if self.aten_when_compiled and torch.compiler.is_compiling():
             return functional.linear(x, self.weight, self.bias)
@@ -112,13 +134,16 @@ class Linear(nn.Linear):
         w = self.weight
         return not w.is_mkldnn and w.device.type == "cpu" and w.dtype in _DTYPES and onednn_available(w.dtype)
 
-    def prepack(self) -> bool:
+    def prepack(self, short_rows: bool = False) -> bool:
         """Replace a CPU float32 / bfloat16 weight by oneDNN's packed copy (the plain one is
         freed). False, and the weight untouched, where that does not apply. The module can
-        no longer change dtype or device afterwards: pack last, once the model is final."""
+        no longer change dtype or device afterwards: pack last, once the model is final.
+        `short_rows`: few rows go to the AMX kernel where it reads this packing."""
         if not self.packable():
             return False
-        self.weight = nn.Parameter(_pack(self.weight), requires_grad=False)
+        packed = _pack(self.weight)
+        self.amx = _amx_reads(self.weight.detach(), packed) if short_rows else None
+        self.weight = nn.Parameter(packed, requires_grad=False)
         return True
 
 
@@ -137,19 +162,23 @@ class SiluGateUp(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None and self.up is not None:
+            if self.amx is not None and _few_rows(x):
+                return amx_linear.silu_gate_up(x, self.amx[0], self.amx[1], self.intermediate)
             return _silu_gate_up(x, self.gate, self.up)
         both, n = super().forward(x), self.intermediate  # in place: no [T, n] tensor per op
         return functional.silu(both[..., :n], inplace=True).mul_(both[..., n:])
 
-    def prepack(self) -> bool:
+    def prepack(self, short_rows: bool = False) -> bool:
         w = self.weight
         if self.gate is not None:  # packed as two halves already
             return False
         if not self.packable() or not onednn_gated_available(w.dtype):
-            return super().prepack()  # one packed matmul, or nothing
+            return super().prepack(short_rows)  # one packed matmul, or nothing
         n, plain = self.intermediate, w.detach()
-        self.gate = nn.Parameter(_pack(plain[:n].contiguous()), requires_grad=False)
-        self.up = nn.Parameter(_pack(plain[n:].contiguous()), requires_grad=False)
+        gate, up = _pack(plain[:n].contiguous()), _pack(plain[n:].contiguous())
+        self.amx = _amx_reads(plain, gate, up) if short_rows else None
+        self.gate = nn.Parameter(gate, requires_grad=False)
+        self.up = nn.Parameter(up, requires_grad=False)
         self.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
         return True
 
@@ -163,14 +192,18 @@ def for_codegen(model: nn.Module) -> None:
             m.aten_when_compiled = True
 
 
-def prepack(model: nn.Module, after_each: Callable[[], object] | None = None) -> int:
+def prepack(
+    model: nn.Module, after_each: Callable[[], object] | None = None, *, short_rows: bool = True
+) -> int:
     """Pack every `Linear` weight of a finished CPU model for oneDNN; returns how many.
     `after_each` runs after each weight is replaced: the engine returns the freed plain copy
     to the OS there, so the plain copies do not pile up in the heap while packing
-    (docs/performance.md, 'Weights packed once for oneDNN')."""
+    (docs/performance.md, 'Weights packed once for oneDNN'). `short_rows`: bfloat16 steps of
+    few rows run on the AMX kernel where it reads the packing (off in deterministic mode: its
+    gated product may differ from oneDNN's in the last bit)."""
     packed = 0
     for m in model.modules():
-        if isinstance(m, Linear) and m.prepack():
+        if isinstance(m, Linear) and m.prepack(short_rows):
             packed += 1
             if after_each is not None:
                 after_each()
