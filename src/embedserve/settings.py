@@ -1,5 +1,5 @@
 """The process's environment switches, read once: native kernels, their cache and compiler, the
-C heap's reuse and weight packing on the CPU (the README's table lists them).
+C heap's reuse, weight packing and the short-rows kernels on the CPU (the README's table lists them).
 
 Each switch changes how a CPU engine runs, never which vector it returns (beyond the rounding
 the README states), so they are environment variables for A/B runs rather than engine options.
@@ -45,6 +45,7 @@ class Settings:
     kernel_cache: Path | None = None  # EMBEDSERVE_KERNEL_CACHE: None is ~/.cache/embedserve/kernels
     heap_reuse: bool = True  # EMBEDSERVE_HEAP_REUSE: keep freed C heap for reuse (glibc mallopt)
     prepack: bool = True  # EMBEDSERVE_PREPACK: pack CPU weights once for oneDNN
+    short_rows: bool = True  # EMBEDSERVE_SHORT_ROWS: few rows on kernels/short_linear*.cpp
     cxx: str | None = None  # CXX: the compiler command (may hold flags); None is g++ / c++ on PATH
 
     @classmethod
@@ -56,6 +57,7 @@ class Settings:
             kernel_cache=Path(cache_dir) if cache_dir else None,
             heap_reuse=_flag(environ, "EMBEDSERVE_HEAP_REUSE", cls.heap_reuse),
             prepack=_flag(environ, "EMBEDSERVE_PREPACK", cls.prepack),
+            short_rows=_flag(environ, "EMBEDSERVE_SHORT_ROWS", cls.short_rows),
             cxx=_text(environ, "CXX"),
         )
 

@@ -12,11 +12,18 @@ from embedserve.kernels import native
 from embedserve.settings import Settings, settings
 from embedserve.worker import host_memory
 
-SWITCHES = ("EMBEDSERVE_NATIVE_KERNELS", "EMBEDSERVE_HEAP_REUSE", "EMBEDSERVE_PREPACK")
+SWITCHES = (
+    "EMBEDSERVE_NATIVE_KERNELS",
+    "EMBEDSERVE_HEAP_REUSE",
+    "EMBEDSERVE_PREPACK",
+    "EMBEDSERVE_SHORT_ROWS",
+)
 
 
 def test_unset_or_empty_variables_mean_the_defaults() -> None:
-    want = Settings(native_kernels=True, kernel_cache=None, heap_reuse=True, prepack=True, cxx=None)
+    want = Settings(
+        native_kernels=True, kernel_cache=None, heap_reuse=True, prepack=True, short_rows=True, cxx=None
+    )
     assert Settings.from_env({}) == want
     assert Settings.from_env({name: "" for name in (*SWITCHES, "EMBEDSERVE_KERNEL_CACHE", "CXX")}) == want
 
@@ -24,7 +31,7 @@ def test_unset_or_empty_variables_mean_the_defaults() -> None:
 @pytest.mark.parametrize(("value", "on"), [("0", False), ("1", True), ("off", False), (" True ", True)])
 def test_each_switch_reads_its_own_variable(value: str, on: bool) -> None:
     fields = {"EMBEDSERVE_NATIVE_KERNELS": "native_kernels", "EMBEDSERVE_HEAP_REUSE": "heap_reuse"}
-    fields["EMBEDSERVE_PREPACK"] = "prepack"
+    fields |= {"EMBEDSERVE_PREPACK": "prepack", "EMBEDSERVE_SHORT_ROWS": "short_rows"}
     for name, field in fields.items():
         got = Settings.from_env({name: value})
         assert getattr(got, field) is on

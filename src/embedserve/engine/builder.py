@@ -214,8 +214,8 @@ def build_engine(
         if dev.type == "cpu" and codegen:
             for_codegen(model)
         elif dev.type == "cpu" and settings().prepack:
-            # weights packed once for oneDNN's matmuls (and the AMX kernel's few rows)
-            prepack(model, release_free_heap, short_rows=not deterministic)
+            # weights packed once for oneDNN's matmuls (and the short-rows kernels')
+            prepack(model, release_free_heap, short_rows=settings().short_rows and not deterministic)
     if gpu_memory_utilization is not None:
         util = gpu_memory_utilization
         kv_cache_memory = gpu_kv_cache_memory(model, sched, block_size, torch_dtype, dev, util)

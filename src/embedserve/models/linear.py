@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from embedserve.kernels import amx_linear
+from embedserve.kernels import short_linear
 
 _POINTWISE = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _BINARY = getattr(_POINTWISE, "binary", None)  # (x W^T + b) <op> other, fused
@@ -97,31 +97,29 @@ def _silu_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torc
     return _BINARY(x, _POINTWISE(x, gate, None, "swish", [], ""), up, None, "mul")
 
 
-def _amx_reads(plain: torch.Tensor, *packed: torch.Tensor) -> list[int] | None:
-    """The packed weights' addresses where the AMX short-rows kernel can read them (bfloat16,
-    the kernel's self-check passed here, each packing checked against `plain`'s rows), else None."""
-    if plain.dtype != torch.bfloat16 or not amx_linear.available():
-        return None
+def _short_reads(plain: torch.Tensor, *packed: torch.Tensor) -> list[short_linear.Packed] | None:
+    """The packed weights as the short-rows kernel of their dtype reads them (its self-check
+    passed here, each packing checked against its rows of `plain`), else None."""
     rows = [plain] if len(packed) == 1 else list(plain.chunk(len(packed)))
-    if not all(amx_linear.packed_as_blocks(r, p) for r, p in zip(rows, packed, strict=True)):
-        return None
-    return [amx_linear.packed_address(p) for p in packed]
+    reads = [short_linear.reads(r, p) for r, p in zip(rows, packed, strict=True)]
+    return None if any(r is None for r in reads) else [r for r in reads if r is not None]
 
 
 def _few_rows(x: torch.Tensor) -> bool:
-    """x is rows the AMX kernel takes and there are few of them: a short query's step."""
-    return x.dim() == 2 and 0 < x.shape[0] <= amx_linear.MAX_ROWS and x.stride(1) == 1
+    """x is rows the short-rows kernels take and there are few of them: a short query's step
+    (the kernel then checks x against the weight: its dtype and width)."""
+    return x.dim() == 2 and 0 < x.shape[0] <= short_linear.MAX_ROWS.get(x.dtype, 0) and x.stride(1) == 1
 
 
 class Linear(nn.Linear):
     aten_when_compiled = False  # `for_codegen`: aten's linear while torch.compile traces
-    # where the AMX kernel reads the packed weight(s) for few rows (`prepack(short_rows=True)`)
-    amx: list[int] | None = None
+    # where the short-rows kernel reads the packed weight(s) (`prepack(short_rows=True)`)
+    short: list[short_linear.Packed] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN (or the AMX kernel) reads it
-            if self.amx is not None and _few_rows(x):
-                return amx_linear.linear(x, self.amx[0], self.bias, self.out_features)
+        if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN (or a short-rows kernel) reads it
+            if self.short is not None and _few_rows(x):
+                return short_linear.linear(x, self.short[0], self.bias)
             return _onednn_linear(x, self.weight, self.bias)
         if self.aten_when_compiled and torch.compiler.is_compiling():
             return functional.linear(x, self.weight, self.bias)
@@ -138,11 +136,11 @@ class Linear(nn.Linear):
         """Replace a CPU float32 / bfloat16 weight by oneDNN's packed copy (the plain one is
         freed). False, and the weight untouched, where that does not apply. The module can
         no longer change dtype or device afterwards: pack last, once the model is final.
-        `short_rows`: few rows go to the AMX kernel where it reads this packing."""
+        `short_rows`: few rows go to the short-rows kernel where it reads this packing."""
         if not self.packable():
             return False
         packed = _pack(self.weight)
-        self.amx = _amx_reads(self.weight.detach(), packed) if short_rows else None
+        self.short = _short_reads(self.weight.detach(), packed) if short_rows else None
         self.weight = nn.Parameter(packed, requires_grad=False)
         return True
 
@@ -162,8 +160,8 @@ class SiluGateUp(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None and self.up is not None:
-            if self.amx is not None and _few_rows(x):
-                return amx_linear.silu_gate_up(x, self.amx[0], self.amx[1], self.intermediate)
+            if self.short is not None and _few_rows(x):
+                return short_linear.silu_gate_up(x, self.short[0], self.short[1])
             return _silu_gate_up(x, self.gate, self.up)
         both, n = super().forward(x), self.intermediate  # in place: no [T, n] tensor per op
         return functional.silu(both[..., :n], inplace=True).mul_(both[..., n:])
@@ -176,7 +174,7 @@ class SiluGateUp(Linear):
             return super().prepack(short_rows)  # one packed matmul, or nothing
         n, plain = self.intermediate, w.detach()
         gate, up = _pack(plain[:n].contiguous()), _pack(plain[n:].contiguous())
-        self.amx = _amx_reads(plain, gate, up) if short_rows else None
+        self.short = _short_reads(plain, gate, up) if short_rows else None
         self.gate = nn.Parameter(gate, requires_grad=False)
         self.up = nn.Parameter(up, requires_grad=False)
         self.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
@@ -198,9 +196,9 @@ def prepack(
     """Pack every `Linear` weight of a finished CPU model for oneDNN; returns how many.
     `after_each` runs after each weight is replaced: the engine returns the freed plain copy
     to the OS there, so the plain copies do not pile up in the heap while packing
-    (docs/performance.md, 'Weights packed once for oneDNN'). `short_rows`: bfloat16 steps of
-    few rows run on the AMX kernel where it reads the packing (off in deterministic mode: its
-    gated product may differ from oneDNN's in the last bit)."""
+    (docs/performance.md, 'Weights packed once for oneDNN'). `short_rows`: steps of few rows
+    run on the short-rows kernels where they read the packing (off in deterministic mode:
+    their sums may differ from oneDNN's in the last bit)."""
     packed = 0
     for m in model.modules():
         if isinstance(m, Linear) and m.prepack(short_rows):

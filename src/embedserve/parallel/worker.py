@@ -72,7 +72,7 @@ def build_rank(spec: WorkerSpec) -> tuple[DecoderModel, Group, int]:
     model = build_rank_model(spec.config, shard, spec.weight_files, group, device, spec.dtype)
     nbytes = weight_bytes(model)  # before packing: packed tensors report no storage
     if device.type == "cpu" and settings().prepack:
-        prepack(model)
+        prepack(model, short_rows=settings().short_rows)
     return model, group, nbytes
 
 

@@ -1,5 +1,6 @@
 // bfloat16 linear layers for a few rows (short queries) on Intel AMX, reading the weight oneDNN
-// packed (models/linear.py `prepack`) in place: no second copy of any weight.
+// packed (models/linear.py `prepack`) in place: no second copy of any weight. The float32
+// sibling, on AVX-512 FMAs: short_linear_f32.cpp.
 //
 // At a few rows a projection is a read of its weight: 16 rows of the 0.6B shape stream 881 MB
 // of weights for 14 GFLOP, which AMX computes in a fraction of the read. oneDNN's matmul on
@@ -8,10 +9,10 @@
 //
 // The packed layout, for N % 32 == 0 and K % 32 == 0, is [N/32][K/2][32][2]: per block of 32
 // output columns, K/2 rows of 32 (k, k+1) pairs, the VNNI form AMX's B operand takes. The
-// caller checks it against the plain weight before using this (kernels/amx_linear.py).
+// caller checks it against the plain weight before using this (kernels/short_linear.py).
 //
-//   y[m, n] = round(x[m, :] . W[n, :] + bias[n])                   (`embedserve_amx_linear`)
-//   y[m, n] = round(round(silu(x . G[n])) * (x . U[n]))            (`embedserve_amx_silu_gate_up`)
+//   y[m, n] = round(x[m, :] . W[n, :] + bias[n])                   (`embedserve_short_linear_bf16`)
+//   y[m, n] = round(round(silu(x . G[n])) * (x . U[n]))            (`embedserve_short_silu_gate_up_bf16`)
 //
 // Sums are float32 over k in tile order, one rounding to bfloat16 at the end (what oneDNN's
 // AMX matmul gives: the same bits, checked by the tests); the gated form rounds where oneDNN's
@@ -159,7 +160,7 @@ int check(int64_t m, int64_t k, int64_t ldx, int64_t n, int64_t ldy) {
 
 }  // namespace
 
-extern "C" int embedserve_amx_linear(const BF16* x, int64_t m, int64_t k, int64_t ldx, const BF16* w,
+extern "C" int embedserve_short_linear_bf16(const BF16* x, int64_t m, int64_t k, int64_t ldx, const BF16* w,
                                      const BF16* bias, int64_t n, BF16* y, int64_t ldy) {
   const int rc = check(m, k, ldx, n, ldy);
 #ifdef EMBEDSERVE_AMX
@@ -168,7 +169,7 @@ extern "C" int embedserve_amx_linear(const BF16* x, int64_t m, int64_t k, int64_
   return rc;
 }
 
-extern "C" int embedserve_amx_silu_gate_up(const BF16* x, int64_t m, int64_t k, int64_t ldx, const BF16* gate,
+extern "C" int embedserve_short_silu_gate_up_bf16(const BF16* x, int64_t m, int64_t k, int64_t ldx, const BF16* gate,
                                            const BF16* up, int64_t n, BF16* y, int64_t ldy) {
   const int rc = check(m, k, ldx, n, ldy);
 #ifdef EMBEDSERVE_AMX

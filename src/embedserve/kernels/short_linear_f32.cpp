@@ -1,0 +1,143 @@
+// float32 linear layers for a few rows (short queries) with AVX-512, reading the weight oneDNN
+// packed (models/linear.py `prepack`) in place: the float32 sibling of short_linear.cpp.
+//
+// oneDNN's float32 packing, for N % 64 == 0, is [N/64][K][64]: per block of 64 output columns,
+// K rows of 64 floats. A pass takes 16 of those columns (one zmm) for up to 16 input rows: per
+// k one load of the weights and one FMA per row with x[r, k] broadcast, 16 accumulators in
+// registers. k runs in chunks of 64 rows (16 KB): the block's four passes read a chunk from
+// L1, and each prefetches a quarter of the next chunk into L2 in address order. Passes over
+// whole blocks instead read every fourth cache line, a stride the hardware prefetchers do not
+// follow: the misses then wait one by one (measured: 0.6x oneDNN; with this order 1.35x at
+// 16 rows, docs/performance.md).
+//
+//   y[m, n] = x[m, :] . W[n, :] + bias[n]                  (`embedserve_short_linear_f32`)
+//   y[m, n] = silu(x . G[n]) * (x . U[n])                  (`embedserve_short_silu_gate_up_f32`)
+//
+// Sums are float32 FMAs over k in order. Built by embedserve/kernels/native.py.
+
+#include "cpu_vec.h"  // first: sets the ISA ATen's vec headers compile for
+
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define EMBEDSERVE_SHORT_F32 1
+#endif
+
+namespace {
+
+constexpr int64_t BLOCK = 64;  // output columns per packed block
+constexpr int64_t LANES = 16;  // columns per pass
+constexpr int64_t ROWS = 16;   // rows per pass
+constexpr int64_t CHUNK = 64;  // k rows per chunk: 16 KB of a block, in L1
+
+#ifdef EMBEDSERVE_SHORT_F32
+using Vec = at::vec::Vectorized<float>;
+
+// acc[r] (r < R) += x[r, k0:k1] . W[16 columns]: xt is the rows' group transposed, [k][ROWS]
+// (one cache line per k), w the block's first row at the pass's columns; `ahead` is one line
+// per k of the next chunk's rows to prefetch.
+template <int R>
+inline void dot16(const float* xt, const float* w, int64_t k0, int64_t k1, const char* ahead, __m512* acc) {
+  __m512 c[R];
+  for (int r = 0; r < R; ++r) c[r] = acc[r];
+  for (int64_t i = k0; i < k1; ++i) {
+    _mm_prefetch(ahead + (i - k0) * 64, _MM_HINT_T1);
+    const __m512 b = _mm512_loadu_ps(w + i * BLOCK);
+    for (int r = 0; r < R; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(xt[i * ROWS + r]), b, c[r]);
+  }
+  for (int r = 0; r < R; ++r) acc[r] = c[r];
+}
+
+using Dot = void (*)(const float*, const float*, int64_t, int64_t, const char*, __m512*);
+
+template <int... R>
+constexpr auto dots(std::integer_sequence<int, R...>) {
+  return std::array<Dot, sizeof...(R)>{&dot16<R + 1>...};
+}
+constexpr auto DOTS = dots(std::make_integer_sequence<int, ROWS>{});  // DOTS[r - 1]: r rows
+
+template <bool gated>
+void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, const float* u, const float* bias,
+         int64_t n, float* y, int64_t ldy) {
+  // x's rows in groups of 16, each transposed to [k][16]: rows that sit 4 KB apart would share
+  // one L1 set, and 16 of them evict each other every k
+  const int64_t groups = (m + ROWS - 1) / ROWS;
+  std::vector<float> xt(groups * k * ROWS, 0.f);
+  for (int64_t r = 0; r < m; ++r) {
+    float* dst = xt.data() + (r / ROWS) * k * ROWS + r % ROWS;
+    for (int64_t i = 0; i < k; ++i) dst[i * ROWS] = x[r * ldx + i];
+  }
+  at::parallel_for(0, n / BLOCK, 1, [&](int64_t b0, int64_t b1) {
+    alignas(64) __m512 acc[2][BLOCK / LANES][ROWS];  // [weight][pass][row]: gate, up
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
+        const int64_t rows = std::min(ROWS, m - r0);
+        const float* xg = xt.data() + (r0 / ROWS) * k * ROWS;
+        for (int wi = 0; wi < (gated ? 2 : 1); ++wi) {
+          const float* wb = (wi == 0 ? w : u) + b * k * BLOCK;
+          for (auto& pass : acc[wi])
+            for (auto& a : pass) a = _mm512_setzero_ps();
+          // k in chunks whose rows (CHUNK x 256 bytes) stay in L1 across the block's four
+          // passes; each pass prefetches a quarter of the next chunk, in order
+          for (int64_t k0 = 0; k0 < k; k0 += CHUNK) {
+            const int64_t k1 = std::min(k, k0 + CHUNK);
+            const char* next = reinterpret_cast<const char*>(wb + std::min(k1, k - 1) * BLOCK);
+            for (int64_t pass = 0; pass < BLOCK / LANES; ++pass) {
+              DOTS[rows - 1](xg, wb + pass * LANES, k0, k1, next + pass * CHUNK * 64, acc[wi][pass]);
+            }
+          }
+        }
+        float* yb = y + r0 * ldy + b * BLOCK;
+        for (int64_t pass = 0; pass < BLOCK / LANES; ++pass) {
+          float* yq = yb + pass * LANES;
+          if constexpr (gated) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const Vec g(acc[0][pass][r]);
+              const Vec s = g / (Vec(1.f) + g.neg().exp());
+              _mm512_storeu_ps(yq + r * ldy, _mm512_mul_ps(s, acc[1][pass][r]));
+            }
+          } else {
+            const __m512 bv = bias == nullptr ? _mm512_setzero_ps() : _mm512_loadu_ps(bias + b * BLOCK + pass * LANES);
+            for (int64_t r = 0; r < rows; ++r) _mm512_storeu_ps(yq + r * ldy, _mm512_add_ps(acc[0][pass][r], bv));
+          }
+        }
+      }
+    }
+  });
+}
+#endif
+
+// 0: done; 1: not built for AVX-512 here; 2: shapes it does not take.
+int check(int64_t m, int64_t k, int64_t ldx, int64_t n, int64_t ldy) {
+#ifdef EMBEDSERVE_SHORT_F32
+  if (m < 1 || k < 1 || n < BLOCK || n % BLOCK || ldx < k || ldy < n) return 2;
+  return 0;
+#else
+  return 1;
+#endif
+}
+
+}  // namespace
+
+extern "C" int embedserve_short_linear_f32(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w,
+                                           const float* bias, int64_t n, float* y, int64_t ldy) {
+  const int rc = check(m, k, ldx, n, ldy);
+#ifdef EMBEDSERVE_SHORT_F32
+  if (rc == 0) run<false>(x, m, k, ldx, w, nullptr, bias, n, y, ldy);
+#endif
+  return rc;
+}
+
+extern "C" int embedserve_short_silu_gate_up_f32(const float* x, int64_t m, int64_t k, int64_t ldx,
+                                                 const float* gate, const float* up, int64_t n, float* y,
+                                                 int64_t ldy) {
+  const int rc = check(m, k, ldx, n, ldy);
+#ifdef EMBEDSERVE_SHORT_F32
+  if (rc == 0) run<true>(x, m, k, ldx, gate, up, nullptr, n, y, ldy);
+#endif
+  return rc;
+}
