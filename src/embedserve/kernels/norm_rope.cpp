@@ -28,7 +28,7 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 using BF16 = at::BFloat16;
 
-constexpr int64_t GRAIN = 16;  // rows per task at least
+constexpr int64_t GRAIN = 4;  // rows per task at least: a 16-token query's rows on both threads
 
 // x rounded to the element type's precision: bfloat16 rounds (to nearest even, as PyTorch's
 // ops do when they store a bfloat16 result), float32 is x.
