@@ -42,3 +42,21 @@ def test_split_route_equals_one_masked_softmax(dtype: torch.dtype, tol: float) -
     )
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("route", [None, *attention.CpuRoute])
+@pytest.mark.parametrize(
+    ("q", "kv"),
+    [
+        ((16, 16, 128), (16, 8, 128)),  # keys token-major by mistake: 8 keys for 16 queries
+        ((4, 6, 32), (4, 8, 32)),  # heads not a multiple of kv_heads
+        ((4, 8, 32), (2, 8, 16)),  # another head_dim
+    ],
+)
+def test_keys_that_do_not_fit_the_queries_raise_instead_of_crashing(
+    route: attention.CpuRoute | None, q: tuple[int, ...], kv: tuple[int, ...]
+) -> None:
+    # ATen's flash kernel took the first case with SIGFPE (the whole process) before the check
+    query, keys = torch.randn(*q), torch.randn(*kv)
+    with pytest.raises(ValueError, match=r"keys, values \[kv_heads, kv >= n, d\]"):
+        attention.causal_attention(query, keys, keys.clone(), 0.1, route)

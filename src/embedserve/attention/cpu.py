@@ -142,6 +142,14 @@ def _causal_attention(
 ) -> torch.Tensor:
     n, kv = q.shape[0], keys.shape[1]
     start = kv - n
+    shaped = q.dim() == 3 and keys.dim() == 3 and values.shape == keys.shape and keys.shape[2] == q.shape[2]
+    if not shaped or start < 0 or keys.shape[0] < 1 or q.shape[1] % keys.shape[0]:
+        # ATen's flash kernels crash the process (SIGFPE) on some of these instead of raising
+        raise ValueError(
+            "causal attention takes q [n, heads, d] and keys, values [kv_heads, kv >= n, d] with heads"
+            f" a multiple of kv_heads; got q {tuple(q.shape)}, keys {tuple(keys.shape)},"
+            f" values {tuple(values.shape)}"
+        )
     cpu = q.device.type == "cpu"
     if route is None:
         native = cpu and q.dtype in NATIVE_MIN_ROWS and native_flash.available(q.dtype)
