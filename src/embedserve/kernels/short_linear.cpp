@@ -14,9 +14,9 @@
 //   y[m, n] = round(x[m, :] . W[n, :] + bias[n])                   (`embedserve_short_linear_bf16`)
 //   y[m, n] = round(round(silu(x . G[n])) * (x . U[n]))            (`embedserve_short_silu_gate_up_bf16`)
 //
-// Sums are float32 over k in tile order, one rounding to bfloat16 at the end (what oneDNN's
-// AMX matmul gives: the same bits, checked by the tests); the gated form rounds where oneDNN's
-// swish and product epilogues round. Built by embedserve/kernels/native.py.
+// Sums are float32 over k ascending in steps of 32 (a tile), one rounding to bfloat16 at the
+// end (what oneDNN's AMX matmul gives: the same bits, checked by the tests); the gated form
+// rounds where oneDNN's swish and product epilogues round. Built by embedserve/kernels/native.py.
 
 #include "cpu_vec.h"  // first: sets the ISA ATen's vec headers compile for
 

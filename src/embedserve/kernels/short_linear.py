@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 import torch
@@ -58,15 +58,21 @@ def _kernels(dtype: torch.dtype) -> tuple[Kernel, Kernel] | None:
     return plain, gated
 
 
+class Unsupported(RuntimeError):
+    """The kernel was built without its instruction set here, or the OS refused AMX's state."""
+
+
 @dataclass(frozen=True)
 class Packed:
-    """A oneDNN-packed [n, k] weight the kernels read: where its bytes start and what they hold.
-    The packed tensor must outlive it (the module keeps it as its parameter)."""
+    """A oneDNN-packed [n, k] weight the kernels read: where its bytes start, what they hold,
+    and the packed tensor itself (held, so the bytes live as long as this does; a module
+    compares it with its parameter to see the weight was not replaced since)."""
 
     address: int
     dtype: torch.dtype
     n: int
     k: int
+    tensor: torch.Tensor = field(compare=False, repr=False)
 
 
 def packed_address(packed: torch.Tensor) -> int:
@@ -79,7 +85,8 @@ def reads(plain: torch.Tensor, packed: torch.Tensor) -> Packed | None:
     its layout (`packed_as_blocks`); else None."""
     if not available(plain.dtype) or not packed_as_blocks(plain, packed):
         return None
-    return Packed(packed_address(packed), plain.dtype, *plain.shape)
+    n, k = plain.shape
+    return Packed(packed_address(packed), plain.dtype, n, k, tensor=packed)
 
 
 def packed_as_blocks(plain: torch.Tensor, packed: torch.Tensor) -> bool:
@@ -94,11 +101,14 @@ def packed_as_blocks(plain: torch.Tensor, packed: torch.Tensor) -> bool:
         return False
     raw = (ctypes.c_uint8 * (n * k * size)).from_address(packed_address(packed))
     flat = torch.frombuffer(raw, dtype=plain.dtype)
-    if plain.dtype == torch.bfloat16:
-        blocks = flat.view(n // block, k // 2, block, 2).permute(0, 2, 1, 3)
-    else:
-        blocks = flat.view(n // block, k, block).permute(0, 2, 1)
-    return torch.equal(blocks.reshape(n, k), plain)
+    plain = plain.contiguous()
+    if plain.dtype == torch.bfloat16:  # both as [n/32][k/2][32][2], views: no copy of the weight
+        packed_view = flat.view(n // block, k // 2, block, 2)
+        plain_view = plain.view(n // block, block, k // 2, 2).permute(0, 2, 1, 3)
+    else:  # [n/64][k][64]
+        packed_view = flat.view(n // block, k, block)
+        plain_view = plain.view(n // block, block, k).permute(0, 2, 1)
+    return torch.equal(packed_view, plain_view)
 
 
 def _call(w: Packed, x: torch.Tensor, extra: int | None, gated: bool) -> torch.Tensor:
@@ -115,6 +125,8 @@ def _call(w: Packed, x: torch.Tensor, extra: int | None, gated: bool) -> torch.T
     y = torch.empty(rows, w.n, dtype=w.dtype)
     ldx = x.stride(0) if rows > 1 else k
     rc = kernels[gated](x.data_ptr(), rows, k, ldx, w.address, extra, w.n, y.data_ptr(), w.n)
+    if rc == 1:
+        raise Unsupported(f"the short-rows kernel for {w.dtype} is not built for this CPU")
     if rc != 0:
         raise RuntimeError(f"native short linear failed (code {rc}) on x {tuple(x.shape)} -> {w.n} columns")
     return y
@@ -142,9 +154,10 @@ def silu_gate_up(x: torch.Tensor, gate: Packed, up: Packed) -> torch.Tensor:
 
 @cache
 def available(dtype: torch.dtype) -> bool:
-    """The dtype's kernel built here, reads oneDNN's packing, and on seeded weights gives
-    oneDNN's results (plain, with a bias, strided rows, 1 to 33 rows; bfloat16 bit for bit)
-    and oneDNN's fused silu product to the dtype's rounding."""
+    """The dtype's kernel built here with its instruction set, reads oneDNN's packing, and on
+    seeded weights gives oneDNN's results (plain, with a bias, strided rows, 1 to 33 rows;
+    bfloat16 bit for bit up to 32 rows) and oneDNN's fused silu product to the dtype's
+    rounding. A CPU without the instruction set (no AMX, no AVX-512) is a quiet False."""
     if _kernels(dtype) is None:
         return False
     gen = torch.Generator().manual_seed(0)
@@ -153,19 +166,26 @@ def available(dtype: torch.dtype) -> bool:
     bias = torch.randn(n, generator=gen).to(dtype)
     pointwise = torch.ops.mkldnn._linear_pointwise
     rtol, atol = (1e-2, 1e-3) if dtype == torch.bfloat16 else (1e-5, 1e-5)
-    same = torch.equal if dtype == torch.bfloat16 else lambda a, b: torch.allclose(a, b, rtol, atol)
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:  # bf16 beyond 32 rows: oneDNN blocks otherwise
+        exact = dtype == torch.bfloat16 and a.shape[0] <= 32
+        return torch.equal(a, b) if exact else torch.allclose(a.float(), b.float(), rtol, atol)
+
     try:
         packs = [torch.ops.mkldnn._reorder_linear_weight(t, 512) for t in (w, g, u)]
         if not all(packed_as_blocks(t, p) for t, p in zip((w, g, u), packs, strict=True)):
             return False
-        pw, pg, pu = (Packed(packed_address(p), dtype, n, k) for p in packs)
+        pw, pg, pu = (Packed(packed_address(p), dtype, n, k, tensor=p) for p in packs)
         ok = True
-        for rows in (1, 7, 16, 33):
+        for rows in (1, 7, 16, 32, 33):
             x = torch.randn(rows, 2 * k, generator=gen).to(dtype)[:, :k]
             ok = ok and same(linear(x, pw), pointwise(x, packs[0], None, "none", [], ""))
             ok = ok and same(linear(x, pw, bias), pointwise(x, packs[0], bias, "none", [], ""))
             want = pointwise.binary(x, pointwise(x, packs[1], None, "swish", [], ""), packs[2], None, "mul")
             ok = ok and torch.allclose(silu_gate_up(x, pg, pu).float(), want.float(), rtol, atol)
+    except Unsupported as e:
+        log.debug("%s; oneDNN runs short rows", e)
+        return False
     except (RuntimeError, ValueError) as e:
         log.warning("the short-rows kernel for %s failed here: %s", dtype, e)
         return False

@@ -85,7 +85,9 @@ void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, cons
           // passes; each pass prefetches a quarter of the next chunk, in order
           for (int64_t k0 = 0; k0 < k; k0 += CHUNK) {
             const int64_t k1 = std::min(k, k0 + CHUNK);
-            const char* next = reinterpret_cast<const char*>(wb + std::min(k1, k - 1) * BLOCK);
+            // the rows after this chunk: the next chunk, or after the last one the next
+            // block's first (blocks follow each other; a prefetch past the end never faults)
+            const char* next = reinterpret_cast<const char*>(wb + k1 * BLOCK);
             for (int64_t pass = 0; pass < BLOCK / LANES; ++pass) {
               DOTS[rows - 1](xg, wb + pass * LANES, k0, k1, next + pass * CHUNK * 64, acc[wi][pass]);
             }

@@ -113,12 +113,13 @@ def _few_rows(x: torch.Tensor) -> bool:
 
 class Linear(nn.Linear):
     aten_when_compiled = False  # `for_codegen`: aten's linear while torch.compile traces
-    # where the short-rows kernel reads the packed weight(s) (`prepack(short_rows=True)`)
+    # where the short-rows kernel reads the packed weight(s) (`prepack(short_rows=True)`); used
+    # only while they are still the module's parameters
     short: list[short_linear.Packed] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN (or a short-rows kernel) reads it
-            if self.short is not None and _few_rows(x):
+            if self.short is not None and self.short[0].tensor is self.weight and _few_rows(x):
                 return short_linear.linear(x, self.short[0], self.bias)
             return _onednn_linear(x, self.weight, self.bias)
         if self.aten_when_compiled and torch.compiler.is_compiling():
@@ -139,9 +140,9 @@ class Linear(nn.Linear):
         `short_rows`: few rows go to the short-rows kernel where it reads this packing."""
         if not self.packable():
             return False
-        packed = _pack(self.weight)
-        self.short = _short_reads(self.weight.detach(), packed) if short_rows else None
-        self.weight = nn.Parameter(packed, requires_grad=False)
+        plain = self.weight.detach()
+        self.weight = nn.Parameter(_pack(plain), requires_grad=False)
+        self.short = _short_reads(plain, self.weight) if short_rows else None
         return True
 
 
@@ -160,8 +161,14 @@ class SiluGateUp(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is not None and self.up is not None:
-            if self.short is not None and _few_rows(x):
-                return short_linear.silu_gate_up(x, self.short[0], self.short[1])
+            short = self.short
+            if (
+                short is not None
+                and short[0].tensor is self.gate
+                and short[1].tensor is self.up
+                and _few_rows(x)
+            ):
+                return short_linear.silu_gate_up(x, short[0], short[1])
             return _silu_gate_up(x, self.gate, self.up)
         both, n = super().forward(x), self.intermediate  # in place: no [T, n] tensor per op
         return functional.silu(both[..., :n], inplace=True).mul_(both[..., n:])
@@ -173,10 +180,9 @@ class SiluGateUp(Linear):
         if not self.packable() or not onednn_gated_available(w.dtype):
             return super().prepack(short_rows)  # one packed matmul, or nothing
         n, plain = self.intermediate, w.detach()
-        gate, up = _pack(plain[:n].contiguous()), _pack(plain[n:].contiguous())
-        self.short = _short_reads(plain, gate, up) if short_rows else None
-        self.gate = nn.Parameter(gate, requires_grad=False)
-        self.up = nn.Parameter(up, requires_grad=False)
+        self.gate = nn.Parameter(_pack(plain[:n].contiguous()), requires_grad=False)
+        self.up = nn.Parameter(_pack(plain[n:].contiguous()), requires_grad=False)
+        self.short = _short_reads(plain, self.gate, self.up) if short_rows else None
         self.weight = nn.Parameter(torch.empty(0, dtype=w.dtype), requires_grad=False)
         return True
 
@@ -191,7 +197,7 @@ def for_codegen(model: nn.Module) -> None:
 
 
 def prepack(
-    model: nn.Module, after_each: Callable[[], object] | None = None, *, short_rows: bool = True
+    model: nn.Module, after_each: Callable[[], object] | None = None, *, short_rows: bool = False
 ) -> int:
     """Pack every `Linear` weight of a finished CPU model for oneDNN; returns how many.
     `after_each` runs after each weight is replaced: the engine returns the freed plain copy
