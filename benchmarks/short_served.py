@@ -8,6 +8,9 @@ client's own request shape (it asks for base64 vectors and decodes them), closed
 
 With several targets the cells alternate (round, concurrency, target), so a noisy machine
 slows each about equally; the last lines give per-target medians and ratios to the first.
+Before each cell the client waits until every target with a PID is quiet (`--settle`): a
+server's threads may keep spinning on both cores for a second or more after its own cell
+(vLLM's: 0.8 CPU-seconds in the 3 s after a cell), which slowed whichever target came next.
 
 Each query is a different `--tokens`-token text (words that are single tokens in the
 tokenizer). Reported per concurrency: requests/s, p50 / p99 latency, and with `--pid` the
@@ -49,6 +52,18 @@ def server_cpu(pid: int | None) -> float:
     return total
 
 
+async def settle(pids: list[int], most_s: float, window_s: float = 0.5, quiet: float = 0.05) -> float:
+    """Wait until the given servers together use under `quiet` of a core over `window_s`, at
+    most `most_s` seconds; returns the seconds waited."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < most_s:
+        before = sum(server_cpu(p) for p in pids)
+        await asyncio.sleep(window_s)
+        if sum(server_cpu(p) for p in pids) - before < quiet * window_s:
+            break
+    return time.perf_counter() - start
+
+
 async def cell(client: AsyncOpenAI, model: str, texts: list[str], concurrency: int) -> list[float]:
     latencies: list[float] = []
     it = iter(texts)
@@ -84,6 +99,9 @@ async def main() -> None:
     p.add_argument("--concurrency", default="1,32")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--rounds", type=int, default=1, help="alternate the targets this many times")
+    p.add_argument(
+        "--settle", type=float, default=10.0, help="s to wait at most for quiet servers before a cell"
+    )
     args = p.parse_args()
     targets = [parse_target(t) for t in args.target]
     if args.url:
@@ -101,6 +119,7 @@ async def main() -> None:
     for r in range(args.rounds):
         for c in (int(x) for x in args.concurrency.split(",")):
             for name, _, model, pid in targets:
+                await settle([t[3] for t in targets if t[3] is not None], args.settle)
                 cpu, wall = server_cpu(pid), time.perf_counter()
                 lat = sorted(await cell(clients[name], model, texts[: args.requests], c))
                 wall, cpu = time.perf_counter() - wall, server_cpu(pid) - cpu
