@@ -123,23 +123,25 @@ int check(int64_t m, int64_t k, int64_t ldx, int64_t n, int64_t ldy) {
 #endif
 }
 
-}  // namespace
-
-extern "C" int embedserve_short_linear_f32(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w,
-                                           const float* bias, int64_t n, float* y, int64_t ldy) {
+// Both entry points: checked, then run (gated: `w2` is U, else `w2` is the bias or null).
+template <bool gated>
+int entry(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, const float* w2, int64_t n, float* y,
+          int64_t ldy) {
   const int rc = check(m, k, ldx, n, ldy);
 #ifdef EMBEDSERVE_SHORT_F32
-  if (rc == 0) run<false>(x, m, k, ldx, w, nullptr, bias, n, y, ldy);
+  if (rc == 0) run<gated>(x, m, k, ldx, w, gated ? w2 : nullptr, gated ? nullptr : w2, n, y, ldy);
 #endif
   return rc;
 }
 
+}  // namespace
+
+extern "C" int embedserve_short_linear_f32(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w,
+                                            const float* bias, int64_t n, float* y, int64_t ldy) {
+  return entry<false>(x, m, k, ldx, w, bias, n, y, ldy);
+}
+
 extern "C" int embedserve_short_silu_gate_up_f32(const float* x, int64_t m, int64_t k, int64_t ldx,
-                                                 const float* gate, const float* up, int64_t n, float* y,
-                                                 int64_t ldy) {
-  const int rc = check(m, k, ldx, n, ldy);
-#ifdef EMBEDSERVE_SHORT_F32
-  if (rc == 0) run<true>(x, m, k, ldx, gate, up, nullptr, n, y, ldy);
-#endif
-  return rc;
+                                                  const float* gate, const float* up, int64_t n, float* y, int64_t ldy) {
+  return entry<true>(x, m, k, ldx, gate, up, n, y, ldy);
 }
