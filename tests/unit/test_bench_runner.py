@@ -93,3 +93,28 @@ def test_bad_options_are_refused_before_running(qwen3_dir: Path, tmp_path: Path,
     argv = ["bench", "--target", f"engine:{qwen3_dir}", "--lengths", "16", "--out", str(tmp_path)]
     assert main([*argv, *bad]) == 2
     assert not (tmp_path / "results.csv").exists()
+
+
+def test_each_target_waits_for_the_served_targets_to_go_quiet(
+    qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedserve.bench import runner
+
+    events: list[tuple[str, object]] = []
+
+    def fake_group(cfg: object, group: Group, *args: object) -> None:
+        events.append(("group", group.spec.name))
+        _record_failure(group, 1, timed_out=False, tail="not run in this test", timeout=60)
+
+    monkeypatch.setattr(runner, "run_group", fake_group)
+    monkeypatch.setattr(runner, "wait_quiet", lambda pids, most_s: events.append(("quiet", tuple(pids))))
+    code = main([
+        "bench", "--target", "http://127.0.0.1:9/v1?model=m&pid=4242&name=peer",
+        "--target", "http://127.0.0.1:9/v1?model=m&name=nopid",
+        "--lengths", "40", "--concurrency", "1", "--requests", "1", "--text", "random",
+        "--tokenizer", str(qwen3_dir), "--out", str(tmp_path / "bench"), "--no-progress",
+        "--cosine-sample", "0",
+    ])  # fmt: skip
+    assert code == 0
+    # before every target, the served targets that gave a pid (only those can be watched)
+    assert events == [("quiet", (4242,)), ("group", "peer"), ("quiet", (4242,)), ("group", "nopid")]

