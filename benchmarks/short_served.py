@@ -24,9 +24,10 @@ import asyncio
 import statistics
 import time
 
-import psutil
 from openai import AsyncOpenAI
 from tokenizers import Tokenizer
+
+from embedserve.bench.cputime import tree_cpu, wait_quiet
 
 
 def queries(tokenizer_dir: str, tokens: int, count: int) -> list[str]:
@@ -42,26 +43,7 @@ def queries(tokenizer_dir: str, tokens: int, count: int) -> list[str]:
 
 
 def server_cpu(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    proc = psutil.Process(pid)
-    total = 0.0
-    for p in (proc, *proc.children(recursive=True)):
-        t = p.cpu_times()
-        total += t.user + t.system
-    return total
-
-
-async def settle(pids: list[int], most_s: float, window_s: float = 0.5, quiet: float = 0.05) -> float:
-    """Wait until the given servers together use under `quiet` of a core over `window_s`, at
-    most `most_s` seconds; returns the seconds waited."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < most_s:
-        before = sum(server_cpu(p) for p in pids)
-        await asyncio.sleep(window_s)
-        if sum(server_cpu(p) for p in pids) - before < quiet * window_s:
-            break
-    return time.perf_counter() - start
+    return 0.0 if pid is None else tree_cpu(pid)
 
 
 async def cell(client: AsyncOpenAI, model: str, texts: list[str], concurrency: int) -> list[float]:
@@ -119,7 +101,7 @@ async def main() -> None:
     for r in range(args.rounds):
         for c in (int(x) for x in args.concurrency.split(",")):
             for name, _, model, pid in targets:
-                await settle([t[3] for t in targets if t[3] is not None], args.settle)
+                wait_quiet([t[3] for t in targets if t[3] is not None], args.settle)  # no request in flight
                 cpu, wall = server_cpu(pid), time.perf_counter()
                 lat = sorted(await cell(clients[name], model, texts[: args.requests], c))
                 wall, cpu = time.perf_counter() - wall, server_cpu(pid) - cpu

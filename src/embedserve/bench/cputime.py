@@ -18,7 +18,8 @@ from __future__ import annotations
 import time
 
 
-def _tree_cpu(pid: int) -> float:
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its children so far."""
     import psutil
 
     proc = psutil.Process(pid)
@@ -42,7 +43,7 @@ def wait_quiet(pids: list[int], most_s: float, window_s: float = 0.5, quiet: flo
         total = 0.0
         for pid in pids:
             try:
-                total += _tree_cpu(pid)
+                total += tree_cpu(pid)
             except psutil.Error:  # gone: nothing of it left to wait for
                 continue
         return total
@@ -67,7 +68,7 @@ class CpuTime:
 
     def _now(self) -> float:
         if self._pid:
-            return _tree_cpu(self._pid)
+            return tree_cpu(self._pid)
         return time.process_time()  # every thread, nanosecond clock (os.times ticks at 10 ms)
 
     def __enter__(self) -> CpuTime:
