@@ -5,7 +5,6 @@ where it built and checked itself."""
 from __future__ import annotations
 
 import logging
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from embedserve.attention import cpu as attention
 from embedserve.attention.cpu_gemm import gemm_attention
 from embedserve.kernels import flash_attention, native
 from embedserve.settings import settings
+from tests.helpers.cpu import cpu_words
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler for native kernels")
 
@@ -25,13 +25,8 @@ def _cpu_has_bf16_dot_product() -> bool:
     """The bf16 kernel's brgemm needs the CPU's bf16 dot product; without it (an AVX2-only
     x86 such as Zen 3) the kernel fails its self-check and the engine keeps its tiled route.
     Linux only reads the flags; elsewhere the bf16 tests run."""
-    if platform.system() != "Linux":
-        return True
-    try:
-        words = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return True
-    return bool(words & {"avx512_bf16", "amx_bf16", "bf16"})  # x86 flags; ARM's `Features`
+    words = cpu_words()
+    return words is None or bool(words & {"avx512_bf16", "amx_bf16", "bf16"})  # x86 flags; ARM's Features
 
 
 needs_bf16_cpu = pytest.mark.skipif(

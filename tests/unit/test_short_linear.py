@@ -17,19 +17,14 @@ from embedserve.kernels import native, short_linear
 from embedserve.models import linear
 from embedserve.models.linear import Linear, SiluGateUp
 from embedserve.settings import settings
+from tests.helpers.cpu import cpu_words
 from tests.helpers.reference import random_ids
 
 POINTWISE = torch.ops.mkldnn._linear_pointwise
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    return {
-        f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()
-    }
+def _has(flag: str) -> bool:
+    return flag in (cpu_words() or ())
 
 
 # Skipped by what the host has, never by the kernels' own self-check: a broken kernel fails
@@ -37,13 +32,11 @@ def _cpu_flags() -> set[str]:
 NATIVE = native.compiler() is not None and platform.machine() == "x86_64"
 BF16 = pytest.param(
     torch.bfloat16,
-    marks=pytest.mark.skipif(
-        not (NATIVE and "amx_bf16" in _cpu_flags()), reason="no AMX (amx_bf16) or C++ compiler"
-    ),
+    marks=pytest.mark.skipif(not (NATIVE and _has("amx_bf16")), reason="no AMX (amx_bf16) or C++ compiler"),
 )
 F32 = pytest.param(
     torch.float32,
-    marks=pytest.mark.skipif(not (NATIVE and "avx512f" in _cpu_flags()), reason="no AVX-512 or C++ compiler"),
+    marks=pytest.mark.skipif(not (NATIVE and _has("avx512f")), reason="no AVX-512 or C++ compiler"),
 )
 DTYPES = [BF16, F32]
 
