@@ -2,7 +2,8 @@
 and optionally a torch.profiler table of where its time goes.
 
     python benchmarks/short_query.py --model /tmp/embedserve-bench-models/q06 --dtype bfloat16 \
-        --tokens 16 --queries 100 [--profile 20] [--options '{"token_buckets": true}'] [--bound]
+        --tokens 16 --queries 100 [--profile 20] [--options '{"token_buckets": true}'] [--bound] \
+        [--layer-by-layer]
 
 Each query is added as an online request and stepped to completion; 10 warm-up queries first.
 Reported: p50 / p99 / min latency in ms and the CPU time per query (all threads).
@@ -36,6 +37,11 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, help="profile this many more queries")
     p.add_argument("--bound", action="store_true", help="also measure this machine's floor")
     p.add_argument(
+        "--layer-by-layer",
+        action="store_true",
+        help="run short steps layer by layer in Python, not in one native call (A/B of models/short_path.py)",
+    )
+    p.add_argument(
         "--options",
         default="{}",
         help='engine options as JSON, e.g. \'{"token_buckets": true, "compile_backend": "inductor"}\'',
@@ -46,6 +52,10 @@ def main() -> None:
         start = time.perf_counter()
         parts = build_engine(args.model, dtype=args.dtype, **json.loads(args.options))
         core, cfg = parts.core, parts.config
+        model = getattr(core.runner, "model", None)
+        if args.layer_by_layer and model is not None:
+            model.short_path = None
+        print(f"short steps {'natively' if getattr(model, 'short_path', None) else 'layer by layer'}")
         ids = list(range(1000, 1000 + args.tokens))
         next_id = iter(range(1, 1 << 30))
 

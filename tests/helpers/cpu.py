@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 
 @cache
@@ -17,3 +18,25 @@ def cpu_words() -> frozenset[str] | None:
         return frozenset(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         return None
+
+
+def has(flag: str) -> bool:
+    return flag in (cpu_words() or ())
+
+
+def short_rows_dtypes() -> list[Any]:
+    """bfloat16 and float32 as pytest params, each skipped where the host lacks what its
+    short-rows kernel needs (AMX; AVX-512; a C++ compiler on x86-64). Skipped by the host,
+    never by the kernels' own self-check: a broken kernel fails `available` and must fail
+    the tests, not skip them."""
+    import pytest
+    import torch
+
+    from embedserve.kernels import native
+
+    built = native.compiler() is not None and platform.machine() == "x86_64"
+    needs = ((torch.bfloat16, "amx_bf16", "AMX (amx_bf16)"), (torch.float32, "avx512f", "AVX-512"))
+    return [
+        pytest.param(dtype, marks=pytest.mark.skipif(not (built and has(flag)), reason=f"no {what} or C++"))
+        for dtype, flag, what in needs
+    ]

@@ -4,7 +4,6 @@ vectors must not depend on the batch."""
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import numpy as np
@@ -13,32 +12,17 @@ import torch
 
 from embedserve import Engine
 from embedserve.engine.builder import build_engine
-from embedserve.kernels import native, short_linear
+from embedserve.kernels import short_linear
 from embedserve.models import linear
 from embedserve.models.linear import Linear, SiluGateUp
 from embedserve.settings import settings
-from tests.helpers.cpu import cpu_words
+from tests.helpers.cpu import short_rows_dtypes
 from tests.helpers.reference import random_ids
 
 POINTWISE = torch.ops.mkldnn._linear_pointwise
 
 
-def _has(flag: str) -> bool:
-    return flag in (cpu_words() or ())
-
-
-# Skipped by what the host has, never by the kernels' own self-check: a broken kernel fails
-# `available` and must fail these tests, not skip them.
-NATIVE = native.compiler() is not None and platform.machine() == "x86_64"
-BF16 = pytest.param(
-    torch.bfloat16,
-    marks=pytest.mark.skipif(not (NATIVE and _has("amx_bf16")), reason="no AMX (amx_bf16) or C++ compiler"),
-)
-F32 = pytest.param(
-    torch.float32,
-    marks=pytest.mark.skipif(not (NATIVE and _has("avx512f")), reason="no AVX-512 or C++ compiler"),
-)
-DTYPES = [BF16, F32]
+DTYPES = short_rows_dtypes()
 
 
 def _packed(n: int, k: int, seed: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

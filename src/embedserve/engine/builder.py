@@ -24,6 +24,7 @@ from embedserve.models.build import build_model, open_model
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.linear import for_codegen, prepack
 from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head, rerank_kind
+from embedserve.models.short_path import short_path
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.parallel.runner import TensorParallelRunner
 from embedserve.parallel.setup import check_parallel, start_parallel
@@ -215,7 +216,10 @@ def build_engine(
             for_codegen(model)
         elif dev.type == "cpu" and settings().prepack:
             # weights packed once for oneDNN's matmuls (and the short-rows kernels')
-            prepack(model, release_free_heap, short_rows=settings().short_rows and not deterministic)
+            short_rows = settings().short_rows and not deterministic
+            prepack(model, release_free_heap, short_rows=short_rows)
+            if short_rows and type(model) is DecoderModel:  # short steps: every layer in one call
+                model.short_path = short_path(model)
     if gpu_memory_utilization is not None:
         util = gpu_memory_utilization
         kv_cache_memory = gpu_kv_cache_memory(model, sched, block_size, torch_dtype, dev, util)

@@ -44,6 +44,11 @@ def _kernels(dtype: torch.dtype) -> tuple[Kernel, Kernel] | None:
     return add_norm, qk
 
 
+def entry_points(dtype: torch.dtype) -> tuple[Kernel, Kernel] | None:
+    """The dtype's (add_rms_norm, qk_norm_rope) ctypes functions, None where they did not build."""
+    return _kernels(dtype)
+
+
 def _ptr(x: torch.Tensor | None) -> int | None:
     return None if x is None else x.data_ptr()
 

@@ -58,6 +58,11 @@ def _kernels(dtype: torch.dtype) -> tuple[Kernel, Kernel] | None:
     return plain, gated
 
 
+def entry_points(dtype: torch.dtype) -> tuple[Kernel, Kernel] | None:
+    """The dtype's (plain, gated) ctypes functions, None where the library did not build."""
+    return _kernels(dtype)
+
+
 class Unsupported(RuntimeError):
     """The kernel was built without its instruction set here, or the OS refused AMX's state."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -20,6 +20,18 @@ from embedserve.config import ModelConfig
 from embedserve.kernels import norm_rope
 from embedserve.models.linear import Linear, SiluGateUp
 from embedserve.models.weights import Route, load_fused
+
+
+class StepShortcut(Protocol):
+    """Runs a whole step's layers another way where it fits (models/short_path.py)."""
+
+    def run(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_caches: list[torch.Tensor] | None,
+        meta: AttentionMetadata,
+    ) -> bool: ...
 
 
 def _native_rows(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
@@ -238,6 +250,9 @@ class LayerFlops:
 
 
 class DecoderModel(nn.Module):
+    # short steps natively, every layer in one call (models/short_path.py; set by the builder)
+    short_path: StepShortcut | None = None
+
     def __init__(self, cfg: ModelConfig, attend: AttentionFn = paged_attention) -> None:
         """`attend`: the attention route for the device and dtype the model runs in
         (attention/select.py); the CPU route by default."""
@@ -259,6 +274,8 @@ class DecoderModel(nn.Module):
         """input_ids, positions: [T]. Returns final hidden states [len(output_rows), hidden]."""
         x = self.embed_tokens(input_ids)  # [T, hidden]
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
+        if self.short_path is not None and self.short_path.run(x, cos_sin, kv_caches, meta):
+            return self.norm(x if output_rows is None else x.index_select(0, output_rows))
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):  # the last layer finishes output_rows only
             cache = None if kv_caches is None else kv_caches[i]
