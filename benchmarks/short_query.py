@@ -2,11 +2,12 @@
 and optionally a torch.profiler table of where its time goes.
 
     python benchmarks/short_query.py --model /tmp/embedserve-bench-models/q06 --dtype bfloat16 \
-        --tokens 16 --queries 100 [--profile 20] [--options '{"token_buckets": true}'] [--bound] \
+        --tokens 16 --queries 100 [--batch 8] [--profile 20] [--options '{"token_buckets": true}'] [--bound] \
         [--layer-by-layer]
 
-Each query is added as an online request and stepped to completion; 10 warm-up queries first.
-Reported: p50 / p99 / min latency in ms and the CPU time per query (all threads).
+Each query (or --batch of them together) is added as online requests and stepped to completion;
+10 warm-up queries first.
+Reported: p50 / p99 / min latency in ms and the CPU time per call (all threads).
 --bound also measures, in the same process, this machine's read bandwidth (`torch.sum` over 1 GiB,
 best of 5) and matmul peak in the query's dtype (benchmarks/gflops.py's, on the model's own
 projection shapes), and prints the query's floor: max(projection weight bytes / bandwidth,
@@ -33,6 +34,7 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--queries", type=int, default=100)
+    p.add_argument("--batch", type=int, default=1, help="queries added together (one step when they fit)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--profile", type=int, default=0, help="profile this many more queries")
     p.add_argument("--bound", action="store_true", help="also measure this machine's floor")
@@ -61,7 +63,8 @@ def main() -> None:
 
         def one() -> None:
             params = EmbedParams(normalize=True)
-            core.add(Request(next(next_id), ids, params, cfg.pooling.method, Priority.ONLINE))
+            for _ in range(args.batch):
+                core.add(Request(next(next_id), ids, params, cfg.pooling.method, Priority.ONLINE))
             while core.has_work:
                 core.step()
 
@@ -77,8 +80,8 @@ def main() -> None:
         lat.sort()
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
         print(
-            f"{args.dtype} {args.tokens} tokens: p50 {lat[len(lat) // 2]:.1f} ms, p99 {p99:.1f} ms, "
-            f"min {lat[0]:.1f} ms, {cpu:.1f} CPU-ms per query"
+            f"{args.dtype} {args.batch} x {args.tokens} tokens: p50 {lat[len(lat) // 2]:.1f} ms, "
+            f"p99 {p99:.1f} ms, min {lat[0]:.1f} ms, {cpu:.1f} CPU-ms per call"
         )
         if args.bound:
             hf = json.loads((Path(args.model) / "config.json").read_text())

@@ -13,7 +13,7 @@ import torch
 from embedserve import Engine
 from embedserve.attention.metadata import AttentionMetadata, SeqSpan
 from embedserve.engine.builder import EngineParts, build_engine
-from embedserve.kernels.short_forward import ShortForward
+from embedserve.kernels.short_forward import ROWS_LIMIT, ShortForward
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.short_path import ShortPath
 from tests.helpers.cpu import short_rows_dtypes
@@ -47,9 +47,21 @@ def _step(lens: list[int], start: int = 0) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])  # q/k norm; q/k/v bias; neither
+@pytest.mark.parametrize(
+    ("arch", "lens"),
+    [
+        ("qwen3", (1, 6, 13)),  # q/k norm
+        ("qwen2", (1, 6, 13)),  # q/k/v bias
+        ("llama", (1, 6, 13)),  # neither
+        ("qwen3", (40, 33, 47)),  # 120 rows: natively in bfloat16 only (ROWS_LIMIT)
+    ],
+)
 def test_short_steps_run_natively_and_match_transformers(
-    request: pytest.FixtureRequest, arch: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest,
+    arch: str,
+    lens: tuple[int, ...],
+    dtype: torch.dtype,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = request.getfixturevalue(f"{arch}_dir")
     taken: list[bool] = []
@@ -60,10 +72,10 @@ def test_short_steps_run_natively_and_match_transformers(
         return taken[-1]
 
     monkeypatch.setattr(ShortPath, "run", spy)
-    seqs = [random_ids(n, seed=100 + n) for n in (1, 6, 13)]
+    seqs = [random_ids(n, seed=100 + n) for n in lens]
     with Engine(_engine(path, dtype)) as engine:
         got = np.stack(engine.embed(seqs))  # one step of three whole sequences
-    assert taken and all(taken)
+    assert taken == [sum(lens) <= ROWS_LIMIT[dtype]]
     pooling = {"qwen3": "lasttoken", "qwen2": "mean", "llama": "cls"}[arch]  # the fixtures' (conftest.py)
     want = hf_embed_ids(path, seqs, pooling)  # ids as given: no EOS appended on either side
     cos = cosine(got, want)

@@ -20,6 +20,11 @@ from embedserve.kernels import native, norm_rope, short_linear
 
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+# Rows up to which a step runs natively. bfloat16 goes past the short-rows kernels' own limit
+# (short_linear.MAX_ROWS), where they still match oneDNN (1.03x at 128 rows) and the loop saves
+# what Python between the layer's operations costs (docs/performance.md); float32's kernel
+# falls behind oneDNN past 32 rows.
+ROWS_LIMIT = {torch.bfloat16: 128, torch.float32: 32}
 _LAYER_FIELDS = ("in_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "post_norm", "gate", "up", "down")
 
 
@@ -109,7 +114,7 @@ class ShortForward:
         projections, norms = short_linear.entry_points(dtype), norm_rope.entry_points(dtype)
         assert projections is not None and norms is not None  # `available` saw both
         (linear, gate_up), (add_norm, qk) = projections, norms
-        self.dtype, self.shapes, self.rows_limit = dtype, s, short_linear.MAX_ROWS[dtype]
+        self.dtype, self.shapes, self.rows_limit = dtype, s, ROWS_LIMIT[dtype]
         self._kernel, self._structs, self._layers = kernel, structs, tuple(layers)
         self._model = ModelStruct(
             len(layers), s.hidden, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.eps, s.head_dim**-0.5,
