@@ -11,7 +11,8 @@ Reported: p50 / p99 / min latency in ms and the CPU time per call (all threads).
 --bound also measures, in the same process, this machine's read bandwidth (`torch.sum` over 1 GiB,
 best of 5) and matmul peak in the query's dtype (benchmarks/gflops.py's, on the model's own
 projection shapes), and prints the query's floor: max(projection weight bytes / bandwidth,
-projection FLOPs / peak).
+projection FLOPs / peak); then 20 rounds of (bandwidth, one query) paired, for the ratio of
+the query to the streaming floor measured right before it (`paired`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -86,6 +88,7 @@ def main() -> None:
         if args.bound:
             hf = json.loads((Path(args.model) / "config.json").read_text())
             print(floor_ms(hf, cfg.dtype, args.tokens))
+            print(paired(one, hf, cfg.dtype))
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
@@ -104,6 +107,30 @@ def read_bandwidth() -> float:
         big.sum()
         best = min(best, time.perf_counter() - t)
     return big.numel() * 4 / best / 1e9
+
+
+def paired(one: Callable[[], None], cfg: dict[str, int], dtype: torch.dtype, rounds: int = 20) -> str:
+    """The query against the streaming floor measured right before it, round by round: this
+    box's bandwidth drifts by a quarter within minutes (other tenants), so a floor measured
+    once, before or after, can flatter or wrong the query. Per round: the best of two
+    `torch.sum` over 1 GiB, then one query."""
+    weights = cfg["num_hidden_layers"] * sum(k * n for k, n in projection_shapes(cfg).values())
+    big, ratios, rates = torch.ones(1 << 28), [], []
+    for _ in range(rounds):
+        best = float("inf")
+        for _ in range(2):
+            t = time.perf_counter()
+            big.sum()
+            best = min(best, time.perf_counter() - t)
+        rates.append(big.numel() * 4 / best / 1e9)
+        t = time.perf_counter()
+        one()
+        ratios.append((time.perf_counter() - t) / (weights * dtype.itemsize / rates[-1] / 1e9))
+    ratios.sort()
+    return (
+        f"paired ({rounds} rounds): query / streaming floor median {ratios[rounds // 2]:.2f}x "
+        f"(min {ratios[0]:.2f}x, max {ratios[-1]:.2f}x), bandwidth {min(rates):.1f}-{max(rates):.1f} GB/s"
+    )
 
 
 def floor_ms(cfg: dict[str, int], dtype: torch.dtype, tokens: int) -> str:
