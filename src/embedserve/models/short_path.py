@@ -81,6 +81,9 @@ def _layer(layer: DecoderLayer, watched: Watched) -> LayerWeights | None:
     watched += [(attn.qkv_proj, "weight", qkv.tensor), (attn.o_proj, "weight", o.tensor)]
     watched += [(mlp.down_proj, "weight", down.tensor)]
     watched += [(gated, "gate", gate.tensor), (gated, "up", up.tensor)]
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm):
+        if norm is not None:  # the plan reads the norms' own tensors
+            watched.append((norm, "weight", norm.weight))
     q_norm = None if attn.q_norm is None else attn.q_norm.weight.detach()
     k_norm = None if attn.k_norm is None else attn.k_norm.weight.detach()
     bias = attn.qkv_proj.bias
@@ -109,11 +112,6 @@ def short_path(model: DecoderModel) -> ShortPath | None:
         cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
         cfg.intermediate_size, cfg.rms_norm_eps,
     )  # fmt: skip
-    for layer in layers:  # the native loop's tensors are the modules' norm weights
-        attn = layer.self_attn
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm):
-            if norm is not None:
-                watched.append((norm, "weight", norm.weight))
     try:
         native = ShortForward(dtype, shapes, [w for w in weights if w is not None])
     except ValueError as e:
