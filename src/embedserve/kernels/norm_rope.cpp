@@ -17,6 +17,7 @@
 // embedserve/kernels/native.py.
 
 #include "cpu_vec.h"  // first: sets the ISA ATen's vec headers compile for
+#include "vec_math.h"  // rows to and from float32
 
 #include <cmath>
 #include <cstdint>
@@ -75,22 +76,17 @@ void rope_row(float* x, const float* cos, const float* sin, int64_t d) {
 }
 
 // A row of T as float32: float rows are read in place, bfloat16 rows are widened into buf.
+// (Back into the row: embedserve::convert_row, a no-op for a row read in place.)
 const float* widen(const float* src, float*, int64_t) { return src; }
 const float* widen(const BF16* src, float* buf, int64_t n) {
-  at::vec::convert(src, buf, n);
+  embedserve::convert_row(src, buf, n);
   return buf;
 }
 float* widen(float* src, float*, int64_t) { return src; }
 float* widen(BF16* src, float* buf, int64_t n) {
-  at::vec::convert(src, buf, n);
+  embedserve::convert_row(src, buf, n);
   return buf;
 }
-
-// The float32 row back into dst (nothing to do when it was read in place).
-void narrow(const float* row, float* dst, int64_t n) {
-  if (row != dst) std::copy(row, row + n, dst);
-}
-void narrow(const float* row, BF16* dst, int64_t n) { at::vec::convert(row, dst, n); }
 
 template <typename T>
 void add_rms_norm(T* x, int64_t x_stride, const T* residual, T* out, const T* weight, int64_t rows, int64_t n,
@@ -105,13 +101,13 @@ void add_rms_norm(T* x, int64_t x_stride, const T* residual, T* out, const T* we
       if (residual != nullptr) {
         const float* rf = widen(residual + r * n, rb.data(), n);
         at::vec::map2([](Vec p, Vec q) { return rnd<T>(p + q); }, xf, xf, rf, n);
-        narrow(xf, xr, n);
+        embedserve::convert_row(xf, xr, n);
       }
       T* o = out + r * n;
       float* of = ob.data();
       if constexpr (std::is_same_v<T, float>) of = o;
       rms_row<T>(of, xf, w, n, eps);
-      narrow(of, o, n);
+      embedserve::convert_row(of, o, n);
     }
   });
 }
@@ -132,7 +128,7 @@ void qk_norm_rope(T* qkv, int64_t row_stride, int64_t rows, int64_t heads, int64
         float* x = widen(row + h * d, hb.data(), d);
         if (qw != nullptr) rms_row<T>(x, x, h < heads ? qw : kw, d, eps);
         rope_row<T>(x, c, s, d);
-        narrow(x, row + h * d, d);
+        embedserve::convert_row(x, row + h * d, d);
       }
     }
   });

@@ -22,6 +22,7 @@
 // passes (kernels/short_forward.py), from their own libraries. Built by native.py.
 
 #include "cpu_vec.h"  // first: sets the ISA ATen's vec headers compile for
+#include "vec_math.h"  // rows to and from float32
 
 #include <algorithm>
 #include <cmath>
@@ -74,25 +75,6 @@ struct Model {
 inline float widen1(float v) { return v; }
 inline float widen1(BF16 v) { return static_cast<float>(v); }
 
-// n values of T as floats into dst.
-template <typename T>
-void widen(const T* src, float* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    at::vec::convert(src, dst, n);
-  }
-}
-
-template <typename T>
-void narrow(const float* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    at::vec::convert(src, dst, n);
-  }
-}
-
 float dot(const float* a, const float* b, int64_t n) {
   Vec acc(0.f);
   int64_t c = 0;
@@ -127,11 +109,11 @@ void attend(const Model& m, const T* qkv, int64_t ld, const int64_t* seqs, int64
       values.resize(n * d);
       p.resize(n);
       for (int64_t j = 0; j < n; ++j) {
-        widen(qkv + (q0 + j) * ld + k_off + kvh * d, keys.data() + j * d, d);
-        widen(qkv + (q0 + j) * ld + v_off + kvh * d, values.data() + j * d, d);
+        embedserve::convert_row(qkv + (q0 + j) * ld + k_off + kvh * d, keys.data() + j * d, d);
+        embedserve::convert_row(qkv + (q0 + j) * ld + v_off + kvh * d, values.data() + j * d, d);
       }
       for (int64_t i = 0; i < n; ++i) {
-        widen(qkv + (q0 + i) * ld + h * d, q.data(), d);
+        embedserve::convert_row(qkv + (q0 + i) * ld + h * d, q.data(), d);
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j <= i; ++j) {
           p[j] = dot(q.data(), keys.data() + j * d, d) * m.scale;
@@ -146,7 +128,7 @@ void attend(const Model& m, const T* qkv, int64_t ld, const int64_t* seqs, int64
         }
         const float inv = 1.f / total;
         for (int64_t c = 0; c < d; ++c) acc[c] *= inv;
-        narrow(acc.data(), out + (q0 + i) * heads * d + h * d, d);
+        embedserve::convert_row(acc.data(), out + (q0 + i) * heads * d + h * d, d);
       }
     }
   });

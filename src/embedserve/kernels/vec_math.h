@@ -26,6 +26,17 @@ namespace embedserve {
 using BF16 = at::BFloat16;
 using Vec = at::vec::Vectorized<float>;
 
+// n values of a row into dst, converted (bfloat16 to and from float32) or copied: nothing to
+// do when dst is src.
+template <typename In, typename Out>
+inline void convert_row(const In* src, Out* dst, int64_t n) {
+  if constexpr (std::is_same_v<In, Out>) {
+    if (src != dst) std::copy(src, src + n, dst);
+  } else {
+    at::vec::convert(src, dst, n);
+  }
+}
+
 #ifdef EMBEDSERVE_AVX512
 // exp(x) of 16 floats: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor
 // polynomial (relative error below 2e-7: about 2 ulp), times 2^n by scalef, which
