@@ -1,5 +1,5 @@
-// Row helpers of the kernels' softmax: exp and sum, max, rows scaled (and rounded to
-// bfloat16). Where the build targets AVX-512 (EMBEDSERVE_AVX512) they use the helpers below;
+// Row helpers of the kernels: rows to and from float32, and the softmax's exp and sum, max,
+// rows scaled (and rounded to bfloat16). Where the build targets AVX-512 (EMBEDSERVE_AVX512) they use the helpers below;
 // elsewhere ATen's vector code.
 //
 // ATen's Vectorized<float>::exp_u20 is a degree-5 polynomial with range checks (about 20
