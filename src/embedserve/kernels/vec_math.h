@@ -1,6 +1,6 @@
 // Row helpers of the kernels: rows to and from float32, and the softmax's exp and sum, max,
-// rows scaled (and rounded to bfloat16). Where the build targets AVX-512 (EMBEDSERVE_AVX512) they use the helpers below;
-// elsewhere ATen's vector code.
+// rows scaled (and rounded to bfloat16). Where the build targets AVX-512 (EMBEDSERVE_AVX512)
+// the softmax's use the helpers below; elsewhere ATen's vector code.
 //
 // ATen's Vectorized<float>::exp_u20 is a degree-5 polynomial with range checks (about 20
 // instructions, up to 20 ulp), and its bfloat16 rounding emulates round-to-nearest-even in
