@@ -27,7 +27,7 @@ using BF16 = at::BFloat16;
 using Vec = at::vec::Vectorized<float>;
 
 // n values of a row into dst, converted (bfloat16 to and from float32) or copied: nothing to
-// do when dst is src.
+// do when dst is src. src and dst are the same row or do not overlap.
 template <typename In, typename Out>
 inline void convert_row(const In* src, Out* dst, int64_t n) {
   if constexpr (std::is_same_v<In, Out>) {
