@@ -1,5 +1,6 @@
 """The process's environment switches, read once: native kernels, their cache and compiler, the
-C heap's reuse, weight packing and the short-rows kernels on the CPU (the README's table lists them).
+C heap's reuse, weight packing, huge pages and the short-rows kernels on the CPU (the README's
+table lists them).
 
 Each switch changes how a CPU engine runs, never which vector it returns (beyond the rounding
 the README states), so they are environment variables for A/B runs rather than engine options.
@@ -46,6 +47,7 @@ class Settings:
     heap_reuse: bool = True  # EMBEDSERVE_HEAP_REUSE: keep freed C heap for reuse (glibc mallopt)
     prepack: bool = True  # EMBEDSERVE_PREPACK: pack CPU weights once for oneDNN
     short_rows: bool = True  # EMBEDSERVE_SHORT_ROWS: few rows on kernels/short_linear*.cpp
+    huge_pages: bool = True  # EMBEDSERVE_HUGE_PAGES: packed weights moved onto 2 MB pages
     cxx: str | None = None  # CXX: the compiler command (may hold flags); None is g++ / c++ on PATH
 
     @classmethod
@@ -58,6 +60,7 @@ class Settings:
             heap_reuse=_flag(environ, "EMBEDSERVE_HEAP_REUSE", cls.heap_reuse),
             prepack=_flag(environ, "EMBEDSERVE_PREPACK", cls.prepack),
             short_rows=_flag(environ, "EMBEDSERVE_SHORT_ROWS", cls.short_rows),
+            huge_pages=_flag(environ, "EMBEDSERVE_HUGE_PAGES", cls.huge_pages),
             cxx=_text(environ, "CXX"),
         )
 

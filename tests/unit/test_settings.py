@@ -17,12 +17,19 @@ SWITCHES = (
     "EMBEDSERVE_HEAP_REUSE",
     "EMBEDSERVE_PREPACK",
     "EMBEDSERVE_SHORT_ROWS",
+    "EMBEDSERVE_HUGE_PAGES",
 )
 
 
 def test_unset_or_empty_variables_mean_the_defaults() -> None:
     want = Settings(
-        native_kernels=True, kernel_cache=None, heap_reuse=True, prepack=True, short_rows=True, cxx=None
+        native_kernels=True,
+        kernel_cache=None,
+        heap_reuse=True,
+        prepack=True,
+        short_rows=True,
+        huge_pages=True,
+        cxx=None,
     )
     assert Settings.from_env({}) == want
     assert Settings.from_env({name: "" for name in (*SWITCHES, "EMBEDSERVE_KERNEL_CACHE", "CXX")}) == want
@@ -32,6 +39,7 @@ def test_unset_or_empty_variables_mean_the_defaults() -> None:
 def test_each_switch_reads_its_own_variable(value: str, on: bool) -> None:
     fields = {"EMBEDSERVE_NATIVE_KERNELS": "native_kernels", "EMBEDSERVE_HEAP_REUSE": "heap_reuse"}
     fields |= {"EMBEDSERVE_PREPACK": "prepack", "EMBEDSERVE_SHORT_ROWS": "short_rows"}
+    fields |= {"EMBEDSERVE_HUGE_PAGES": "huge_pages"}
     for name, field in fields.items():
         got = Settings.from_env({name: value})
         assert getattr(got, field) is on

@@ -34,7 +34,7 @@ from embedserve.tokenizer import Tokenizer
 from embedserve.worker.bucketed_runner import BucketedModelRunner
 from embedserve.worker.buckets import token_buckets as bucket_sizes
 from embedserve.worker.gpu_memory import check_utilization, gpu_kv_cache_memory
-from embedserve.worker.host_memory import keep_freed_heap, release_free_heap
+from embedserve.worker.host_memory import keep_freed_heap, packed_on_huge_pages, release_free_heap
 from embedserve.worker.lane_runner import LaneRunner
 from embedserve.worker.model_runner import ModelRunner, kv_bytes_per_block
 from embedserve.worker.multimodal_runner import MultimodalRunner
@@ -218,6 +218,7 @@ def build_engine(
             # weights packed once for oneDNN's matmuls (and the short-rows kernels')
             short_rows = settings().short_rows and not deterministic
             prepack(model, release_free_heap, short_rows=short_rows)
+            packed_on_huge_pages(model)  # each short step reads them whole: fewer page walks
             if short_rows and type(model) is DecoderModel:  # short steps: every layer in one call
                 model.short_path = short_path(model)
     if gpu_memory_utilization is not None:

@@ -212,3 +212,14 @@ def prepack(
             if after_each is not None:
                 after_each()
     return packed
+
+
+def packed_buffers(model: nn.Module) -> list[tuple[int, int]]:
+    """(address, bytes) of every oneDNN-packed weight of a model (`prepack`), in module order."""
+    buffers = []
+    for m in model.modules():
+        if isinstance(m, Linear):
+            for w in (m.weight, m.gate, m.up) if isinstance(m, SiluGateUp) else (m.weight,):
+                if w is not None and w.is_mkldnn:
+                    buffers.append((short_linear.packed_address(w), int(torch.ops.mkldnn._nbytes(w))))
+    return buffers

@@ -36,6 +36,7 @@ from embedserve.parallel.model import build_rank_model, weight_bytes
 from embedserve.parallel.sharding import plan_shard
 from embedserve.scheduler.output import SchedulerOutput
 from embedserve.settings import settings
+from embedserve.worker.host_memory import packed_on_huge_pages
 from embedserve.worker.model_runner import ModelRunner
 
 LOADED, ERROR = "loaded", "error"
@@ -73,6 +74,7 @@ def build_rank(spec: WorkerSpec) -> tuple[DecoderModel, Group, int]:
     nbytes = weight_bytes(model)  # before packing: packed tensors report no storage
     if device.type == "cpu" and settings().prepack:
         prepack(model, short_rows=settings().short_rows)
+        packed_on_huge_pages(model)
     return model, group, nbytes
 
 

@@ -12,22 +12,39 @@ A long prompt allocates activations of many sizes; glibc keeps what they freed i
 arenas, and holes of odd sizes pile up. `malloc_trim(0)` returns every free page of every
 arena: the lane calls it when a prompt ends, the engine loop when it goes idle.
 
-Where the C library has no such calls (musl, macOS) both do nothing.
+The packed weights are read whole for every short step: on 4 KB pages that is a page walk
+every 64 cache lines, and the software prefetches that stream them wait on those walks.
+`on_huge_pages` moves a buffer's whole 2 MB pages onto huge pages in place (Linux 6.1+
+`MADV_COLLAPSE`: the kernel copies them while the process runs on; the same bytes). The
+0.6B shape's projections in a C loop over 28 layers at 16 rows: fp32 67.8 -> 61.7 ms, 1 row
+56.4 -> 54.3 ms (docs/performance.md, 'Weights on huge pages').
+
+Where the C library or the kernel has no such calls (musl, macOS, older Linux, THP off) all
+of these do nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
+import time
 from collections.abc import Callable
 from functools import cache
 
+from torch import nn
+
+from embedserve.models.linear import packed_buffers
 from embedserve.settings import settings
+
+log = logging.getLogger(__name__)
 
 # mallopt's parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _INT_MAX = 2**31 - 1
+_MADV_COLLAPSE = 25  # linux/mman.h, since 6.1
+HUGE_PAGE = 2 << 20  # x86-64's and most arm64 kernels' PMD size
 
 
 @cache
@@ -60,3 +77,54 @@ def keep_freed_heap() -> bool:
     if mallopt is None:
         return False
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, _INT_MAX))
+
+
+def on_huge_pages(address: int, nbytes: int) -> int:
+    """Move the whole 2 MB pages inside [address, address + nbytes) onto huge pages, in place;
+    returns the bytes that moved (0 where the kernel refuses: no THP, no free huge page, not
+    Linux). The edges, partial pages shared with other allocations, stay as they are."""
+    if address <= 0 or nbytes <= 0:
+        return 0
+    start = -(-address // HUGE_PAGE) * HUGE_PAGE
+    end = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
+    if end <= start:
+        return 0
+    madvise = _libc_function("madvise", (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int))
+    if madvise is None:
+        return 0
+    # page by page: where memory is fragmented some pages move and others do not
+    pages = range(start, end, HUGE_PAGE)
+    return HUGE_PAGE * sum(madvise(page, HUGE_PAGE, _MADV_COLLAPSE) == 0 for page in pages)
+
+
+def packed_on_huge_pages(model: nn.Module) -> int:
+    """A packed model's weights onto huge pages (`on_huge_pages`; EMBEDSERVE_HUGE_PAGES=0: left
+    as they are); returns the bytes that moved, logged with what it took."""
+    if not settings().huge_pages:
+        return 0
+    began = time.perf_counter()
+    buffers = packed_buffers(model)
+    moved = sum(on_huge_pages(address, nbytes) for address, nbytes in _adjacent_merged(buffers))
+    total = sum(nbytes for _, nbytes in buffers)
+    log.info(
+        "packed weights on 2 MB pages: %.0f of %.0f MB in %.2f s",
+        moved / 2**20,
+        total / 2**20,
+        time.perf_counter() - began,
+    )
+    return moved
+
+
+def _adjacent_merged(buffers: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Buffers that follow each other in memory as one range: between two the allocator keeps
+    only its header (64 bytes for glibc's packed weights here), memory in use either way. A
+    2 MB page across the seam then moves too: 0.6B fp32 1,400 -> 1,556 of 1,680 MB, bf16
+    560 -> 778 of 840 MB."""
+    merged: list[tuple[int, int]] = []
+    for address, nbytes in sorted(buffers):
+        if merged and 0 <= address - sum(merged[-1]) <= 4096:
+            start = merged[-1][0]
+            merged[-1] = (start, address + nbytes - start)
+        else:
+            merged.append((address, nbytes))
+    return merged
