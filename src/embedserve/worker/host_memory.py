@@ -14,13 +14,14 @@ arena: the lane calls it when a prompt ends, the engine loop when it goes idle.
 
 The packed weights are read whole for every short step: on 4 KB pages that is a page walk
 every 64 cache lines, and the software prefetches that stream them wait on those walks.
-`on_huge_pages` moves a buffer's whole 2 MB pages onto huge pages in place (Linux 6.1+
-`MADV_COLLAPSE`: the kernel copies them while the process runs on; the same bytes). The
-0.6B shape's projections in a C loop over 28 layers at 16 rows: fp32 67.8 -> 61.7 ms, 1 row
-56.4 -> 54.3 ms (docs/performance.md, 'Weights on huge pages').
+`on_huge_pages` moves a buffer's whole huge pages (2 MB on x86-64) onto huge pages in place
+(Linux 6.1+ `MADV_COLLAPSE`, whatever the THP sysfs setting: the kernel copies them while the
+process runs on; the same bytes). The 0.6B shape's projections in a C loop over 28 layers at
+16 rows: fp32 67.8 -> 61.7 ms, 1 row 56.4 -> 54.3 ms (docs/performance.md, 'Weights on huge
+pages').
 
-Where the C library or the kernel has no such calls (musl, macOS, older Linux, THP off) all
-of these do nothing.
+Where the C library or the kernel has no such calls (not glibc for the heap's; macOS, older
+Linux, a kernel without THP for huge pages) all of these do nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 
 from torch import nn
 
@@ -44,7 +46,22 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _INT_MAX = 2**31 - 1
 _MADV_COLLAPSE = 25  # linux/mman.h, since 6.1
-HUGE_PAGE = 2 << 20  # x86-64's and most arm64 kernels' PMD size
+_PMD_SIZE = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+# Seams between buffers merged into one range (`_adjacent_merged`): at most one 4 KB page, so
+# both pages at a seam hold bytes of a buffer (mapped, in memory): nothing is faulted in.
+_SEAM = 4096
+
+
+def huge_page_size() -> int:
+    """The kernel's huge page (its PMD size: 2 MB on x86-64, 32 or 512 MB on arm64 with 16 or
+    64 KB base pages); 2 MB where it does not say."""
+    try:
+        return int(_PMD_SIZE.read_text())
+    except (OSError, ValueError):
+        return 2 << 20
+
+
+HUGE_PAGE = huge_page_size()
 
 
 @cache
@@ -80,9 +97,9 @@ def keep_freed_heap() -> bool:
 
 
 def on_huge_pages(address: int, nbytes: int) -> int:
-    """Move the whole 2 MB pages inside [address, address + nbytes) onto huge pages, in place;
-    returns the bytes that moved (0 where the kernel refuses: no THP, no free huge page, not
-    Linux). The edges, partial pages shared with other allocations, stay as they are."""
+    """Move the whole huge pages (`HUGE_PAGE`) inside [address, address + nbytes) onto huge
+    pages, in place; returns the bytes that moved (0 where the kernel refuses: no THP, no free
+    huge page, not Linux). The edges, partial pages shared with other allocations, stay."""
     if address <= 0 or nbytes <= 0:
         return 0
     start = -(-address // HUGE_PAGE) * HUGE_PAGE
@@ -103,26 +120,28 @@ def packed_on_huge_pages(model: nn.Module) -> int:
     if not settings().huge_pages:
         return 0
     began = time.perf_counter()
-    buffers = packed_buffers(model)
+    buffers = sorted(set(packed_buffers(model)))  # a weight two modules share counts once
+    if not buffers:
+        return 0
     moved = sum(on_huge_pages(address, nbytes) for address, nbytes in _adjacent_merged(buffers))
-    total = sum(nbytes for _, nbytes in buffers)
     log.info(
-        "packed weights on 2 MB pages: %.0f of %.0f MB in %.2f s",
+        "packed weights on %d MB pages: %.0f of %.0f MB in %.2f s",
+        HUGE_PAGE >> 20,
         moved / 2**20,
-        total / 2**20,
+        sum(nbytes for _, nbytes in buffers) / 2**20,
         time.perf_counter() - began,
     )
     return moved
 
 
 def _adjacent_merged(buffers: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Buffers that follow each other in memory as one range: between two the allocator keeps
-    only its header (64 bytes for glibc's packed weights here), memory in use either way. A
-    2 MB page across the seam then moves too: 0.6B fp32 1,400 -> 1,556 of 1,680 MB, bf16
-    560 -> 778 of 840 MB."""
+    """Buffers that follow each other in memory, at most `_SEAM` bytes apart, as one range
+    (glibc leaves 64 bytes of header between the packed weights here), so a huge page across
+    the seam moves too: the 0.6B model's fp32 weights 1,400 -> 1,576 of 1,680 MB, bf16 560 ->
+    730-778 of 840 MB."""
     merged: list[tuple[int, int]] = []
     for address, nbytes in sorted(buffers):
-        if merged and 0 <= address - sum(merged[-1]) <= 4096:
+        if merged and 0 <= address - sum(merged[-1]) <= _SEAM:
             start = merged[-1][0]
             merged[-1] = (start, address + nbytes - start)
         else:
