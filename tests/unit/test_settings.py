@@ -22,15 +22,8 @@ SWITCHES = (
 
 
 def test_unset_or_empty_variables_mean_the_defaults() -> None:
-    want = Settings(
-        native_kernels=True,
-        kernel_cache=None,
-        heap_reuse=True,
-        prepack=True,
-        short_rows=True,
-        huge_pages=True,
-        cxx=None,
-    )
+    switches = ("native_kernels", "heap_reuse", "prepack", "short_rows", "huge_pages")
+    want = Settings(**dict.fromkeys(switches, True), kernel_cache=None, cxx=None)
     assert Settings.from_env({}) == want
     assert Settings.from_env({name: "" for name in (*SWITCHES, "EMBEDSERVE_KERNEL_CACHE", "CXX")}) == want
 
