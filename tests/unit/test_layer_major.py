@@ -16,7 +16,7 @@ from embedserve.models.decoder import DecoderModel
 from embedserve.pooling.head import apply_head
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.scheduler.lane import RESPONSIVE_WINDOW_S
-from embedserve.worker.layer_major import GRANULE, LayerMajorJob
+from embedserve.worker.layer_major import GRANULE, LayerMajorJob, ladder_floor
 from embedserve.worker.model_runner import kv_bytes_per_block
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
 
@@ -175,9 +175,9 @@ def test_unit_rows_follow_the_flop_model(qwen3_dir: Path) -> None:
     assert job.flops_per_key == 4 * cfg.num_attention_heads * cfg.head_dim
     assert job.unit_flops(2) == 2 * job.flops_per_row + job.flops_per_key * (1 + 2)
     g = GRANULE
-    for rows in (g, 3 * g, 512):  # whole granules
-        assert job.rows_within(job.unit_flops(rows)) == rows
-        assert job.rows_within(job.unit_flops(rows) - 1) == (rows - g if rows > g else g // 2)
+    for rows, under in ((g, g // 2), (3 * g, 2 * g), (512, 6 * g), (7 * g, 6 * g)):  # the granule ladder
+        assert job.rows_within(job.unit_flops(rows)) == ladder_sized(rows)
+        assert job.rows_within(job.unit_flops(rows) - 1) == under
     for rows in (1, 2, 8, 32):  # below a granule: powers of two
         assert job.rows_within(job.unit_flops(rows)) == rows
         assert job.rows_within(job.unit_flops(2 * rows) - 1) == rows
@@ -189,13 +189,27 @@ def test_unit_rows_follow_the_flop_model(qwen3_dir: Path) -> None:
     assert job.rows_within(1e30) == 1000 - 512  # never past the end of the layer
 
 
+def ladder_sized(rows: int) -> int:
+    """The largest unit on the granule ladder (2^k or 3 * 2^k granules) <= rows, written out."""
+    steps = sorted({m << k for m in (1, 3) for k in range(20)})
+    return GRANULE * max(s for s in steps if s * GRANULE <= rows)
+
+
+def test_the_granule_ladder_is_two_significant_bits() -> None:
+    assert [ladder_floor(n) for n in range(1, 26)] == [
+        1, 2, 3, 4, 4, 6, 6, 8, 8, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 16, 16, 16, 16, 24, 24,
+    ]  # fmt: skip
+    for n in range(1, 5000):
+        assert ladder_floor(n) * GRANULE == ladder_sized(n * GRANULE) and 3 * ladder_floor(n) > 2 * n
+
+
 def _unit_is_aligned(start: int, end: int, chunk: int, length: int) -> bool:
-    """Ends at the chunk boundary (or the prompt's end), or whole granules from a granule,
-    or a power of two below a granule starting on a multiple of itself."""
+    """Ends at the chunk boundary (or the prompt's end), or a size on the granule ladder from
+    a granule, or a power of two below a granule starting on a multiple of itself."""
     size = end - start
     if end == min(length, (start // chunk + 1) * chunk):
         return True
-    if start % GRANULE == 0 and size % GRANULE == 0:
+    if start % GRANULE == 0 and size >= GRANULE and size == ladder_sized(size):
         return True
     return size < GRANULE and size & (size - 1) == 0 and start % size == 0
 

@@ -22,12 +22,17 @@ prompt). Its units store every row's K/V (the pooled rows attend to them) but ru
 the output projection and the MLP for the pooled rows only (docs/performance.md has its time).
 
 Units never cross a chunk boundary (multiples of `chunk`). Inside a chunk, from a position
-on the granule (64 rows) a unit is whole granules; a unit shorter than a granule (a query's
-step left less time) is a power of two that starts on a multiple of itself, so positions come
-back to the granule in a few steps (64, 72, 80, 96, 128). oneDNN builds and keeps a kernel
-(about 0.55 MB) for every matmul shape it meets, and the allocator keeps holes of every size
-it served: units cut anywhere (a slice that ran into the next layer by a few rows, a unit
-sized to a time) gave every layer new shapes, and the process grew by gigabytes.
+on the granule (64 rows) a unit is a size on the granule ladder (1, 2, 3, 4, 6, 8, 12, ...
+granules: two significant bits, less than a third under the wish); a unit shorter than a
+granule (a query's step left less time) is a power of two that starts on a multiple of
+itself, so positions come back to the granule in a few steps (64, 72, 80, 96, 128). oneDNN
+builds and keeps a kernel (about 0.55 MB, milliseconds to build) for every matmul shape it
+meets, and the allocator keeps holes of every size it served: units cut anywhere (a slice
+that ran into the next layer by a few rows, a unit sized to a time) gave every layer new
+shapes, and the process grew by gigabytes. Units of any whole number of granules still met
+up to 32 shapes a chunk while units followed an online step's time: a bf16 4K prompt in the
+responsive window after one short query ran 0.85x the speed it had before short queries got
+faster, 1.03x on the ladder (docs/performance.md, 'Lane units on a ladder').
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ GRANULE = 64  # rows; a power of two (see unit_rows)
 # again: a visible share of a short prompt's layer, little at 16K, where the holes it returns
 # are worth more (docs/performance.md, "Heap").
 TRIM_EVERY_LAYER_CHUNKS = 4
+
+
+def ladder_floor(n: int) -> int:
+    """The largest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that is <= n (>= 1)."""
+    top = 1 << (n.bit_length() - 1)
+    return top + top // 2 if top >= 2 and n >= top + top // 2 else top
 
 
 class LayerMajorJob:
@@ -119,14 +130,14 @@ class LayerMajorJob:
 
     def unit_rows(self, want: int) -> int:
         """Rows of the next unit for a wish of `want` (>= 1): up to the chunk boundary if the
-        wish reaches it; else whole granules from a position on the granule; else the largest
-        power of two <= `want` that `pos` is a multiple of."""
+        wish reaches it; else the largest size on the granule ladder <= `want` from a position
+        on the granule; else the largest power of two <= `want` that `pos` is a multiple of."""
         left = self._chunk_left()
         if want >= left or self.whole_chunks:
             return left
         g = self.granule
         if want >= g and self.pos % g == 0:
-            return want - want % g
+            return g * ladder_floor(want // g)
         aligned = g if self.pos % g == 0 else self.pos & -self.pos
         return min(aligned, 1 << (want.bit_length() - 1))
 
