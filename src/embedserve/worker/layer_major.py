@@ -56,7 +56,8 @@ TRIM_EVERY_LAYER_CHUNKS = 4
 def ladder_floor(n: int) -> int:
     """The largest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that is <= n (>= 1)."""
     top = 1 << (n.bit_length() - 1)
-    return top + top // 2 if top >= 2 and n >= top + top // 2 else top
+    three = top + top // 2  # top itself where top is 1
+    return three if n >= three else top
 
 
 class LayerMajorJob:
