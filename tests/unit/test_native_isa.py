@@ -19,8 +19,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+# Every kernel source in kernels/, so a new one cannot be left out of the check.
+KERNELS = sorted(source.stem for source in native.SOURCES.glob("*.cpp"))
+
+
+def test_kernel_list_is_found() -> None:
+    assert "short_forward" in KERNELS, KERNELS  # the glob sees the folder (and the one once forgotten)
+
+
 @pytest.mark.parametrize("march", ["x86-64-v3", "skylake-avx512"])
-@pytest.mark.parametrize("kernel", ["flash_attention", "norm_rope", "short_linear", "short_linear_f32"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_kernel_compiles_for_other_x86_cpus(kernel: str, march: str, tmp_path: Path) -> None:
     compiler = native.compiler()
     assert compiler is not None
