@@ -28,8 +28,9 @@ import torch
 
 from embedserve.engine.builder import build_engine
 from embedserve.kernels import norm_rope
-from embedserve.models import decoder
-from embedserve.models.decoder import DecoderLayer, DecoderModel
+from embedserve.models import decoder_layer
+from embedserve.models.decoder import DecoderModel
+from embedserve.models.decoder_layer import DecoderLayer
 
 Acc = dict[str, list[int]]  # name -> [wall ns, CPU ns]
 
@@ -71,9 +72,9 @@ def instrument(model: DecoderModel, layer: DecoderLayer, acc: Acc) -> None:
     if attn.q_norm is not None and attn.k_norm is not None:  # the PyTorch route's q/k norm
         attn.q_norm.forward = timed(acc, "q/k norm + RoPE", attn.q_norm.forward)
         attn.k_norm.forward = timed(acc, "q/k norm + RoPE", attn.k_norm.forward)
-    decoder.Rotary.apply = staticmethod(timed(acc, "q/k norm + RoPE", decoder.Rotary.apply))
+    decoder_layer.Rotary.apply = staticmethod(timed(acc, "q/k norm + RoPE", decoder_layer.Rotary.apply))
     norm_rope.qk_norm_rope = timed(acc, "q/k norm + RoPE", norm_rope.qk_norm_rope)
-    decoder.causal_attention = timed(acc, "attention", decoder.causal_attention)
+    decoder_layer.causal_attention = timed(acc, "attention", decoder_layer.causal_attention)
     model.rotary.cos_sin = timed(acc, "rotary tables", model.rotary.cos_sin)
 
 

@@ -13,7 +13,7 @@ import torch
 from embedserve import Engine
 from embedserve.config import PoolingMethod
 from embedserve.engine.builder import build_engine
-from embedserve.models.decoder import DecoderLayer
+from embedserve.models.decoder_layer import DecoderLayer
 from embedserve.request import EmbedParams, Request
 from embedserve.worker.layer_major import LayerMajorJob
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids

@@ -10,8 +10,9 @@ import torch
 
 from embedserve.config import ModelConfig
 from embedserve.kernels import native, norm_rope
-from embedserve.models import decoder
-from embedserve.models.decoder import DecoderModel, Rotary
+from embedserve.models import decoder_layer
+from embedserve.models.decoder import DecoderModel
+from embedserve.models.decoder_layer import Rotary
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler for native kernels")
 
@@ -143,7 +144,7 @@ def test_one_row_at_any_stride_and_overlapping_rows() -> None:
     overlapping = torch.randn(1, 8, generator=gen).expand(3, 8)
     with pytest.raises(ValueError, match="stride 0 for n 8"):
         norm_rope.add_rms_norm(overlapping, None, w, 1e-6)
-    norm = decoder.RMSNorm(8, 1e-6)
+    norm = decoder_layer.RMSNorm(8, 1e-6)
     want = _norm64(overlapping, norm.weight, 1e-6)
     torch.testing.assert_close(norm(overlapping).double(), want, rtol=1e-5, atol=1e-6)
 
@@ -225,7 +226,7 @@ def test_decoder_layers_agree_with_and_without_the_kernels(
     native_out = run()
     layers = cfg.num_hidden_layers
     assert calls.count("add_rms_norm") == 2 * layers + 1 and calls.count("qk_norm_rope") == layers
-    monkeypatch.setattr(decoder.norm_rope, "available", lambda dtype=torch.float32: False)
+    monkeypatch.setattr(decoder_layer.norm_rope, "available", lambda dtype=torch.float32: False)
     calls.clear()
     torch_out = run()
     assert calls == []

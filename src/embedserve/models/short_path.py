@@ -21,7 +21,8 @@ import torch
 from embedserve.attention.metadata import AttentionMetadata, real_rows
 from embedserve.kernels import short_forward
 from embedserve.kernels.short_forward import LayerWeights, Shapes, ShortForward
-from embedserve.models.decoder import DecoderLayer, DecoderModel
+from embedserve.models.decoder import DecoderModel
+from embedserve.models.decoder_layer import DecoderLayer
 from embedserve.models.linear import Linear, SiluGateUp
 
 log = logging.getLogger(__name__)

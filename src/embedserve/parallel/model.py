@@ -21,7 +21,8 @@ from torch.nn import functional
 from embedserve.attention.select import select_attention
 from embedserve.config import ModelConfig
 from embedserve.errors import ModelLoadError
-from embedserve.models.decoder import DecoderLayer, DecoderModel
+from embedserve.models.decoder import DecoderModel
+from embedserve.models.decoder_layer import DecoderLayer
 from embedserve.models.linear import Linear
 from embedserve.parallel.group import Group
 from embedserve.parallel.sharding import Shard, check_row_parallel_bias, local_config, tensor_slice

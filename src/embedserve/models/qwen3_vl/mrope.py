@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from embedserve.models.decoder import Rotary
+from embedserve.models.decoder_layer import Rotary
 
 
 class MRotary(Rotary):
