@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from embedserve.bench.cli import register as register_bench
-from embedserve.engine.options import add_engine_options, engine_kwargs
+from embedserve.engine.options import EngineOptions, add_engine_options
 from embedserve.errors import EmbedServeError, InputTooLongError
 from embedserve.gateway.cli import register as register_gateway
 from embedserve.index.cli import register as register_index
@@ -20,7 +20,7 @@ from embedserve.server.cli import register as register_serve
 def _cmd_embed(args: argparse.Namespace) -> int:
     from embedserve.engine.engine import Engine
 
-    with Engine.from_pretrained(args.model, **engine_kwargs(args)) as engine:
+    with Engine.from_pretrained(args.model, EngineOptions.from_args(args)) as engine:
         try:
             vectors = engine.embed(
                 args.texts, prompt_name=args.prompt_name, dimensions=args.dimensions, truncate=args.truncate

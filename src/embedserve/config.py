@@ -67,6 +67,9 @@ class PoolingConfig:
 class CacheConfig:
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes; None = enough for max_num_seqs full prompts
+    # Blocks the KV cache holds (an encoder's only count the tokens in flight); 0 until sized,
+    # e.g. from gpu_memory_utilization once the weights are on the GPU.
+    num_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,3 +139,11 @@ class EngineConfig:
     # encoders run every input whole in one call already, so the flag changes only the profile.
     deterministic: bool = False
     tensor_parallel_size: int = 1  # ranks the model is split across (parallel/)
+    # How the model runs, resolved from the engine's options (engine/resolve.py):
+    multimodal: bool = False  # images in prompts (Qwen3-VL): the multimodal runner and prompter
+    rerank_kind: str | None = None  # the score head of a reranker (models/score_head.py)
+    token_buckets: tuple[int, ...] | None = None  # step sizes padded to (worker/buckets.py)
+    compile_backend: str | None = None  # torch.compile backend, with token buckets
+    gpu_memory_utilization: float | None = None  # CUDA: the KV cache sized after loading
+    max_image_pixels: int | None = None  # multimodal models' image limits (vision/prompt.py)
+    max_images_per_input: int | None = None

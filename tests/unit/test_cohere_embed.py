@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sentence_transformers.util import quantize_embeddings
 
+from embedserve.engine.options import EngineOptions
 from embedserve.server.app import create_app
 from embedserve.server.runtime import ServerSettings
 
@@ -26,7 +27,10 @@ TEXTS = ["what is a wing?", "the boundary layer of a flat plate", "shock waves"]
 def client(qwen3_dir: Path) -> Iterator[TestClient]:
     app = create_app(
         ServerSettings(
-            model=str(qwen3_dir), engine_kwargs={"max_model_len": 256}, warmup_lengths=(16,), int8_scale=0.5
+            model=str(qwen3_dir),
+            engine=EngineOptions(max_model_len=256),
+            warmup_lengths=(16,),
+            int8_scale=0.5,
         )
     )
     with TestClient(app) as c:

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from embedserve import Engine
 from embedserve.attention.metadata import pieces
 from embedserve.config import PoolingMethod, SchedulerConfig
-from embedserve.engine.builder import DETERMINISTIC_CHUNK, build_engine
+from embedserve.engine.builder import build_engine
+from embedserve.engine.resolve import DETERMINISTIC_CHUNK
 from embedserve.kv_cache.manager import KVCacheManager
 from embedserve.pooling.state import PoolingState
 from embedserve.request import EmbedParams, Priority, Request

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from embedserve.engine.options import EngineOptions
 from embedserve.gateway.service import POOLS_HEADER
 from tests.helpers.inprocess import gateway_app, server_client
 from tests.helpers.route_checks import (
@@ -103,7 +104,7 @@ def ce_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def rerank_pair(ce_dir: Path) -> Iterator[tuple[TestClient, TestClient]]:
     engine = {"max_model_len": 128, "max_num_batched_tokens": 512}
-    with server_client(ce_dir, engine_kwargs=engine, max_inputs_per_request=8) as server:
+    with server_client(ce_dir, engine=EngineOptions(**engine), max_inputs_per_request=8) as server:
         pools = {  # the long pool at the model's 128 tokens (a pool over it leaves rotation)
             "short": {"max_tokens": 64, "upstreams": ["http://short:1"]},
             "long": {"max_tokens": 128, "upstreams": ["http://long:2"]},

@@ -10,7 +10,7 @@ import torch
 from embedserve.cli import build_parser
 from embedserve.config import SchedulerConfig
 from embedserve.engine.builder import build_engine
-from embedserve.engine.options import engine_kwargs
+from embedserve.engine.options import EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.models.build import build_model, open_model
 from embedserve.worker.gpu_memory import (
@@ -145,5 +145,5 @@ def test_build_engine_refuses_before_loading(qwen3_dir: Path) -> None:
 
 def test_cli_option_reaches_the_engine() -> None:
     args = build_parser().parse_args(["embed", "hi", "--device", "cuda", "--gpu-memory-utilization", "0.85"])
-    assert engine_kwargs(args)["gpu_memory_utilization"] == 0.85
-    assert engine_kwargs(build_parser().parse_args(["embed", "hi"]))["gpu_memory_utilization"] is None
+    assert EngineOptions.from_args(args).gpu_memory_utilization == 0.85
+    assert EngineOptions.from_args(build_parser().parse_args(["embed", "hi"])).gpu_memory_utilization is None

@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
+from embedserve.engine.options import EngineOptions
 from tests.helpers.inprocess import gateway_app, server_client
 from tests.helpers.tiny_rerankers import build_cross_encoder
 from tests.helpers.tiny_vl import encoded, image
@@ -226,7 +227,7 @@ def test_cohere_embed_is_answered_as_documented(
 def rerank_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     ce = build_cross_encoder(tmp_path_factory.mktemp("ce") / "bert-ce", "bert")
     engine = {"max_model_len": 128, "max_num_batched_tokens": 512}
-    with server_client(ce, engine_kwargs=engine, max_inputs_per_request=4) as c:
+    with server_client(ce, engine=EngineOptions(**engine), max_inputs_per_request=4) as c:
         yield c
 
 

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from embedserve import Engine
+from embedserve.engine.options import EngineOptions
 from embedserve.server.app import create_app
 from embedserve.server.runtime import ServerSettings
 from tests.helpers.tiny_rerankers import build_cross_encoder
@@ -37,7 +38,7 @@ def ce_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def client(ce_dir: Path) -> Iterator[TestClient]:
     settings = ServerSettings(
         model=str(ce_dir),
-        engine_kwargs={"max_model_len": 128, "max_num_batched_tokens": 512},
+        engine=EngineOptions(max_model_len=128, max_num_batched_tokens=512),
         warmup_lengths=(16,),
         max_inputs_per_request=8,
     )
@@ -86,7 +87,7 @@ def test_a_reranker_refuses_embeddings(client: TestClient) -> None:
 
 def test_an_embedding_model_refuses_rerank(qwen3_dir: Path) -> None:
     settings = ServerSettings(
-        model=str(qwen3_dir), engine_kwargs={"max_model_len": 128}, warmup_lengths=(16,)
+        model=str(qwen3_dir), engine=EngineOptions(max_model_len=128), warmup_lengths=(16,)
     )
     for c in _ready(create_app(settings)):
         resp = c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS})
@@ -96,7 +97,7 @@ def test_an_embedding_model_refuses_rerank(qwen3_dir: Path) -> None:
 def test_a_rerank_over_the_queue_bound_is_413(ce_dir: Path) -> None:
     settings = ServerSettings(
         model=str(ce_dir),
-        engine_kwargs={"max_model_len": 128, "max_num_batched_tokens": 512},
+        engine=EngineOptions(max_model_len=128, max_num_batched_tokens=512),
         warmup_lengths=(16,),
         max_queued_tokens=40,
     )

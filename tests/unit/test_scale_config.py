@@ -27,10 +27,10 @@ def test_pools_become_deployments_with_engine_options_and_scaling() -> None:
     )
     short, long = cfg.pools
     assert short.deployment == "pool-short" and short.model == "/models/m"
-    assert short.engine == {"max_num_batched_tokens": 128, "max_model_len": 64}
+    assert short.engine.changed() == {"max_num_batched_tokens": 128, "max_model_len": 64}
     assert (short.scaling.min_replicas, short.scaling.max_replicas) == (1, 2)
     assert short.scaling.target_queued_tokens == 500 and short.scaling.upscale_delay_s == 0
-    assert long.engine == {"dtype": "bfloat16", "max_model_len": 4096}
+    assert long.engine.changed() == {"dtype": "bfloat16", "max_model_len": 4096}
     # The gateway's config is what routing reads: limits, routes, one "upstream" per deployment.
     assert cfg.gateway.limits() == {"short": 64, "long": 4096}
     assert cfg.gateway.pool("long").upstreams == ("serve:pool-long",)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from embedserve.engine.options import EngineOptions
 from embedserve.gateway.service import POOLS_HEADER
 from tests.helpers.inprocess import LocalReplica, ingress_app, runtime_of, server_client, slow_steps
 from tests.helpers.route_checks import (
@@ -143,7 +144,7 @@ def test_the_replica_refuses_as_the_server_does(embed_server: TestClient) -> Non
 def rerank_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, Ingress]]:
     ce_dir = build_cross_encoder(tmp_path_factory.mktemp("ce") / "bert-ce", "bert")
     engine = {"max_model_len": 128, "max_num_batched_tokens": 512}
-    with server_client(ce_dir, engine_kwargs=engine, max_inputs_per_request=8) as server:
+    with server_client(ce_dir, engine=EngineOptions(**engine), max_inputs_per_request=8) as server:
         pools = {"short": {"max_tokens": 64}, "long": {"max_tokens": 128}}
         app, replicas = ingress_app(server, ce_dir, pools=pools)
         yield server, (TestClient(app), replicas)

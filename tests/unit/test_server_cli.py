@@ -23,19 +23,19 @@ def test_options_become_settings_and_api_keys_merge_with_the_environment(
     assert s.api_keys == ("cli", "env-1", "env-2")
     assert s.warmup_lengths == (8, 64)
     assert s.max_queued_tokens == 9000
-    assert s.engine_kwargs["max_num_batched_tokens"] == 512
+    assert s.engine.max_num_batched_tokens == 512
     assert s.model_name == "qwen3"
 
 
 def test_bucket_and_compile_options_reach_the_engine() -> None:
-    plain = _settings(build_parser().parse_args(["serve"])).engine_kwargs
-    assert (plain["token_buckets"], plain["compile_backend"]) == (False, None)
+    plain = _settings(build_parser().parse_args(["serve"])).engine
+    assert (plain.token_buckets, plain.compile_backend) == (False, None)
     args = build_parser().parse_args(["serve", "--token-buckets", "--compile", "eager"])
-    kwargs = _settings(args).engine_kwargs
-    assert (kwargs["token_buckets"], kwargs["compile_backend"]) == (True, "eager")
-    assert plain["deterministic"] is False
-    det = _settings(build_parser().parse_args(["serve", "--deterministic"])).engine_kwargs
-    assert det["deterministic"] is True
+    kwargs = _settings(args).engine
+    assert (kwargs.token_buckets, kwargs.compile_backend) == (True, "eager")
+    assert plain.deterministic is False
+    det = _settings(build_parser().parse_args(["serve", "--deterministic"])).engine
+    assert det.deterministic is True
 
 
 def test_the_default_model_is_served_under_its_model_name() -> None:

@@ -157,9 +157,9 @@ def test_serve_takes_the_option() -> None:
     from embedserve.server.cli import _settings
 
     args = build_parser().parse_args(["serve", "--model", "/m", "--tensor-parallel-size", "2"])
-    assert _settings(args).engine_kwargs["tensor_parallel_size"] == 2
+    assert _settings(args).engine.tensor_parallel_size == 2
     assert (
-        _settings(build_parser().parse_args(["serve", "--model", "/m"])).engine_kwargs["tensor_parallel_size"]
+        _settings(build_parser().parse_args(["serve", "--model", "/m"])).engine.tensor_parallel_size
         == 1
     )
     with pytest.raises(SystemExit):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from embedserve import Engine
+from embedserve.engine.options import EngineOptions
 from embedserve.errors import EngineDeadError
 from embedserve.parallel.runner import TensorParallelRunner
 from tests.helpers.reference import random_ids
@@ -133,7 +134,7 @@ def test_a_dropped_runner_stops_its_workers(qwen3_dir: Path) -> None:
 def test_server_reports_not_ready_then_rebuilds_the_ranks(qwen3_dir: Path) -> None:
     from tests.helpers.inprocess import runtime_of, server_client
 
-    with server_client(qwen3_dir, engine_kwargs={"tensor_parallel_size": 2}) as client:
+    with server_client(qwen3_dir, engine=EngineOptions(tensor_parallel_size=2)) as client:
         engine = runtime_of(client).engine
         assert engine is not None
         os.kill(_workers(engine).worker_pids[0], signal.SIGKILL)

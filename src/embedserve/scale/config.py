@@ -32,19 +32,11 @@ from typing import Any
 
 import yaml
 
+from embedserve.engine.options import OPTION_NAMES, EngineOptions, OptionError
 from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_config
 
-_ENGINE_KEYS = {
-    "dtype": str,
-    "device": str,
-    "max_num_batched_tokens": int,
-    "max_model_len": int,
-    "max_num_seqs": int,
-    "kv_cache_memory": int,
-    "layer_major_tokens": int,
-    "gpu_memory_utilization": float,
-}
-_SERVING_KEYS = {"model", "replicas", "resources", "warmup_lengths", "max_queued_tokens", *_ENGINE_KEYS}
+# Every engine option is a pool key (engine/options.py); the few a pool refuses say why there.
+_SERVING_KEYS = {"model", "replicas", "resources", "warmup_lengths", "max_queued_tokens", *OPTION_NAMES}
 _REPLICA_KEYS = {
     "min",
     "max",
@@ -74,7 +66,7 @@ class Scaling:
 class ServePool:
     name: str
     model: str
-    engine: dict[str, Any]  # Engine.from_pretrained options (max_model_len always set)
+    engine: EngineOptions  # each replica's engine (max_model_len always set)
     scaling: Scaling
     num_cpus: float = 1.0
     num_gpus: float = 0.0
@@ -157,14 +149,16 @@ def _pool(name: str, max_tokens: int, body: dict[str, Any], default_model: objec
     model = body.get("model", default_model)
     if not isinstance(model, str) or not model:
         raise GatewayConfigError(f"{where}: no model: set 'model:' on the pool or at the top")
-    engine: dict[str, Any] = {}
-    for key, kind in _ENGINE_KEYS.items():
-        if key in body:
-            engine[key] = _typed(body[key], f"{where}.{key}", kind)
-    engine.setdefault("max_model_len", max_tokens)
-    if engine["max_model_len"] < max_tokens:
+    try:
+        given = {k: v for k, v in body.items() if k in OPTION_NAMES}
+        engine = EngineOptions.from_mapping(given, where=where, surface="pools")
+    except OptionError as e:
+        raise GatewayConfigError(str(e)) from None
+    if engine.max_model_len is None:
+        engine = engine.replace(max_model_len=max_tokens)
+    elif engine.max_model_len < max_tokens:
         raise GatewayConfigError(
-            f"{where}.max_model_len {engine['max_model_len']} is below max_tokens {max_tokens}: "
+            f"{where}.max_model_len {engine.max_model_len} is below max_tokens {max_tokens}: "
             "the replicas would refuse inputs routed to them"
         )
     scaling = _scaling(body.get("replicas", {}), f"{where}.replicas")

@@ -48,7 +48,7 @@ class PoolReplica:
         self.metrics = ServerMetrics()
         settings = ServerSettings(
             model=resolve_model(pool.model),
-            engine_kwargs=dict(pool.engine),
+            engine=pool.engine,
             served_model_name=served_model_name,
             max_queued_tokens=pool.max_queued_tokens,
             warmup_lengths=pool.warmup_lengths,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embedserve.api.keepalive import KEEP_ALIVE_S, MAX_RETRY_AFTER_S
-from embedserve.engine.options import add_engine_options, engine_kwargs, positive_int
+from embedserve.engine.options import EngineOptions, add_engine_options, positive_int
 
 if TYPE_CHECKING:
     from embedserve.server.runtime import ServerSettings
@@ -180,7 +180,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
 
     return ServerSettings(
         model=args.model,
-        engine_kwargs=engine_kwargs(args),
+        engine=EngineOptions.from_args(args),
         served_model_name=args.served_model_name or _default_model_name(args.model),
         model_version=args.model_version,
         api_keys=_api_keys(args),

@@ -17,11 +17,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from embedserve.api.keepalive import KEEP_ALIVE_S
 from embedserve.api.quantize import DEFAULT_INT8_SCALE, Calibration
 from embedserve.engine.engine import Engine
+from embedserve.engine.options import EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.schema import ModelMetadata, fingerprint_model_dir
 from embedserve.server.admission import Admission, ThroughputMeter
@@ -38,7 +38,7 @@ _WATCH_INTERVAL_S = 0.5
 @dataclass(frozen=True)
 class ServerSettings:
     model: str
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    engine: EngineOptions = field(default_factory=EngineOptions)
     served_model_name: str | None = None
     model_version: str | None = None
     api_keys: tuple[str, ...] = ()
@@ -114,7 +114,7 @@ class ServerRuntime:
         s = self.settings
         try:
             calibration = s.calibration()
-            engine = self.engine = await asyncio.to_thread(Engine.from_pretrained, s.model, **s.engine_kwargs)
+            engine = self.engine = await asyncio.to_thread(Engine.from_pretrained, s.model, s.engine)
             # The files were just read, so hashing them runs from the page cache.
             fingerprint = await asyncio.to_thread(fingerprint_model_dir, engine.config.model_path)
             metadata = ModelMetadata.from_engine_config(
@@ -187,7 +187,7 @@ class ServerRuntime:
         assert self.engine is not None and self.service is not None
         s = self.settings
         await asyncio.to_thread(self.engine.close)
-        engine = await asyncio.to_thread(Engine.from_pretrained, s.model, **s.engine_kwargs)
+        engine = await asyncio.to_thread(Engine.from_pretrained, s.model, s.engine)
         await warm_up(engine, s.warmup_lengths)
         self.engine = self.service.engine = engine
         self.metrics.bind(engine, self.service.admission)

@@ -1,0 +1,81 @@
+"""Stage two of building an engine: the resolved config's model, with its weights where they run.
+
+One process holds the whole model (its CPU projection weights packed once for oneDNN and moved
+onto huge pages), or rank 0 of a tensor-parallel group whose other ranks load their own slices.
+A KV cache sized by `gpu_memory_utilization` is measured here, with the weights on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from embedserve.attention.metadata import AttentionFn
+from embedserve.config import EngineConfig
+from embedserve.models.build import EmbeddingModel, build_model
+from embedserve.models.decoder import DecoderModel
+from embedserve.models.linear import for_codegen, prepack
+from embedserve.models.short_path import short_path
+from embedserve.models.source import ModelSource
+from embedserve.parallel.runner import TensorParallelRunner
+from embedserve.parallel.setup import start_parallel
+from embedserve.settings import settings
+from embedserve.worker.gpu_memory import gpu_kv_cache_memory
+from embedserve.worker.host_memory import keep_freed_heap, packed_on_huge_pages, release_free_heap
+from embedserve.worker.model_runner import kv_bytes_per_block
+
+
+@dataclass(frozen=True)
+class Loaded:
+    config: EngineConfig  # the KV cache sized, where gpu_memory_utilization left it open
+    model: EmbeddingModel
+    workers: TensorParallelRunner | None  # tensor_parallel_size > 1: the ranks (rank 0 here)
+
+
+def load(config: EngineConfig, files: ModelSource, attention: AttentionFn | None = None) -> Loaded:
+    """The model of `config` (built by engine/resolve.py from the same `files`)."""
+    if config.device.type == "cpu":
+        keep_freed_heap()  # activations reuse freed pages instead of faulting fresh ones in
+    workers = None
+    cache = config.cache
+    if config.tensor_parallel_size > 1:  # rank 0 in this process, ranks 1.. in worker processes
+        workers = start_parallel(
+            files,
+            config.tensor_parallel_size,
+            cache.num_blocks,
+            cache.block_size,
+            config.dtype,
+            config.device,
+        )
+        model: EmbeddingModel = workers.model
+    else:
+        model = build_model(files, config.device, config.dtype, attention)
+        if config.device.type == "cpu":
+            prepare_cpu_weights(model, config)
+    if config.gpu_memory_utilization is not None:
+        memory = gpu_kv_cache_memory(
+            model,
+            config.scheduler,
+            cache.block_size,
+            config.dtype,
+            config.device,
+            config.gpu_memory_utilization,
+        )
+        blocks = memory // kv_bytes_per_block(config.model, cache.block_size, config.dtype)
+        config = replace(config, cache=replace(cache, kv_cache_memory=memory, num_blocks=blocks))
+    return Loaded(config, model, workers)
+
+
+def prepare_cpu_weights(model: EmbeddingModel, config: EngineConfig) -> None:
+    """Projection weights in the layout the CPU's matmuls read fastest.
+
+    A compiling backend (inductor) emits its own matmuls, which cannot read oneDNN's opaque
+    packed tensors: plain weights there. EMBEDSERVE_PREPACK=0 keeps plain weights (A/B runs)."""
+    if config.compile_backend not in (None, "eager"):
+        for_codegen(model)
+    elif settings().prepack:
+        # weights packed once for oneDNN's matmuls (and the short-rows kernels')
+        short_rows = settings().short_rows and not config.deterministic
+        prepack(model, release_free_heap, short_rows=short_rows)
+        packed_on_huge_pages(model)  # each short step reads them whole: fewer page walks
+        if short_rows and type(model) is DecoderModel:  # short steps: every layer in one call
+            model.short_path = short_path(model)
