@@ -6,8 +6,9 @@
 // over key blocks, nothing of size [queries, keys] in memory) and changes the two:
 //
 //   * both matmuls of a block go through at::native::cpublas::brgemm, which runs float32 at
-//     the machine's matmul speed (about 100 GFLOP/s per Zen 4 core, as torch.mm) and bf16
-//     at its bf16 dot-product speed (about 215);
+//     the machine's matmul speed and bf16 at its bf16 dot-product speed (docs/performance.md,
+//     "Where the time went": "fp32 attention: native flash kernel", "bf16 attention: the
+//     native kernel too");
 //   * the query heads that share a KV head are rows of one tile (GQA without expansion),
 //     so each K/V block is read once per tile for all of them.
 //
@@ -64,8 +65,8 @@ constexpr int64_t TILE_ROWS = 256;
 constexpr int64_t KEY_BLOCK = 256;
 // Where every key fits a prompt of SHORT_KEYS, a tile holds at most SHORT_TILE queries: the
 // diagonal blocks' masked part and the uneven split of a few tasks over threads shrink with
-// the tile, and streaming the few keys once more per tile costs less. Measured at 256-4K
-// keys (GQA 1-4, d 64 and 128): 1.0-1.3x faster, most at 512; with 8K keys 1-5% slower.
+// the tile, and streaming the few keys once more per tile costs less; over 8K keys the small
+// tiles lose, so long prompts keep TILE_ROWS (docs/performance.md, "Flash kernel round").
 constexpr int64_t SHORT_KEYS = 4096;
 constexpr int64_t SHORT_TILE = 64;
 

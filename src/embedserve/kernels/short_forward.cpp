@@ -4,7 +4,8 @@
 //
 // At 16 rows the projections are a read of the weights; what else a layer does (norms, RoPE,
 // attention over 16 keys, the K/V store, the residual adds) is microseconds of arithmetic, but
-// as PyTorch operations called from Python it cost about a third of a 0.6B query. Here each
+// as PyTorch operations called from Python it cost a large part of a 0.6B query
+// (docs/performance.md, 'Short steps in one native call', "What was left"). Here each
 // layer is the same kernels the Python path calls, called back to back:
 //
 //   h = rms_norm(x += down)          (norm_rope.cpp; the first layer has no residual yet)

@@ -21,9 +21,10 @@ from embedserve.kernels import native, norm_rope, short_linear
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # Rows up to which a step runs natively. bfloat16 goes past the short-rows kernels' own limit
-# (short_linear.MAX_ROWS), where they still match oneDNN (1.03x at 128 rows) and the loop saves
-# what Python between the layer's operations costs (docs/performance.md); float32's kernel
-# falls behind oneDNN past 32 rows.
+# (short_linear.MAX_ROWS), where they still keep up with oneDNN at 128 rows and the loop saves
+# what Python between the layer's operations costs; float32's kernel falls behind oneDNN past
+# 32 rows (docs/performance.md, "Short rows on their own kernels", "Short steps in one native
+# call").
 ROWS_LIMIT = {torch.bfloat16: 128, torch.float32: 32}
 _LAYER_FIELDS = ("in_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "post_norm", "gate", "up", "down")
 

@@ -4,8 +4,9 @@
 //
 // At a few rows a projection is a read of its weight: 16 rows of the 0.6B shape stream 881 MB
 // of weights for 14 GFLOP, which AMX computes in a fraction of the read. oneDNN's matmul on
-// those rows reads at about 22 GB/s on a 2-core AMX host; this loop reads one sequential
-// stream per thread at the machine's bandwidth (docs/performance.md, 'AMX for short rows').
+// those rows reads well under the machine's bandwidth (its kernels for few rows are cut for
+// reuse, not for one pass over cold weights); this loop reads one sequential stream per
+// thread at the machine's bandwidth (docs/performance.md, "Short rows on their own kernels").
 //
 // The packed layout, for N % 32 == 0 and K % 32 == 0, is [N/32][K/2][32][2]: per block of 32
 // output columns, K/2 rows of 32 (k, k+1) pairs, the VNNI form AMX's B operand takes. The
@@ -132,8 +133,9 @@ void store_tiles(float (*acc)[ROWS * BLOCK]) {
 }
 
 // Blocks two at a time (a gated projection's G and U block; a plain one's block and the next),
-// so each A tile serves both: all 0.6B projections at 16 rows 1.22-1.26x -> 1.19-1.23x the
-// streaming floor, at 64 rows 1.79x -> 1.71x, at 1 row unchanged (docs/performance.md).
+// so each A tile, loaded from L2 once x is wider than what L1 keeps beside the weight stream,
+// serves both: nearer the streaming floor at 16 and 64 rows, the same at 1 row
+// (docs/performance.md, "fp32 short rows: the stream and the FMAs", "The bf16 stream").
 template <bool gated>
 void run(const BF16* x, int64_t m, int64_t k, int64_t ldx, const BF16* w, const BF16* u, const BF16* bias,
          int64_t n, BF16* y, int64_t ldy) {

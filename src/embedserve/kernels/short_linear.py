@@ -33,11 +33,11 @@ _KERNELS = {
     torch.float32: ("short_linear_f32", "f32", 64, 1),
 }
 # Rows up to which each dtype's kernel runs instead of oneDNN. The lead shrinks with the rows
-# (the weights are read once either way, the arithmetic grows); on the 0.6B shapes
-# (docs/performance.md): bfloat16 1.20x at 16 rows, 1.10x at 64, 1.03x at 128; float32 1.35x
-# at 16, 1.10x at 32, 0.99x at 48. bfloat16 gives oneDNN's bits up to 32 rows; beyond, oneDNN
-# blocks the rows otherwise and rare elements round the other way. float32 sums k in order,
-# oneDNN in its own order: about one float32 rounding apart.
+# (the weights are read once either way, the arithmetic grows) and is gone past these counts
+# on the 0.6B shapes (docs/performance.md, "Short rows on their own kernels", its table of
+# rows). bfloat16 gives oneDNN's bits up to 32 rows; beyond, oneDNN blocks the rows otherwise
+# and rare elements round the other way. float32 sums k in order, oneDNN in its own order:
+# about one float32 rounding apart.
 MAX_ROWS = {torch.bfloat16: 64, torch.float32: 32}
 
 

@@ -7,10 +7,10 @@
 // registers. k runs in chunks of 64 rows (16 KB): the block's four passes read a chunk from
 // L1, and each prefetches a quarter of the next chunk into L2 in address order. Passes over
 // whole blocks instead read every fourth cache line, a stride the hardware prefetchers do not
-// follow: the misses then wait one by one (measured: 0.6x oneDNN's speed; with this order
-// 1.35x oneDNN's speed at 16 rows, docs/performance.md). Each pass also prefetches its own
-// line 8 k ahead from L2 into L1 (all 0.6B projections at 16 rows: 1.39x -> 1.34x the
-// streaming floor; in one process, alternating).
+// follow: the misses then wait one by one (slower than oneDNN; with this order faster,
+// docs/performance.md, "Short rows on their own kernels"). Each pass also prefetches its own
+// line 8 k ahead from L2 into L1, so its loads no longer wait on L2 (docs/performance.md,
+// "fp32 short rows: the stream and the FMAs").
 //
 //   y[m, n] = x[m, :] . W[n, :] + bias[n]                  (`embedserve_short_linear_f32`)
 //   y[m, n] = silu(x . G[n]) * (x . U[n])                  (`embedserve_short_silu_gate_up_f32`)
@@ -72,8 +72,8 @@ void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, cons
   // x's rows in groups of 16, each transposed to [k][16]: rows that sit 4 KB apart would share
   // one L1 set, and 16 of them evict each other every k. Filled k outer, rows inner, so the
   // stores run in address order (row by row, each store landed in another line of a buffer
-  // larger than L1: that cost about 5% of a 16-row query, serial before the threads start). A
-  // short group's missing rows are never read.
+  // larger than L1, serial before the threads start; docs/performance.md, "fp32 short rows:
+  // the stream and the FMAs"). A short group's missing rows are never read.
   const int64_t groups = (m + ROWS - 1) / ROWS;
   const std::unique_ptr<float[]> xt(new float[groups * k * ROWS]);
   for (int64_t g = 0; g < groups; ++g) {

@@ -6,7 +6,8 @@
 // instructions, up to 20 ulp), and its bfloat16 rounding emulates round-to-nearest-even in
 // integer ops (about 12 instructions per 32 floats) even where the CPU has AVX512_BF16's
 // one-instruction conversion. The flash kernel's softmax runs both once per score: these
-// made its bf16 attention at 512 tokens about 1.15x faster.
+// speed up its bf16 attention, most at short prompts (docs/performance.md, "Flash kernel
+// round").
 #pragma once
 
 #include "cpu_vec.h"

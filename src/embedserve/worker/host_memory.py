@@ -16,9 +16,8 @@ The packed weights are read whole for every short step: on 4 KB pages that is a 
 every 64 cache lines, and the software prefetches that stream them wait on those walks.
 `on_huge_pages` moves a buffer's whole huge pages (2 MB on x86-64) onto huge pages in place
 (Linux 6.1+ `MADV_COLLAPSE`, whatever the THP sysfs setting: the kernel copies them while the
-process runs on; the same bytes). The 0.6B shape's projections in a C loop over 28 layers at
-16 rows: fp32 67.8 -> 61.7 ms, 1 row 56.4 -> 54.3 ms (docs/performance.md, 'Weights on huge
-pages').
+process runs on; the same bytes). The 0.6B shape's projections, streamed for a short step,
+run faster on them (docs/performance.md, 'Weights on huge pages').
 
 Where the C library or the kernel has no such calls (not glibc for the heap's; macOS, older
 Linux, a kernel without THP for huge pages) all of these do nothing.
@@ -137,8 +136,8 @@ def packed_on_huge_pages(model: nn.Module) -> int:
 def _adjacent_merged(buffers: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Buffers that follow each other in memory, at most `_SEAM` bytes apart, as one range
     (glibc leaves 64 bytes of header between the packed weights here), so a huge page across
-    the seam moves too: the 0.6B model's fp32 weights 1,400 -> 1,576 of 1,680 MB, bf16 560 ->
-    730-778 of 840 MB."""
+    the seam moves too (how much more moves that way: docs/performance.md, 'Weights on huge
+    pages')."""
     merged: list[tuple[int, int]] = []
     for address, nbytes in sorted(buffers):
         if merged and 0 <= address - sum(merged[-1]) <= _SEAM:

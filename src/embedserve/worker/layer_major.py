@@ -31,8 +31,8 @@ meets, and the allocator keeps holes of every size it served: units cut anywhere
 that ran into the next layer by a few rows, a unit sized to a time) gave every layer new
 shapes, and the process grew by gigabytes. Units of any whole number of granules still met
 up to 32 shapes a chunk while units followed an online step's time: a bf16 4K prompt in the
-responsive window after one short query ran 0.85x the speed it had before short queries got
-faster, 1.03x on the ladder (docs/performance.md, 'Lane units on a ladder').
+responsive window after one short query ran slower than before short queries got faster, and
+on the ladder no longer does (docs/performance.md, 'Lane units on a ladder').
 """
 
 from __future__ import annotations
