@@ -6,7 +6,6 @@ import functools
 import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,28 +13,21 @@ import numpy as np
 
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import EngineLoop, gather_all, wait_all
+from embedserve.engine.loop import EngineLoop, wait_all
 from embedserve.engine.multimodal import text_items, tokenize_multimodal
 from embedserve.engine.options import EngineOptions
+from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of, parse_priority
 from embedserve.engine.rerank import RerankMixin
 from embedserve.errors import InvalidInputError
-from embedserve.request import EmbedParams, Priority, Request
+from embedserve.request import EmbedParams, Request
 from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
 from embedserve.vision.prompt import is_image
+
+__all__ = ["EmbeddingOutput", "Engine", "Inputs", "output_of"]  # the outputs' types, where callers look
 
 # A multimodal model's items may also be an image (PIL image or PNG / JPEG / WebP bytes) or a
 # list of strings and images (vision/prompt.py).
 Inputs = Sequence[str] | Sequence[Sequence[int]] | str | Sequence[Any]
-
-
-@dataclass(frozen=True)
-class EmbeddingOutput:
-    embedding: np.ndarray  # float32 [dim]
-    num_tokens: int
-    truncated: bool
-    queue_time: float  # seconds from submission to first scheduled step
-    inference_time: float  # seconds from first scheduled step to finish
-    num_preemptions: int = 0  # times this request was preempted and recomputed
 
 
 class Engine(RerankMixin):
@@ -87,7 +79,7 @@ class Engine(RerankMixin):
         self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str
     ) -> list[Request]:
         self.check_dimensions(dimensions)
-        prio = _parse_priority(priority)
+        prio = parse_priority(priority)
         pool = self.config.pooling
         params = EmbedParams(
             dimensions=dimensions, normalize=pool.normalize if normalize is None else normalize
@@ -142,7 +134,7 @@ class Engine(RerankMixin):
           (cut that end of the text, keeping the EOS token).
         """
         self.check_dimensions(dimensions)
-        _parse_priority(priority)
+        parse_priority(priority)
         tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
         return self.submit_tokenized(
             tokenized, dimensions=dimensions, normalize=normalize, priority=priority
@@ -228,7 +220,7 @@ class Engine(RerankMixin):
             priority=priority,
             truncate=truncate,
         )
-        return await _gather(futures, tokenized)
+        return await gather_outputs(futures, tokenized)
 
     async def embed_tokenized_async(
         self,
@@ -242,7 +234,7 @@ class Engine(RerankMixin):
         futures = self.submit_tokenized(
             tokenized, dimensions=dimensions, normalize=normalize, priority=priority
         )
-        return await _gather(futures, tokenized)
+        return await gather_outputs(futures, tokenized)
 
     async def embed_async(
         self,
@@ -284,28 +276,3 @@ class Engine(RerankMixin):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-async def _gather(futures: list[Future[Finished]], tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
-    return [output_of(f, t) for f, t in zip(await gather_all(futures), tokenized, strict=True)]
-
-
-def _parse_priority(value: str) -> Priority:
-    try:
-        return Priority.parse(value)
-    except ValueError as e:
-        raise InvalidInputError(str(e)) from None
-
-
-def output_of(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
-    req = fin.request
-    assert fin.vector is not None
-    started = req.first_scheduled_time or fin.finish_time
-    return EmbeddingOutput(
-        embedding=fin.vector.numpy().astype(np.float32, copy=False),
-        num_tokens=len(tok.token_ids),
-        truncated=tok.truncated,
-        queue_time=started - req.arrival_time,
-        inference_time=fin.finish_time - started,
-        num_preemptions=req.num_preemptions,
-    )

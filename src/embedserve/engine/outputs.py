@@ -1,0 +1,51 @@
+"""What one embedded input comes back as (`EmbeddingOutput`), made from the core's Finished."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from embedserve.engine.core import Finished
+from embedserve.engine.loop import gather_all
+from embedserve.errors import InvalidInputError
+from embedserve.request import Priority
+from embedserve.tokenizer import Tokenized
+
+
+@dataclass(frozen=True)
+class EmbeddingOutput:
+    embedding: np.ndarray  # float32 [dim]
+    num_tokens: int
+    truncated: bool
+    queue_time: float  # seconds from submission to first scheduled step
+    inference_time: float  # seconds from first scheduled step to finish
+    num_preemptions: int = 0  # times this request was preempted and recomputed
+
+
+async def gather_outputs(
+    futures: list[Future[Finished]], tokenized: list[Tokenized]
+) -> list[EmbeddingOutput]:
+    return [output_of(f, t) for f, t in zip(await gather_all(futures), tokenized, strict=True)]
+
+
+def parse_priority(value: str) -> Priority:
+    try:
+        return Priority.parse(value)
+    except ValueError as e:
+        raise InvalidInputError(str(e)) from None
+
+
+def output_of(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
+    req = fin.request
+    assert fin.vector is not None
+    started = req.first_scheduled_time or fin.finish_time
+    return EmbeddingOutput(
+        embedding=fin.vector.numpy().astype(np.float32, copy=False),
+        num_tokens=len(tok.token_ids),
+        truncated=tok.truncated,
+        queue_time=started - req.arrival_time,
+        inference_time=fin.finish_time - started,
+        num_preemptions=req.num_preemptions,
+    )
