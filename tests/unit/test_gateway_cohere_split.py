@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from embedserve.api.http import COHERE_EMBED_PATH
 from embedserve.api.protocol import ApiError
+from embedserve.api.routes import COHERE_EMBED_PATH
 from embedserve.gateway.cohere_embed import assemble
 from embedserve.gateway.forward import Part, PartResult
 

@@ -15,9 +15,6 @@ from starlette.requests import ClientDisconnect
 
 from embedserve.api.protocol import ApiError, error_body
 
-EMBEDDINGS_PATH = "/v1/embeddings"
-COHERE_EMBED_PATH = "/v2/embed"
-RERANK_PATH = "/v1/rerank"  # the server also answers /rerank and /v2/rerank
 # Not a real HTTP status: the nginx convention for "client closed the request", used in metrics.
 CLIENT_CLOSED = 499
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from embedserve.api.cohere import CohereEmbedRequest
-from embedserve.api.openapi import DEADLINE_NOTE
+from embedserve.api.openapi import DEADLINE_NOTE, error_responses
 from embedserve.api.rerank import RerankRequest
 
 
@@ -71,7 +71,7 @@ def _inlined(model: type[BaseModel], max_items: int, field: str) -> dict[str, An
 
 
 def _route(
-    summary: str, request: dict[str, Any], response: type[BaseModel], errors: dict[int | str, dict[str, Any]]
+    summary: str, request: dict[str, Any], response: type[BaseModel], statuses: tuple[int, ...]
 ) -> dict[str, Any]:
     return {
         "summary": summary,
@@ -80,17 +80,17 @@ def _route(
         "openapi_extra": {
             "requestBody": {"required": True, "content": {"application/json": {"schema": request}}}
         },
-        "responses": {200: {"model": response, "description": "the answer"}, **errors},
+        "responses": {200: {"model": response, "description": "the answer"}, **error_responses(*statuses)},
     }
 
 
-def cohere_embed_route(max_inputs: int, errors: dict[int | str, dict[str, Any]]) -> dict[str, Any]:
+def cohere_embed_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of the `POST /v2/embed` route (Cohere's embed v2)."""
     request = _inlined(CohereEmbedRequest, max_inputs, "texts")
-    return _route("Embed texts (Cohere v2 embed API)", request, CohereEmbedResponse, errors)
+    return _route("Embed texts (Cohere v2 embed API)", request, CohereEmbedResponse, statuses)
 
 
-def rerank_route(max_inputs: int, errors: dict[int | str, dict[str, Any]]) -> dict[str, Any]:
+def rerank_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of the `POST /v1/rerank` routes (and aliases)."""
     request = _inlined(RerankRequest, max_inputs, "documents")
-    return _route("Rank documents by relevance to a query", request, RerankResponse, errors)
+    return _route("Rank documents by relevance to a query", request, RerankResponse, statuses)

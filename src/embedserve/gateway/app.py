@@ -15,13 +15,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from embedserve.api.auth import bearer_check
-from embedserve.api.cohere import parse_cohere_request
 from embedserve.api.deadline import TIMEOUT_HEADER, header_timeout
 from embedserve.api.http import (
     CLIENT_CLOSED,
-    COHERE_EMBED_PATH,
-    EMBEDDINGS_PATH,
-    RERANK_PATH,
     ClientGone,
     api_error_handler,
     disconnect_waiter,
@@ -29,17 +25,18 @@ from embedserve.api.http import (
     read_body,
     unless_disconnected,
 )
-from embedserve.api.openapi import (
-    Health,
-    ModelCard,
-    ModelList,
-    embeddings_route,
-    error_responses,
-    metrics_route,
+from embedserve.api.openapi import Health, ModelCard, ModelList, error_responses, metrics_route
+from embedserve.api.protocol import ApiError, error_body
+from embedserve.api.routes import (
+    COHERE_EMBED,
+    EMBEDDINGS,
+    RERANK,
+    ROUTES,
+    Route,
+    body_priority,
+    describe,
+    model_not_found,
 )
-from embedserve.api.openapi_routes import cohere_embed_route, rerank_route
-from embedserve.api.protocol import ApiError, clip, error_body, parse_request
-from embedserve.api.rerank import parse_rerank_request
 from embedserve.gateway import whole
 from embedserve.gateway.cohere_embed import cohere_embed
 from embedserve.gateway.config import TRAFFIC_CLASSES
@@ -49,12 +46,18 @@ log = logging.getLogger(__name__)
 
 # Traffic class as a header, for clients that cannot add the `priority` body field.
 CLASS_HEADER = "x-embedserve-priority"
-RERANK_PATHS = (RERANK_PATH, "/rerank", "/v2/rerank")  # as the server
-ROUTES = f"POST {EMBEDDINGS_PATH}, {COHERE_EMBED_PATH}, {', '.join(RERANK_PATHS)}; GET /v1/models, " + (
-    "/health/live, /health/ready, /metrics"
-)
-
-Started = tuple[str, Awaitable[tuple[dict[str, Any], dict[str, str]]]]
+Answer = tuple[dict[str, Any], dict[str, str]]
+Started = tuple[str, Awaitable[Answer]]
+# Each declared route's work through the gateway: (service, parsed request, traffic class, the
+# client's X-Request-Timeout) -> the answer. Split routes are reassembled from per-pool parts.
+Handler = Callable[[GatewayService, Any, str, float | None], Awaitable[Answer]]
+HANDLERS: dict[str, Handler] = {
+    EMBEDDINGS.name: GatewayService.embed,
+    COHERE_EMBED.name: cohere_embed,
+    RERANK.name: whole.rerank,
+}
+# What an unknown path's 404 says the gateway routes.
+ROUTES_TEXT = f"POST {describe()}; GET /v1/models, /health/live, /health/ready, /metrics"
 
 
 def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastAPI:
@@ -105,11 +108,7 @@ def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastA
     async def model(model_id: str) -> dict[str, Any]:
         card = _model_card(service)
         if model_id != card["id"]:
-            raise ApiError(
-                404,
-                f"model {clip(model_id)} not found; this gateway serves {card['id']!r}",
-                "not_found_error",
-            )
+            raise model_not_found(model_id, card["id"], "gateway")
         return card
 
     statuses = (400, *keyed, 404, 408, 413, 422, 429, 500, 502, 503, 504)
@@ -137,36 +136,12 @@ def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastA
         metrics.requests.labels(traffic_class, "200").inc()
         return JSONResponse(data, headers=headers)
 
-    @app.post(EMBEDDINGS_PATH, dependencies=auth, **embeddings_route(limit, statuses))
-    async def embeddings(request: Request) -> Response:
-        def start(body: bytes, timeout: float | None) -> Started:
-            req = parse_request(body)
-            traffic_class = _traffic_class(request, req.priority, "priority" in req.model_fields_set)
-            return traffic_class, service.embed(req, traffic_class, timeout)
-
-        return await answer(request, start)
-
-    errors = error_responses(*statuses)
-
-    @app.post(COHERE_EMBED_PATH, dependencies=auth, **cohere_embed_route(limit, errors))
-    async def cohere(request: Request) -> Response:
-        def start(body: bytes, timeout: float | None) -> Started:
-            req = parse_cohere_request(body)
-            traffic_class = _traffic_class(request, "online", False)
-            return traffic_class, cohere_embed(service, req, traffic_class, timeout)
-
-        return await answer(request, start)
-
-    async def rerank(request: Request) -> Response:
-        def start(body: bytes, timeout: float | None) -> Started:
-            req = parse_rerank_request(body)
-            traffic_class = _traffic_class(request, req.priority, "priority" in req.model_fields_set)
-            return traffic_class, whole.rerank(service, req, traffic_class, timeout)
-
-        return await answer(request, start)
-
-    for path in RERANK_PATHS:
-        app.add_api_route(path, rerank, methods=["POST"], dependencies=auth, **rerank_route(limit, errors))
+    for route in ROUTES:
+        endpoint = _endpoint(route, handler_for(route), service, answer)
+        for path in route.paths:
+            app.add_api_route(
+                path, endpoint, methods=["POST"], dependencies=auth, **route.doc(limit, statuses)
+            )
 
     return app
 
@@ -181,8 +156,36 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     """Routing errors in the error shape; an unknown path's 404 names the gateway's routes."""
     if exc.status_code != 404:
         return await http_error_handler(request, exc)
-    message = f"{request.method} {request.url.path[:200]} is not a route of this gateway: it routes {ROUTES}"
+    message = (
+        f"{request.method} {request.url.path[:200]} is not a route of this gateway: it routes {ROUTES_TEXT}"
+    )
     return JSONResponse(error_body(message, "not_found_error", 404), 404)
+
+
+def handler_for(route: Route[Any]) -> Handler:
+    """The gateway's work for a declared route; one without any is a startup error."""
+    handler = HANDLERS.get(route.name)
+    if handler is None:
+        raise LookupError(f"route {route.name!r} (api/routes.py) has no gateway handler")
+    return handler
+
+
+def _endpoint(
+    route: Route[Any],
+    handler: Handler,
+    service: GatewayService,
+    answer: Callable[[Request, Callable[[bytes, float | None], Started]], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        def start(body: bytes, timeout: float | None) -> Started:
+            req = route.parse(body)
+            traffic_class = _traffic_class(request, *body_priority(req))
+            return traffic_class, handler(service, req, traffic_class, timeout)
+
+        return await answer(request, start)
+
+    endpoint.__name__ = route.name  # the OpenAPI operation ids
+    return endpoint
 
 
 def _traffic_class(request: Request, body_priority: str, body_set: bool) -> str:

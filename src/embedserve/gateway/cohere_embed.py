@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from embedserve.api.cohere import CohereEmbedRequest
-from embedserve.api.http import COHERE_EMBED_PATH
 from embedserve.api.protocol import ApiError
+from embedserve.api.routes import COHERE_EMBED_PATH
 from embedserve.gateway.forward import PartResult
 from embedserve.gateway.service import GatewayService
 

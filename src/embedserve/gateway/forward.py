@@ -28,9 +28,9 @@ import httpx
 from httpx._client import UseClientDefault
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, is_deadline_error
-from embedserve.api.http import COHERE_EMBED_PATH, EMBEDDINGS_PATH, RERANK_PATH
 from embedserve.api.keepalive import MAX_RETRY_AFTER_S
 from embedserve.api.protocol import ApiError
+from embedserve.api.routes import EMBEDDINGS_PATH, route_at
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.upstreams import Pool, Upstream, UpstreamSet
 
@@ -197,15 +197,13 @@ def _checked_body(r: httpx.Response, pool: Pool, part: Part) -> dict[str, Any]:
 
 
 def answers_every_input(body: Any, part: Part) -> bool:
-    """Whether a 200 body of the part's route holds one answer per input of the part."""
-    n = len(part.indices)
+    """Whether a 200 body of the part's route holds one answer per input of the part (the
+    route's own rule: api/routes.py)."""
+    route = route_at(part.path)
+    if route is None:
+        return False
     try:
-        if part.path == COHERE_EMBED_PATH:
-            return all(len(vectors) == n for vectors in body["embeddings"].values())
-        if part.path == RERANK_PATH:
-            return all(0 <= item["index"] < n for item in body["results"])
-        data = body["data"]
-        return isinstance(data, list) and sorted(d["index"] for d in data) == list(range(n))
+        return route.answers(body, len(part.indices))
     except (KeyError, TypeError, AttributeError):
         return False
 

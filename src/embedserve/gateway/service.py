@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, effective_timeout
-from embedserve.api.http import EMBEDDINGS_PATH
 from embedserve.api.multimodal import to_json
-from embedserve.api.protocol import ApiError, EmbeddingRequest, clip
+from embedserve.api.protocol import ApiError, EmbeddingRequest
+from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.gateway.config import GatewayConfig, RouteConfig
 from embedserve.gateway.counting import TokenCounter
@@ -79,9 +79,7 @@ class GatewayService:
             raise ApiError(400, f"this gateway has no route for traffic class {traffic_class!r}")
         name = self.model_name
         if model is not None and name is not None and model != name:
-            raise ApiError(
-                404, f"model {clip(model)} not found; this gateway serves {name!r}", "not_found_error"
-            )
+            raise model_not_found(model, name, "gateway")
         return route
 
     def deadline(self, caller_timeout_s: float | None) -> float:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from embedserve.api.http import RERANK_PATH
 from embedserve.api.rerank import RerankRequest
+from embedserve.api.routes import RERANK_PATH
 from embedserve.gateway.forward import Part
 from embedserve.gateway.service import GatewayService
 

@@ -5,9 +5,10 @@ Serve sends a replica traffic only once its constructor has returned, so a repli
 requests only after its warm-up passed. `check_health` is the server's readiness (engine loop
 alive, a probe after a failed forward pass): when it raises, Serve replaces the replica.
 Requests (`request`: a route, its JSON body, the caller's time left) go through the server's
-own handlers for `/v1/embeddings`, `/v2/embed` and `/v1/rerank` (parsing, validation, admission
-with 429, the deadline's 503 `deadline_exceeded`, metrics by length bucket), so a replica
-answers exactly what `embedserve serve` would, as a value (`answer`).
+own routes (server/routes.py, every route api/routes.py declares) on its serving template
+(server/pipeline.py: parsing, validation, admission with 429, the deadline's 503
+`deadline_exceeded`, metrics by length bucket), so a replica answers exactly what
+`embedserve serve` would, as a value (`answer`).
 """
 
 from __future__ import annotations
@@ -16,23 +17,20 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import generate_latest
 
-from embedserve.api.cohere import parse_cohere_request
-from embedserve.api.http import COHERE_EMBED_PATH, EMBEDDINGS_PATH, RERANK_PATH
-from embedserve.api.protocol import ApiError, parse_request
-from embedserve.api.rerank import parse_rerank_request
+from embedserve.api.protocol import ApiError
+from embedserve.api.routes import EMBEDDINGS_PATH
 from embedserve.scale.config import ServePool, resolve_model
 from embedserve.scale.policy import QUEUED_TOKENS
+from embedserve.server import pipeline
 from embedserve.server.app import model_card
-from embedserve.server.cohere_routes import cohere_embed
 from embedserve.server.metrics import ServerMetrics
-from embedserve.server.rerank_routes import rerank
+from embedserve.server.pipeline import ServerRoute
+from embedserve.server.routes import server_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
-from embedserve.server.serving import EmbeddingService
 
 log = logging.getLogger(__name__)
 
@@ -93,21 +91,8 @@ class PoolReplica:
         await self.runtime.close()
 
 
-Handler = Callable[[EmbeddingService, bytes, float | None], Awaitable[tuple[dict[str, Any], dict[str, str]]]]
-
-
-async def _embeddings(
-    svc: EmbeddingService, body: bytes, timeout_s: float | None
-) -> tuple[dict[str, Any], dict[str, str]]:
-    result = await svc.embed(parse_request(body), _never, timeout_s)
-    return result.body, result.headers
-
-
-_ROUTES: dict[str, Handler] = {
-    EMBEDDINGS_PATH: _embeddings,
-    COHERE_EMBED_PATH: lambda svc, body, t: cohere_embed(svc, parse_cohere_request(body), _never, t),
-    RERANK_PATH: lambda svc, body, t: rerank(svc, parse_rerank_request(body), _never, t),
-}
+# The server's routes by every path they answer (the ingress sends a route's primary path).
+_ROUTES: dict[str, ServerRoute[Any]] = {path: b for b in server_routes() for path in b.route.paths}
 
 
 async def answer(
@@ -117,7 +102,7 @@ async def answer(
     payload: dict[str, Any],
     timeout_s: float | None,
 ) -> dict[str, Any]:
-    """One request on `path` (/v1/embeddings, /v2/embed, /v1/rerank) by the server's handler,
+    """One request on `path` (a declared route's path: api/routes.py) by the server's handler,
     its body parsed as the server parses it; `timeout_s`: the caller's time left, as the
     server's X-Request-Timeout. Errors come back as values, as the server would answer them:
     {status, body, headers, embedding_schema: this replica's own, for the ingress's guard (a
@@ -127,10 +112,10 @@ async def answer(
     try:
         if service is None or not runtime.accepting:
             raise ApiError(503, "replica is not accepting requests", "service_unavailable")
-        handler = _ROUTES.get(path)
-        if handler is None:
+        bound = _ROUTES.get(path)
+        if bound is None:
             raise ApiError(404, f"a replica answers {sorted(_ROUTES)}, not {path[:100]}", "not_found_error")
-        body, headers = await handler(service, json.dumps(payload).encode(), timeout_s)
+        body, headers = await pipeline.answer(service, bound, json.dumps(payload).encode(), _never, timeout_s)
     except ApiError as e:
         reply |= {"status": e.status, "body": e.body(), "headers": e.headers}
     else:

@@ -8,35 +8,19 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from embedserve.api.auth import bearer_check
-from embedserve.api.deadline import TIMEOUT_HEADER, header_timeout
-from embedserve.api.http import (
-    EMBEDDINGS_PATH,
-    answered,
-    api_error_handler,
-    disconnect_waiter,
-    http_error_handler,
-    read_body,
-)
-from embedserve.api.openapi import (
-    Health,
-    ModelCard,
-    ModelList,
-    embeddings_route,
-    error_responses,
-    metrics_route,
-)
-from embedserve.api.openapi_routes import cohere_embed_route, rerank_route
-from embedserve.api.protocol import ApiError, clip, parse_request
-from embedserve.server.cohere_routes import add_cohere_routes
+from embedserve.api.http import api_error_handler, http_error_handler
+from embedserve.api.openapi import Health, ModelCard, ModelList, error_responses, metrics_route
+from embedserve.api.protocol import ApiError
+from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found
 from embedserve.server.metrics import ServerMetrics
-from embedserve.server.rerank_routes import add_rerank_routes
+from embedserve.server.routes import add_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 from embedserve.server.serving import EmbeddingService
 
@@ -97,31 +81,11 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     async def model(model_id: str) -> dict[str, Any]:
         card = model_card(_service(runtime))
         if model_id != card["id"]:
-            raise ApiError(
-                404, f"model {clip(model_id)} not found; this server serves {card['id']!r}", "not_found_error"
-            )
+            raise model_not_found(model_id, card["id"])
         return card
 
     statuses = (400, *keyed, 404, 408, 413, 422, 429, 500, 503)
-    embed_doc = embeddings_route(settings.max_inputs_per_request, statuses)
-
-    @app.post(EMBEDDINGS_PATH, dependencies=[auth], **embed_doc)
-    async def embeddings(request: Request) -> Response:
-        service = _service(runtime)
-
-        async def work() -> Response:
-            body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-            timeout = header_timeout(request.headers.get(TIMEOUT_HEADER))
-            result = await service.embed(parse_request(body), disconnect_waiter(request), timeout)
-            return JSONResponse(result.body, headers=result.headers)
-
-        return await answered("embeddings request", work)
-
-    errors = error_responses(*statuses)
-    limit = settings.max_inputs_per_request
-    cohere_doc, rerank_doc = cohere_embed_route(limit, errors), rerank_route(limit, errors)
-    add_cohere_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth], cohere_doc)
-    add_rerank_routes(app, lambda: _service(runtime), settings.max_body_bytes, [auth], rerank_doc)
+    add_routes(app, lambda: _service(runtime), settings, [auth], statuses)
     return app
 
 

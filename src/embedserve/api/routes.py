@@ -1,0 +1,137 @@
+"""The API's POST routes, each declared once: its paths, the request model it parses, the engine
+task it needs, how a gateway places it, its `/openapi.json` entry and what a complete answer
+holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serve replica
+(scale/replica.py) and the gateway's 404 text all take their route list from `ROUTES`.
+
+    route          paths                              task    gateway placement
+    embeddings     /v1/embeddings                     embed   split: each input to its pool
+    cohere_embed   /v2/embed                          embed   split: each text to its pool
+    rerank         /v1/rerank, /rerank, /v2/rerank    rerank  whole: the pool of the longest pair
+
+Also the wording every route shares for refusals that are not about its own shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
+
+from embedserve.api.cohere import CohereEmbedRequest, parse_cohere_request
+from embedserve.api.openapi import embeddings_route
+from embedserve.api.openapi_routes import cohere_embed_route, rerank_route
+from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, parse_request
+from embedserve.api.rerank import RerankRequest, parse_rerank_request
+
+Req = TypeVar("Req", bound=BaseModel)
+Task = Literal["embed", "rerank"]
+# "split": a gateway sends each input to the smallest pool that fits it and reassembles the
+# answers in order; "whole": the request goes to one pool, chosen by its longest input.
+Placement = Literal["split", "whole"]
+
+EMBEDDINGS_PATH = "/v1/embeddings"
+COHERE_EMBED_PATH = "/v2/embed"
+RERANK_PATH = "/v1/rerank"
+
+
+@dataclass(frozen=True)
+class Route(Generic[Req]):
+    name: str
+    path: str  # the primary path: the one a gateway sends its parts to
+    parse: Callable[[bytes], Req]  # 400 bad JSON, 422 wrong shape
+    task: Task
+    placement: Placement
+    # `/openapi.json` keyword arguments: (per-request input limit, statuses answered).
+    doc: Callable[[int, tuple[int, ...]], dict[str, Any]]
+    # Whether a 200 body answers every one of `n` inputs (a gateway checks each pool's answer).
+    answers: Callable[[Any, int], bool]
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path, *self.aliases)
+
+
+def _one_vector_per_input(body: Any, n: int) -> bool:
+    data = body["data"]
+    return isinstance(data, list) and sorted(d["index"] for d in data) == list(range(n))
+
+
+def _one_vector_per_text(body: Any, n: int) -> bool:
+    return all(len(vectors) == n for vectors in body["embeddings"].values())
+
+
+def _ranks_within(body: Any, n: int) -> bool:  # top_n may rank fewer than n documents
+    return all(0 <= item["index"] < n for item in body["results"])
+
+
+EMBEDDINGS: Route[EmbeddingRequest] = Route(
+    name="embeddings",
+    path=EMBEDDINGS_PATH,
+    parse=parse_request,
+    task="embed",
+    placement="split",
+    doc=embeddings_route,
+    answers=_one_vector_per_input,
+)
+COHERE_EMBED: Route[CohereEmbedRequest] = Route(
+    name="cohere_embed",
+    path=COHERE_EMBED_PATH,
+    parse=parse_cohere_request,
+    task="embed",
+    placement="split",
+    doc=cohere_embed_route,
+    answers=_one_vector_per_text,
+)
+RERANK: Route[RerankRequest] = Route(
+    name="rerank",
+    path=RERANK_PATH,
+    aliases=("/rerank", "/v2/rerank"),
+    parse=parse_rerank_request,
+    task="rerank",
+    placement="whole",
+    doc=rerank_route,
+    answers=_ranks_within,
+)
+ROUTES: tuple[Route[Any], ...] = (EMBEDDINGS, COHERE_EMBED, RERANK)
+
+_BY_PATH = {path: route for route in ROUTES for path in route.paths}
+if len(_BY_PATH) != sum(len(r.paths) for r in ROUTES):
+    raise AssertionError("two routes declare the same path")
+
+
+def route_at(path: str) -> Route[Any] | None:
+    """The route that answers `path` (a primary path or an alias)."""
+    return _BY_PATH.get(path)
+
+
+def describe(routes: tuple[Route[Any], ...] = ROUTES) -> str:
+    """The POST paths as a client reads them, with how a gateway places each route."""
+    return ", ".join(f"{' | '.join(r.paths)} ({_PLACED[r.placement]})" for r in routes)
+
+
+_PLACED: dict[Placement, str] = {"split": "split per input", "whole": "whole"}
+_TASK_MODEL: dict[str, str] = {"embed": "an embedding model", "rerank": "a reranker"}
+
+
+def wrong_task(model: str, task: str) -> str:
+    """What a route says when the model's task is `task`, not its own: where to go instead."""
+    what = _TASK_MODEL.get(task, f"a {task!r} model")
+    where = next((f": POST {r.path}" for r in ROUTES if r.task == task), "")
+    return f"model {model!r} is {what}{where}"
+
+
+def model_not_found(requested: str, served: str, who: str = "server") -> ApiError:
+    """404 for a `model` field (or /v1/models/{id}) naming another model; one wording, the
+    request's value clipped (error messages never echo a whole input back)."""
+    return ApiError(
+        404, f"model {clip(requested)} not found; this {who} serves {served!r}", "not_found_error"
+    )
+
+
+def body_priority(req: BaseModel) -> tuple[str, bool]:
+    """(the body's traffic class, whether the body set it): a route without a `priority`
+    field is online unless a header says otherwise."""
+    return str(getattr(req, "priority", "online")), "priority" in req.model_fields_set

@@ -1,0 +1,146 @@
+"""The template every POST route of the server runs on: a route supplies its request's own parts
+(a `Job`: tokenize, run on the engine, build the body); the stages below run once for all.
+
+    parse -> task -> model -> input limit -> tokenize (off the loop) -> 413 -> 429 -> run
+    (deadline, disconnect) -> metrics -> body + timing headers
+
+Order matters: everything that can refuse a request (wrong task, unknown model, bad input, too
+long, over the queue bound) runs before anything is queued in the engine, so a refused request
+costs no engine work and an admitted one is admitted whole. Engine exceptions become statuses
+in one place (`engine_errors`), and every route's refusals read the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic
+
+import numpy as np
+
+from embedserve.api.http import unless_disconnected
+from embedserve.api.protocol import ApiError
+from embedserve.api.routes import Req, Route, model_not_found, wrong_task
+from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.server.admission import Ticket
+from embedserve.server.serving import EmbeddingService, engine_errors, timing_headers
+from embedserve.tokenizer import Tokenized
+
+Answer = tuple[dict[str, Any], dict[str, str]]  # (response body, response headers)
+
+
+@dataclass(frozen=True)
+class Computed:
+    """One request's engine outputs before its route puts them in a response body."""
+
+    tokenized: list[Tokenized]
+    outputs: list[EmbeddingOutput]
+    n_tokens: int
+
+    def matrix(self) -> np.ndarray:
+        return np.stack([o.embedding for o in self.outputs])  # float32 [n, dim]
+
+
+class Job(ABC):
+    """One parsed request of a route: what only the route knows. `tokenize` runs in a worker
+    thread and may refuse (InvalidInputError, ApiError); `run` is cancelled on disconnect or
+    deadline; `body` gets the outputs in input order."""
+
+    def __init__(self, model: str | None, n_inputs: int) -> None:
+        self.model = model  # the request's `model` field
+        self.n_inputs = n_inputs  # inputs before tokenizing (the per-request limit)
+
+    @abstractmethod
+    def tokenize(self) -> list[Tokenized]: ...
+
+    @abstractmethod
+    async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]: ...
+
+    @abstractmethod
+    def body(self, done: Computed) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ServerRoute(Generic[Req]):
+    """A declared route (api/routes.py) bound to the server: its request -> its Job."""
+
+    route: Route[Req]
+    job: Callable[[EmbeddingService, Req], Job]
+
+
+async def answer(
+    svc: EmbeddingService,
+    bound: ServerRoute[Any],
+    body: bytes,
+    wait_disconnect: Callable[[], Awaitable[None]],
+    timeout_s: float | None = None,
+) -> Answer:
+    """One request body on a route, as the server answers it (also a Ray replica's handler);
+    `timeout_s`: the caller's own deadline (X-Request-Timeout), if below --request-timeout."""
+    return await run_job(
+        svc, bound.route, bound.job(svc, bound.route.parse(body)), wait_disconnect, timeout_s
+    )
+
+
+async def run_job(
+    svc: EmbeddingService,
+    route: Route[Any],
+    job: Job,
+    wait_disconnect: Callable[[], Awaitable[None]],
+    timeout_s: float | None = None,
+) -> Answer:
+    start = time.perf_counter()
+    check_request(svc, route, job)
+    with engine_errors(svc.on_forward_failure):
+        # Tokenizing a long document takes milliseconds: keep it off the event loop.
+        tokenized = await asyncio.to_thread(job.tokenize)
+    tokenize_time = time.perf_counter() - start
+    n_tokens = sum(len(t.token_ids) for t in tokenized)
+    ticket = admit(svc, len(tokenized), n_tokens)
+    try:
+        with engine_errors(svc.on_forward_failure):
+            run = unless_disconnected(job.run(tokenized), wait_disconnect)
+            outputs = await svc.within_deadline(run, timeout_s)
+    finally:
+        svc.admission.release(ticket)
+    total = time.perf_counter() - start
+    svc.observe(outputs, tokenize_time, total)
+    return job.body(Computed(tokenized, outputs, n_tokens)), timing_headers(outputs, tokenize_time, total)
+
+
+def check_request(svc: EmbeddingService, route: Route[Any], job: Job) -> None:
+    """The refusals before tokenizing: the model's task, the `model` field, the input limit."""
+    meta = svc.metadata
+    task = svc.engine.config.task
+    if task != route.task:
+        raise ApiError(400, wrong_task(meta.model, task))
+    if job.model is not None and job.model != meta.model:
+        raise model_not_found(job.model, meta.model)
+    limit = svc.max_inputs_per_request
+    if job.n_inputs > limit:
+        raise ApiError(400, f"{job.n_inputs} inputs in one request; the limit is {limit}")
+
+
+def admit(svc: EmbeddingService, n_inputs: int, n_tokens: int) -> Ticket:
+    """The admission ticket; 413 when the request could never fit, 429 + Retry-After when the
+    queue is full now."""
+    admission = svc.admission
+    if not admission.fits_ever(n_inputs, n_tokens):
+        raise ApiError(
+            413,
+            f"request holds {n_inputs} inputs / {n_tokens} tokens; this server queues at most "
+            f"{admission.max_inputs} inputs / {admission.max_tokens} tokens: split it",
+        )
+    ticket = admission.try_admit(n_inputs, n_tokens)
+    if ticket is None:
+        retry = admission.retry_after()
+        raise ApiError(
+            429,
+            f"server is at capacity ({admission.tokens} tokens queued); retry in {retry} s",
+            "rate_limit_error",
+            {"Retry-After": str(retry)},
+        )
+    return ticket
