@@ -53,7 +53,7 @@ class Request:
         priority: Priority = Priority.ONLINE,
         excluded_prefix: int = 0,
         token_type_ids: list[int] | None = None,
-        fold_block: int | None = None,
+        deterministic_chunk: int | None = None,
         multimodal: MultimodalState | None = None,
     ) -> None:
         self.request_id = request_id
@@ -68,7 +68,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0
-        self.pooling = PoolingState(pooling, len(token_ids), excluded_prefix, fold_block)
+        self.pooling = PoolingState(pooling, len(token_ids), excluded_prefix, deterministic_chunk)
         # Set by the scheduler on admission; orders requests for scheduling and preemption.
         self.arrival_seq = -1
         self.arrival_step = -1

@@ -74,7 +74,12 @@ def _preempted(path: Path, dtype: str) -> list[bytes]:
     def request(rid: int, ids: list[int], priority: Priority) -> Request:
         params = EmbedParams(normalize=True)
         return Request(
-            rid, ids, params, cfg.pooling.method, priority, fold_block=cfg.scheduler.deterministic_chunk
+            rid,
+            ids,
+            params,
+            cfg.pooling.method,
+            priority,
+            deterministic_chunk=cfg.scheduler.deterministic_chunk,
         )
 
     longest = request(len(INPUTS) - 1, INPUTS[-1], Priority.BATCH)
@@ -182,7 +187,7 @@ def test_mean_pooling_folds_fixed_blocks_whatever_the_chunks() -> None:
     rows = torch.randn(700, 8) * torch.logspace(0, 6, 700)[:, None]  # sums that round differently
     states = []
     for cuts in ([0, 700], [0, 256, 512, 700], [0, 512, 700]):
-        state = PoolingState(PoolingMethod.MEAN, 700, excluded_prefix=3, fold_block=256)
+        state = PoolingState(PoolingMethod.MEAN, 700, excluded_prefix=3, deterministic_chunk=256)
         for lo, hi in itertools.pairwise(cuts):
             a, b = state.rows(lo, hi - lo)
             state.update(lo, hi - lo, rows[lo + a : lo + b])

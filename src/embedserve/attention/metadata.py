@@ -70,11 +70,12 @@ def seq_span(
     return SeqSpan(q_start=q_start, q_len=n, start=start, kv_slots=kv_slots)
 
 
-def pieces(start: int, n: int, piece: int | None) -> list[tuple[int, int]]:
-    """(start, length) of [start, start+n) cut at multiples of `piece` (None: one piece)."""
-    if piece is None:
+def pieces(start: int, n: int, deterministic_chunk: int | None) -> list[tuple[int, int]]:
+    """(start, length) of [start, start+n) cut at multiples of `deterministic_chunk` (None: one piece)."""
+    if deterministic_chunk is None:
         return [(start, n)]
-    cuts = [start, *range(start - start % piece + piece, start + n, piece), start + n]
+    step = deterministic_chunk
+    cuts = [start, *range(start - start % step + step, start + n, step), start + n]
     return [(lo, hi - lo) for lo, hi in itertools.pairwise(cuts)]
 
 

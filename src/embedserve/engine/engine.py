@@ -99,7 +99,7 @@ class Engine(RerankMixin):
                 excluded_prefix=0 if pool.include_prompt else t.prompt_tokens,
                 token_type_ids=t.token_type_ids,
                 multimodal=t.multimodal,
-                fold_block=self.config.scheduler.deterministic_chunk,
+                deterministic_chunk=self.config.scheduler.deterministic_chunk,
             )
             for t in tokenized
         ]

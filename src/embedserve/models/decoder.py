@@ -113,14 +113,14 @@ class DecoderModel(nn.Module):
         kv: torch.Tensor,
         start: int,
         keep: slice | None = None,
-        piece: int | None = None,
+        deterministic_chunk: int | None = None,
     ) -> torch.Tensor:
         """Layer `index` on one chunk [start, start+T) of a sequence, x updated in place;
-        `keep`: the chunk's rows read after this layer, `piece`: attention pieces (see
+        `keep`: the chunk's rows read after this layer, `deterministic_chunk`: attention pieces (see
         `forward_buffered`)."""
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         layer = cast(DecoderLayer, self.layers[index])
-        return layer.forward_buffered(x, cos_sin, kv, start, keep, piece)
+        return layer.forward_buffered(x, cos_sin, kv, start, keep, deterministic_chunk)
 
     # ---- weights ---------------------------------------------------------------------------
 

@@ -134,17 +134,17 @@ class Attention(nn.Module):
         return q
 
     def attend_buffered(
-        self, q: torch.Tensor, kv: torch.Tensor, end: int, piece: int | None = None
+        self, q: torch.Tensor, kv: torch.Tensor, end: int, deterministic_chunk: int | None = None
     ) -> torch.Tensor:
         """Queries for positions end-len(q) .. end-1 over the buffer's keys 0 .. end-1, causal;
-        `piece` (deterministic mode): one attention call per piece of positions cut at its
+        `deterministic_chunk` (deterministic mode): one attention call per piece of positions cut at its
         multiples, as the chunked path makes them."""
         start = end - q.shape[0]
         parts = [
             causal_attention(
                 q[p0 - start : p0 - start + m], kv[0, :, : p0 + m], kv[1, :, : p0 + m], self.scale
             )
-            for p0, m in pieces(start, q.shape[0], piece)
+            for p0, m in pieces(start, q.shape[0], deterministic_chunk)
         ]
         return self.o_proj(parts[0] if len(parts) == 1 else torch.cat(parts))
 
@@ -195,10 +195,10 @@ class DecoderLayer(nn.Module):
         kv: torch.Tensor,
         start: int,
         keep: slice | None = None,
-        piece: int | None = None,
+        deterministic_chunk: int | None = None,
     ) -> torch.Tensor:
         """x: rows start .. start+T-1 of a sequence whose K/V this layer keeps in `kv`
-        (see `Attention.store_kv`); returns x[keep], updated in place. `piece`: see
+        (see `Attention.store_kv`); returns x[keep], updated in place. `deterministic_chunk`: see
         `Attention.attend_buffered`."""
         q = self.self_attn.store_kv(self.input_layernorm(x), cos_sin, kv, start)
         if keep is not None:
@@ -208,7 +208,7 @@ class DecoderLayer(nn.Module):
                 return x
             start += lo
         h = self.post_attention_layernorm.add_forward(
-            x, self.self_attn.attend_buffered(q, kv, start + len(q), piece)
+            x, self.self_attn.attend_buffered(q, kv, start + len(q), deterministic_chunk)
         )
         del q  # a view that keeps the whole QKV output alive: freed before the MLP's buffers
         return x.add_(self.mlp(h))

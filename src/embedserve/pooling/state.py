@@ -23,7 +23,7 @@ class PoolingState:
         method: PoolingMethod,
         num_prompt_tokens: int,
         excluded_prefix: int = 0,
-        fold_block: int | None = None,
+        deterministic_chunk: int | None = None,
     ) -> None:
         self.method = method
         self.num_prompt_tokens = num_prompt_tokens
@@ -31,7 +31,7 @@ class PoolingState:
         self.excluded_prefix = excluded_prefix
         # Deterministic mode: MEAN sums rows per block of prompt positions [k*B, (k+1)*B), block
         # after block, so the sum's rounding does not depend on how the prompt was chunked.
-        self.fold_block = fold_block
+        self.deterministic_chunk = deterministic_chunk
         self.reset()
 
     def reset(self) -> None:
@@ -62,8 +62,8 @@ class PoolingState:
         self.num_pooled_tokens = start + n
 
     def _blocks(self, first: int, rows: torch.Tensor) -> list[torch.Tensor]:
-        """`rows` (prompt positions first, first+1, ...) cut at multiples of `fold_block`."""
-        b = self.fold_block
+        """`rows` (prompt positions first, first+1, ...) cut at multiples of `deterministic_chunk`."""
+        b = self.deterministic_chunk
         if b is None or rows.shape[0] == 0:
             return [rows]
         cuts = [0, *range(b - first % b, rows.shape[0], b), rows.shape[0]]

@@ -190,9 +190,9 @@ class Scheduler:
         n = min(n, room + reclaimable * self.kv.block_size)
         if not self.config.allow_chunking and n < req.num_remaining_tokens:
             return 0
-        cut = self.config.deterministic_chunk
-        if cut is not None and n < req.num_remaining_tokens:
-            n -= n % cut  # chunks end on multiples of `cut` (the prompt's end excepted)
+        chunk = self.config.deterministic_chunk
+        if chunk is not None and n < req.num_remaining_tokens:
+            n -= n % chunk  # chunks end on multiples of it (the prompt's end excepted)
         if req.mm is not None and n < req.num_remaining_tokens:
             n = req.mm.cut(req.num_computed_tokens, n)  # never inside an image: before it
         return max(n, 0)

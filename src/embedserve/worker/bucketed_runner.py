@@ -30,11 +30,11 @@ class BucketedModelRunner(ModelRunner):
         device: torch.device,
         buckets: Sequence[int],
         compile_backend: str | None = None,
-        attention_piece: int | None = None,
+        deterministic_chunk: int | None = None,
     ) -> None:
         if not buckets or list(buckets) != sorted(set(buckets)):
             raise ValueError(f"buckets must be a non-empty ascending list of sizes, got {list(buckets)}")
-        super().__init__(model, num_blocks, block_size, dtype, device, attention_piece)
+        super().__init__(model, num_blocks, block_size, dtype, device, deterministic_chunk)
         self.buckets = tuple(buckets)
         # the model, or torch.compile of it (one graph set per bucket size)
         self.compiled: Callable[..., Any] = model

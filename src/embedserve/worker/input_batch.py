@@ -39,9 +39,9 @@ def build_step_inputs(
     device: torch.device,
     causal: bool = True,
     use_cache: bool = True,
-    piece: int | None = None,
+    deterministic_chunk: int | None = None,
 ) -> StepInputs:
-    """`piece` (deterministic mode): each chunk attends as pieces cut at multiples of that many
+    """`deterministic_chunk` (deterministic mode): each chunk attends as pieces cut at multiples of that many
     prompt positions, so a piece's attention call has the same shape however the request was
     chunked or batched."""
     ids: list[int] = []
@@ -63,7 +63,7 @@ def build_step_inputs(
             )
             seqs += [
                 seq_span(q_start + p0 - c.start, m, p0, c.block_table, block_size, device)
-                for p0, m in pieces(c.start, n, piece)
+                for p0, m in pieces(c.start, n, deterministic_chunk)
             ]
         else:
             seqs.append(SeqSpan(q_start=q_start, q_len=n, start=0, kv_slots=None))

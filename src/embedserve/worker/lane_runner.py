@@ -22,14 +22,15 @@ from embedserve.worker.layer_major import LayerMajorJob
 
 class LaneRunner:
     def __init__(
-        self, model: DecoderModel, chunk: int, device: torch.device, piece: int | None = None
+        self, model: DecoderModel, chunk: int, device: torch.device, deterministic_chunk: int | None = None
     ) -> None:
-        """`piece`: deterministic mode's attention piece: whole-chunk units, attention per piece
+        """`deterministic_chunk`: deterministic mode's attention piece: whole-chunk units, attention per piece
         (see LayerMajorJob); `chunk` is then rounded down to a multiple of it."""
         self.model = model
-        self.chunk = chunk if piece is None else max(piece, chunk - chunk % piece)
+        dc = deterministic_chunk
+        self.chunk = chunk if dc is None else max(dc, chunk - chunk % dc)
         self.device = device
-        self.piece = piece
+        self.deterministic_chunk = deterministic_chunk
         self.jobs: dict[int, LayerMajorJob] = {}
         self.flops_per_s: float | None = None  # achieved by lane units, moving average
 
@@ -37,8 +38,9 @@ class LaneRunner:
         """The prompt's job, created (no buffers yet) on its first slice."""
         job = self.jobs.get(req.request_id)
         if job is None:
+            dc = self.deterministic_chunk
             job = self.jobs[req.request_id] = LayerMajorJob(
-                self.model, req, self.chunk, self.device, self.piece is not None, self.piece
+                self.model, req, self.chunk, self.device, dc is not None, dc
             )
         return job
 

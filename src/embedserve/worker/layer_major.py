@@ -68,14 +68,14 @@ class LayerMajorJob:
         chunk: int,
         device: torch.device,
         whole_chunks: bool = False,
-        piece: int | None = None,
+        deterministic_chunk: int | None = None,
     ) -> None:
         """Deterministic mode: `whole_chunks`, every unit is one whole chunk (never cut to a
-        time) and the last layer runs every row; `piece`, attention runs per piece of that many
+        time) and the last layer runs every row; `deterministic_chunk`, attention runs per piece of that many
         positions (`chunk` a multiple of it): each attention call has the shape the chunked
         path gives the same positions."""
-        if piece is not None and chunk % piece:
-            raise ValueError(f"layer-major chunk {chunk} is not a multiple of the attention piece {piece}")
+        if deterministic_chunk is not None and chunk % deterministic_chunk:
+            raise ValueError(f"layer-major chunk {chunk} is not a multiple of {deterministic_chunk}")
         if chunk < 1:
             raise ValueError("layer-major chunk must be >= 1 token")
         cfg = model.config
@@ -83,7 +83,7 @@ class LayerMajorJob:
         self.request = request
         self.chunk = chunk
         self.whole_chunks = whole_chunks
-        self.piece = piece
+        self.deterministic_chunk = deterministic_chunk
         self.granule = min(GRANULE, 1 << (chunk.bit_length() - 1))  # a power of two <= chunk
         self.num_layers = cfg.num_hidden_layers
         self.length = request.num_prompt_tokens
@@ -173,7 +173,7 @@ class LayerMajorJob:
             # updates the rows of `hidden` it keeps, in place
             keep = self._kept(end - self.pos)
             self.model.run_layer(
-                self.layer, self.hidden[rows], positions, self.kv, self.pos, keep, self.piece
+                self.layer, self.hidden[rows], positions, self.kv, self.pos, keep, self.deterministic_chunk
             )
             spent += end - self.pos
             self.pos = end

@@ -23,14 +23,14 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
-        attention_piece: int | None = None,
+        deterministic_chunk: int | None = None,
     ) -> None:
-        """`attention_piece`: deterministic mode's chunk size (worker/input_batch.py)."""
+        """`deterministic_chunk`: deterministic mode's chunk size (worker/input_batch.py)."""
         cfg = model.config
         self.model = model
         self.block_size = block_size
         self.device = device
-        self.attention_piece = attention_piece
+        self.deterministic_chunk = deterministic_chunk
         # Per layer: [2 (k, v), num_blocks * block_size slots, kv_heads, head_dim]. An encoder
         # runs each sequence whole in one step (never chunked), so it keeps no cache at all.
         # `empty`, not `zeros`: a slot is always written before it is read, and untouched pages
@@ -57,7 +57,7 @@ class ModelRunner:
             self.device,
             causal=self.model.config.is_causal,
             use_cache=self.kv_caches is not None,
-            piece=self.attention_piece,
+            deterministic_chunk=self.deterministic_chunk,
         )
         hidden = self.forward(inputs).float().cpu()  # [R, hidden]
         return {rid: hidden[off : off + n] for rid, (off, n) in inputs.pooled.items()}

@@ -26,7 +26,9 @@ class MultimodalRunner(ModelRunner):
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
-        inputs = build_step_inputs(out, self.block_size, self.device, piece=self.attention_piece)
+        inputs = build_step_inputs(
+            out, self.block_size, self.device, deterministic_chunk=self.deterministic_chunk
+        )
         positions = inputs.positions
         vision = None
         if any(c.multimodal is not None for c in out.chunks):
