@@ -14,7 +14,6 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from embedserve.api.protocol import ApiError
-from embedserve.api.rerank import parse_rerank_request
 from embedserve.api.routes import (
     COHERE_EMBED,
     EMBEDDINGS,
@@ -154,9 +153,9 @@ def test_the_shared_refusal_wording() -> None:
 
 
 def test_body_priority() -> None:
-    req = parse_rerank_request(b'{"query": "q", "documents": ["d"]}')
+    req = RERANK.parse(b'{"query": "q", "documents": ["d"]}')
     assert body_priority(req) == ("online", False)
-    req = parse_rerank_request(b'{"query": "q", "documents": ["d"], "priority": "batch"}')
+    req = RERANK.parse(b'{"query": "q", "documents": ["d"], "priority": "batch"}')
     assert body_priority(req) == ("batch", True)
     cohere = COHERE_EMBED.parse(b'{"texts": ["t"]}')  # no priority field: online
     assert body_priority(cohere) == ("online", False)

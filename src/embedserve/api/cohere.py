@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from embedserve.api.protocol import ApiError, EmbeddingRequest, describe_validation_errors
+from embedserve.api.protocol import EmbeddingRequest
 from embedserve.api.quantize import Calibration, quantize, to_base64
 
 CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
@@ -70,16 +70,6 @@ class CohereEmbedRequest(BaseModel):
                 "truncate": _TRUNCATE[self.truncate],
             }
         )
-
-
-def parse_cohere_request(body: bytes) -> CohereEmbedRequest:
-    try:
-        return CohereEmbedRequest.model_validate_json(body)
-    except ValidationError as e:
-        errors = e.errors(include_url=False)
-        if any(err["type"] == "json_invalid" for err in errors):
-            raise ApiError(400, f"request body is not valid JSON: {errors[0]['msg']}") from None
-        raise ApiError(422, describe_validation_errors(errors)) from None
 
 
 def quantized_type(kind: str) -> str:

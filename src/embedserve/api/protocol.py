@@ -7,7 +7,7 @@ body can be wrong maps to one clear status: bad JSON -> 400, wrong shape/type ->
 from __future__ import annotations
 
 import base64
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -121,9 +121,18 @@ class EmbeddingRequest(BaseModel):
         return [self.input] if isinstance(self.input, str) else self.input
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
 def parse_request(body: bytes) -> EmbeddingRequest:
+    return parse_body(EmbeddingRequest, body)
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """A request body as `model` (every route's): 400 when it is not JSON, 422 naming each
+    field that is wrong."""
     try:
-        return EmbeddingRequest.model_validate_json(body)
+        return model.model_validate_json(body)
     except ValidationError as e:
         errors = e.errors(include_url=False)
         if any(err["type"] == "json_invalid" for err in errors):

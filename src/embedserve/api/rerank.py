@@ -14,9 +14,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from embedserve.api.protocol import ApiError, describe_validation_errors
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class RerankDocument(BaseModel):
@@ -41,16 +39,6 @@ class RerankRequest(BaseModel):
     @property
     def texts(self) -> list[str]:
         return [d if isinstance(d, str) else d.text for d in self.documents]
-
-
-def parse_rerank_request(body: bytes) -> RerankRequest:
-    try:
-        return RerankRequest.model_validate_json(body)
-    except ValidationError as e:
-        errors = e.errors(include_url=False)
-        if any(err["type"] == "json_invalid" for err in errors):
-            raise ApiError(400, f"request body is not valid JSON: {errors[0]['msg']}") from None
-        raise ApiError(422, describe_validation_errors(errors)) from None
 
 
 def rerank_body(

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from embedserve.api.cohere import CohereEmbedRequest, parse_cohere_request
+from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.openapi import embeddings_route
 from embedserve.api.openapi_routes import cohere_embed_route, rerank_route
-from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, parse_request
-from embedserve.api.rerank import RerankRequest, parse_rerank_request
+from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, parse_body
+from embedserve.api.rerank import RerankRequest
 
 Req = TypeVar("Req", bound=BaseModel)
 Task = Literal["embed", "rerank"]
@@ -70,7 +71,7 @@ def _ranks_within(body: Any, n: int) -> bool:  # top_n may rank fewer than n doc
 EMBEDDINGS: Route[EmbeddingRequest] = Route(
     name="embeddings",
     path=EMBEDDINGS_PATH,
-    parse=parse_request,
+    parse=partial(parse_body, EmbeddingRequest),
     task="embed",
     placement="split",
     doc=embeddings_route,
@@ -79,7 +80,7 @@ EMBEDDINGS: Route[EmbeddingRequest] = Route(
 COHERE_EMBED: Route[CohereEmbedRequest] = Route(
     name="cohere_embed",
     path=COHERE_EMBED_PATH,
-    parse=parse_cohere_request,
+    parse=partial(parse_body, CohereEmbedRequest),
     task="embed",
     placement="split",
     doc=cohere_embed_route,
@@ -89,7 +90,7 @@ RERANK: Route[RerankRequest] = Route(
     name="rerank",
     path=RERANK_PATH,
     aliases=("/rerank", "/v2/rerank"),
-    parse=parse_rerank_request,
+    parse=partial(parse_body, RerankRequest),
     task="rerank",
     placement="whole",
     doc=rerank_route,
@@ -129,6 +130,11 @@ def model_not_found(requested: str, served: str, who: str = "server") -> ApiErro
     return ApiError(
         404, f"model {clip(requested)} not found; this {who} serves {served!r}", "not_found_error"
     )
+
+
+def too_many_inputs(n_inputs: int, limit: int) -> ApiError:
+    """400 for a request over the per-request input limit (server and gateway alike)."""
+    return ApiError(400, f"{n_inputs} inputs in one request; the limit is {limit}")
 
 
 def body_priority(req: BaseModel) -> tuple[str, bool]:

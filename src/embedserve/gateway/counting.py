@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from embedserve.api.multimodal import ImageURL, image_size
+from embedserve.api.routes import wrong_task
 from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter, text_items
 from embedserve.errors import InvalidInputError
 from embedserve.models.build import open_model
@@ -59,7 +60,7 @@ class TokenCounter:
     def count_pairs(self, query: str, documents: Sequence[str], instruction: str | None) -> list[int]:
         """Tokens per (query, document) pair, uncut; raises naming the first bad document."""
         if self.rerank_kind is None:
-            raise InvalidInputError(f"model {self.model_name!r} is an embedding model: POST /v1/embeddings")
+            raise InvalidInputError(wrong_task(self.model_name, "embed"))
         out = []
         for i, doc in enumerate(documents):
             try:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from embedserve.api.deadline import DEADLINE_EXCEEDED, effective_timeout
 from embedserve.api.multimodal import to_json
 from embedserve.api.protocol import ApiError, EmbeddingRequest
-from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found
+from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found, too_many_inputs
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.gateway.config import GatewayConfig, RouteConfig
 from embedserve.gateway.counting import TokenCounter
@@ -123,7 +123,7 @@ class GatewayService:
         long inputs, a bad prompt) or 503 + Retry-After (no pool ready), counted."""
         limit = self.config.max_inputs_per_request
         if n_inputs > limit:
-            raise ApiError(400, f"{n_inputs} inputs in one request; the limit is {limit}")
+            raise too_many_inputs(n_inputs, limit)
         try:
             # Tokenizing a long document takes milliseconds: keep it off the event loop.
             counts = await asyncio.to_thread(count)

@@ -23,7 +23,7 @@ import numpy as np
 
 from embedserve.api.http import unless_disconnected
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import Req, Route, model_not_found, wrong_task
+from embedserve.api.routes import Req, Route, model_not_found, too_many_inputs, wrong_task
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.server.admission import Ticket
 from embedserve.server.serving import EmbeddingService, engine_errors, timing_headers
@@ -121,7 +121,7 @@ def check_request(svc: EmbeddingService, route: Route[Any], job: Job) -> None:
         raise model_not_found(job.model, meta.model)
     limit = svc.max_inputs_per_request
     if job.n_inputs > limit:
-        raise ApiError(400, f"{job.n_inputs} inputs in one request; the limit is {limit}")
+        raise too_many_inputs(job.n_inputs, limit)
 
 
 def admit(svc: EmbeddingService, n_inputs: int, n_tokens: int) -> Ticket:
