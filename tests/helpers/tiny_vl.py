@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from embedserve.parity.backends.vl_reference import VLReference
+from embedserve.embedders.vl import VLReference
 from tests.helpers.tiny_models import _scale_weights, write_qwen_tokenizer
 
 IMAGE_TOKEN_ID = 151655

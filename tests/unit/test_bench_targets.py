@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 import torch
 
-from embedserve.bench.baselines import Encode, FifoBatcher, pool_padded
+from embedserve.bench.baselines import Encode, FifoBatcher
 from embedserve.bench.http_target import HttpSession
 from embedserve.bench.target import parse_target
 from embedserve.bench.targets import open_target
 from embedserve.config import PoolingMethod
+from embedserve.embedders.transformers import pool_padded
 from embedserve.errors import InvalidInputError
 
 

@@ -14,11 +14,12 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from embedserve import Engine
-from embedserve.parity.backends.http import HttpBackend
-from embedserve.parity.backends.modeldir import TokenCounter
-from embedserve.parity.backends.vl_reference import VLReferenceBackend
+from embedserve.embedders.http import HttpSource
+from embedserve.embedders.modeldir import TokenCounter
+from embedserve.embedders.spec import parse_spec
+from embedserve.embedders.vl import VLReferenceSource
 from embedserve.parity.datasets import DatasetContext, Parts, load_dataset
-from embedserve.parity.options import Options, ParityError
+from embedserve.parity.options import ParityError
 from embedserve.parity.runner import Settings, run
 from tests.helpers.inprocess import server_client
 from tests.helpers.reference import cosine
@@ -84,7 +85,7 @@ def test_the_reference_renders_the_directory_chat_template(
     shutil.copytree(qwen3_vl_dir, templated)
     (templated / "chat_template.json").write_text(json.dumps({"chat_template": TEMPLATE}))
     items = list(load_dataset(SPEC, vl_ctx).corpus.values())[2:4]
-    ref = VLReferenceBackend(f"hf:{templated}", str(templated), Options("hf", {}))
+    ref = VLReferenceSource(parse_spec(f"hf:{templated}", "parity"))
     assert ref.ref.prompt(["x"], "y").startswith("Task: y")
     with Engine.from_pretrained(templated) as engine:
         got = engine.embed([list(i.parts) for i in items if isinstance(i, Parts)])
@@ -130,12 +131,12 @@ def test_parity_run_on_images(qwen3_vl_dir: Path, tmp_path: Path) -> None:
 def test_http_backend_sends_content_items(qwen3_vl_dir: Path, vl_ctx: DatasetContext) -> None:
     items = list(load_dataset(SPEC, vl_ctx).corpus.values())[:4]
     with server_client(qwen3_vl_dir) as client:
-        backend = HttpBackend("http://testserver", "http://testserver", Options("http", {"model": "m"}))
+        backend = HttpSource(parse_spec("http://testserver?model=m", "parity"))
         backend.client = client  # type: ignore[assignment]  # TestClient: httpx over the ASGI app
         backend.model_name = str(client.get("/v1/models").json()["data"][0]["id"])
         got = backend.embed(items, "Find the picture.")
         assert backend.usage_tokens > 4 * 20  # image tokens counted by the server
-    backend_ref = VLReferenceBackend(f"hf:{qwen3_vl_dir}", str(qwen3_vl_dir), Options("hf", {}))
+    backend_ref = VLReferenceSource(parse_spec(f"hf:{qwen3_vl_dir}", "parity"))
     ref = backend_ref.embed(items, "Find the picture.")
     assert cosine(got, ref).min() >= 0.99999
     item = items[3]  # text, image, text, image: the parity reference is the tests' reference

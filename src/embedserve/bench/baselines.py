@@ -23,10 +23,8 @@ import numpy as np
 import torch
 
 from embedserve.bench.target import BenchInput, Reply, TargetSpec
-from embedserve.config import PoolingMethod, parse_dtype
 from embedserve.engine.loop import start_thread
 from embedserve.errors import InvalidInputError
-from embedserve.models.loader import read_model_dir
 
 Encode = Callable[[list[str]], np.ndarray]
 
@@ -96,61 +94,14 @@ class FifoBatcher:
                 b.future.set_result(Reply(np.asarray(v, dtype=np.float32), start - b.submitted))
 
 
-def open_sentence_transformers(spec: TargetSpec, token_budget: int | None) -> FifoBatcher:
-    from sentence_transformers import SentenceTransformer
-
-    device = spec.options.get("device", "cpu")
-    dtype = parse_dtype(spec.options.get("dtype", "float32"))
-    batch_size = spec.int_option("batch_size", 32) or 32
+def open_reference(spec: TargetSpec, token_budget: int | None) -> FifoBatcher:
+    """A library baseline (`sentence-transformers:` or `hf:`, the shared references of
+    embedders/) behind the FIFO batcher, loaded on its worker thread."""
+    from embedserve.embedders import open_source
 
     def load() -> Encode:
-        model = SentenceTransformer(
-            spec.location, device=device, local_files_only=True, model_kwargs={"dtype": dtype}
-        )
+        source = open_source(spec)
+        return lambda texts: source.embed(texts, "")
 
-        def encode(texts: list[str]) -> np.ndarray:
-            out = model.encode(texts, batch_size=batch_size, convert_to_tensor=True, show_progress_bar=False)
-            return out.float().cpu().numpy()
-
-        return encode
-
-    return FifoBatcher(load, batch_size, torch.device(device).type)
-
-
-def open_hf(spec: TargetSpec, token_budget: int | None) -> FifoBatcher:
-    """transformers AutoModel with the tokenizer's own padding side and the model's ST pooling."""
-    from transformers import AutoModel, AutoTokenizer
-
-    device = torch.device(spec.options.get("device", "cpu"))
-    dtype = parse_dtype(spec.options.get("dtype", "float32"))
-    pooling = read_model_dir(spec.location).pooling
     batch_size = spec.int_option("batch_size", 32) or 32
-
-    def load() -> Encode:
-        tok = AutoTokenizer.from_pretrained(spec.location, local_files_only=True)
-        model = AutoModel.from_pretrained(spec.location, dtype=dtype, local_files_only=True).to(device).eval()
-
-        def encode(texts: list[str]) -> np.ndarray:
-            batch = tok(texts, padding=True, return_tensors="pt").to(device)
-            with torch.inference_mode():
-                hidden = model(**batch).last_hidden_state.float()  # [batch, seq, hidden]
-            vec = pool_padded(hidden, batch["attention_mask"], pooling.method)
-            if pooling.normalize:
-                vec = torch.nn.functional.normalize(vec, dim=-1)
-            return vec.cpu().numpy()
-
-        return encode
-
-    return FifoBatcher(load, batch_size, device.type)
-
-
-def pool_padded(hidden: torch.Tensor, mask: torch.Tensor, method: PoolingMethod) -> torch.Tensor:
-    """Pool [batch, seq, hidden] under an attention mask, for left or right padding."""
-    rows = torch.arange(hidden.shape[0], device=hidden.device)
-    if method is PoolingMethod.LAST:
-        # cumsum peaks first at the last attended position, whichever side was padded
-        return hidden[rows, mask.cumsum(1).argmax(1)]
-    if method is PoolingMethod.CLS:
-        return hidden[rows, mask.argmax(1)]
-    m = mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+    return FifoBatcher(load, batch_size, torch.device(spec.option("device") or "cpu").type)

@@ -29,8 +29,9 @@ def register(sub: Any) -> None:
         action="append",
         required=True,
         metavar="T",
-        help="engine:PATH?opts | sentence-transformers:PATH?opts | hf:PATH?opts | http://HOST:PORT/v1?opts;"
-        " repeat for side by side (ratios are to the first)",
+        help="engine:PATH?opts | sentence-transformers:PATH?opts | hf:PATH?opts | http://HOST:PORT/v1?opts "
+        "(the spec grammar shared with parity and index: docs/specs.md); repeat for side by side (ratios "
+        "are to the first)",
     )
     p.add_argument("--lengths", type=_ints, default=[], help="uniform input lengths in tokens, e.g. 512,2048")
     p.add_argument("--mix", default=None, help="mixed lengths, e.g. 0-1K:0.4,1K-4K:0.3,4K-8K:0.2,8K-16K:0.1")

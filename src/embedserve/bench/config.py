@@ -7,8 +7,8 @@ from pathlib import Path
 
 from embedserve.bench.images import ImageMix, image_mix
 from embedserve.bench.target import TargetSpec
+from embedserve.embedders.modeldir import is_vl_dir
 from embedserve.errors import InvalidInputError
-from embedserve.parity.backends.modeldir import is_vl_dir
 
 SCENARIOS = ("matrix", "interference")
 

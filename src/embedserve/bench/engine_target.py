@@ -1,18 +1,18 @@
-"""The in-process engine as a benchmark target: one Engine per token budget (image-mix inputs as parts)."""
+"""The in-process engine as a benchmark target: the shared engine source (embedders/engine.py), one
+per token budget, driven one input at a time (image-mix inputs as parts)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from embedserve.bench.images import engine_parts
 from embedserve.bench.target import BenchInput, Reply, TargetSpec
-from embedserve.engine.engine import Engine
+from embedserve.embedders.engine import EngineSource
 
 
 class EngineSession:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.device = engine.config.device.type
+    def __init__(self, source: EngineSource) -> None:
+        self.source = source
+        self.engine = source.engine
+        self.device = self.engine.config.device.type
 
     async def embed(self, text: BenchInput, priority: str) -> Reply:
         out = (await self.engine.embed_outputs_async([engine_parts(text)], priority=priority))[0]
@@ -22,12 +22,11 @@ class EngineSession:
         return {"preemptions": self.engine.stats().get("preemptions", 0)}
 
     async def aclose(self) -> None:
-        self.engine.close()
+        self.source.close()
 
 
 def open_engine(spec: TargetSpec, token_budget: int | None) -> EngineSession:
     if token_budget is None:
         raise ValueError("an engine target needs a token budget")
-    # parse_target admits only Engine.from_pretrained options for an engine target
-    kwargs: dict[str, Any] = spec.typed_options()
-    return EngineSession(Engine.from_pretrained(spec.location, max_num_batched_tokens=token_budget, **kwargs))
+    # bench's --budgets axis sets the token budget (a spec's max_num_batched_tokens is refused)
+    return EngineSession(EngineSource(spec, max_num_batched_tokens=token_budget))

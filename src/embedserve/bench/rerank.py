@@ -2,7 +2,7 @@
 
 Each request is one query (16 tokens) with `--rerank-documents` documents of each `--lengths`
 length (real or random text, as the matrix), sent `--requests` times one after another per
-target. Targets are reranker backends (parity/rerank_backends.py): `engine:DIR?opts`,
+target. Targets are rerankers in the shared grammar (embedders/scorers.py, docs/specs.md): `engine:DIR?opts`,
 `sentence-transformers:DIR` (CrossEncoder.predict), `hf:DIR`, `http://HOST:PORT` (/v1/rerank).
 Reported per length: pairs/s, request latency p50 / p95, the ratio to the first target and the
 largest score difference to it on the first request.
@@ -21,8 +21,9 @@ import numpy as np
 from embedserve.bench.inputs import TextMaker
 from embedserve.bench.machine import machine_info
 from embedserve.bench.stats import percentile
+from embedserve.embedders.scorers import open_scorer
+from embedserve.embedders.spec import parse_spec
 from embedserve.errors import InvalidInputError
-from embedserve.parity.rerank_backends import open_scorer
 
 QUERY_TOKENS = 16
 
@@ -31,10 +32,9 @@ def _tokenizer(args: argparse.Namespace) -> Path:
     if args.tokenizer is not None:
         return Path(args.tokenizer)
     for t in args.target:
-        head = t.partition("?")[0]
-        kind, _, path = head.partition(":")
-        if kind in ("engine", "sentence-transformers", "hf") and (Path(path) / "tokenizer.json").exists():
-            return Path(path) / "tokenizer.json"
+        model_dir = parse_spec(t, "rerank").model_dir
+        if model_dir is not None and (model_dir / "tokenizer.json").exists():
+            return model_dir / "tokenizer.json"
     raise InvalidInputError("pass --tokenizer: no local target has a tokenizer.json")
 
 

@@ -1,4 +1,4 @@
-"""Open a target spec: the one place that knows every concrete target (engine, baselines, http)."""
+"""Open a target spec: engine (one per token budget), the library baselines, http peers."""
 
 from __future__ import annotations
 
@@ -11,16 +11,10 @@ def open_target(spec: TargetSpec, token_budget: int | None) -> Session:
         from embedserve.bench.engine_target import open_engine
 
         return open_engine(spec, token_budget)
-    if spec.kind == "sentence-transformers":
-        from embedserve.bench.baselines import open_sentence_transformers
-
-        return open_sentence_transformers(spec, token_budget)
-    if spec.kind == "hf":
-        from embedserve.bench.baselines import open_hf
-
-        return open_hf(spec, token_budget)
     if spec.kind == "http":
         from embedserve.bench.http_target import open_http
 
         return open_http(spec, token_budget)
-    raise AssertionError(f"parse_target admits no target kind {spec.kind!r}")
+    from embedserve.bench.baselines import open_reference
+
+    return open_reference(spec, token_budget)

@@ -11,8 +11,11 @@ from embedserve.parity.options import split_dataset_list
 EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
 EPILOG = """\
-backends:  hf:PATH | sentence-transformers:PATH  (reference: sentence-transformers, float32; ?dtype=...)
-           engine:PATH?dtype=bfloat16&max_num_batched_tokens=512&...  (any Engine.from_pretrained option)
+backends:  the spec grammar shared with bench and index (docs/specs.md):
+           sentence-transformers:PATH  (reference: sentence-transformers, float32; ?dtype=...)
+           hf:PATH  (reference: transformers with the directory's pooling; parity's hf: used to be
+                     sentence-transformers: name that one to gate against it)
+           engine:PATH?dtype=bfloat16&max_num_batched_tokens=512&...  (any EngineOptions field)
            http://HOST:PORT?model=NAME&api_key_env=VAR&tokenizer=MODEL_DIR  (OpenAI-compatible)
 datasets:  pydocs | passkey | needle | random-tokens  (built in, offline)
            beir:NAME  (e.g. beir:scifact: <data dir>/beir/NAME, downloaded once when missing)

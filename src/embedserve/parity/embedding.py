@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+from embedserve.embedders.modeldir import TokenCounter
 from embedserve.parity.backends import Backend
-from embedserve.parity.backends.modeldir import TokenCounter
 from embedserve.parity.cache import VectorCache
 from embedserve.parity.datasets import Item, Parts
 from embedserve.parity.options import ParityError

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from urllib.parse import parse_qsl
 
+from embedserve.embedders.errors import SourceError
+from embedserve.embedders.spec import parse_count, split_query
 
-class ParityError(Exception):
-    """The parity run cannot proceed (bad spec, missing data, unusable backend): exit code 2."""
+# The parity run cannot proceed (bad spec, missing data, unusable backend): exit code 2. A vector
+# source's failure is one, so both are one type.
+ParityError = SourceError
 
 
 class Options:
@@ -71,24 +73,10 @@ class Options:
             raise ParityError(f"{self.owner}: unknown option(s) {', '.join(unknown)}; known: {known}")
 
 
-def parse_count(value: str) -> int:
-    """`512`, `16K` / `16k` (x1024)."""
-    v = value.strip()
-    if v[-1:] in ("k", "K"):
-        return int(v[:-1]) * 1024
-    return int(v)
-
-
 def split_spec(spec: str) -> tuple[str, dict[str, str]]:
     """`head?k=v&k2=v2` -> (`head`, {k: v, k2: v2}); repeated keys are an error."""
-    head, sep, query = spec.partition("?")
-    pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=False) if sep else []
-    options: dict[str, str] = {}
-    for k, v in pairs:
-        if k in options:
-            raise ParityError(f"{spec!r}: option {k!r} given twice")
-        options[k] = v
-    return head, options
+    head, _, query = spec.partition("?")
+    return head, split_query(query, spec)
 
 
 def split_dataset_list(values: list[str]) -> list[str]:

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embedserve.embedders.scorers import Scorer, open_scorer
 from embedserve.parity.bm25 import BM25
 from embedserve.parity.datasets import DatasetContext, find_data_dir, load_dataset
 from embedserve.parity.metrics import ndcg_at
 from embedserve.parity.options import ParityError
-from embedserve.parity.rerank_backends import Scorer, open_scorer
 
 
 @dataclass(frozen=True)

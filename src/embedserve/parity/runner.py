@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.embedders.modeldir import TokenCounter, model_prompts
 from embedserve.parity.backends import Backend, open_backend
-from embedserve.parity.backends.modeldir import TokenCounter, model_prompts
 from embedserve.parity.cache import VectorCache
 from embedserve.parity.datasets import Dataset, DatasetContext, check_dataset, find_data_dir, load_dataset
 from embedserve.parity.embedding import Timing, embed_side, measure

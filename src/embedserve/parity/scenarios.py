@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.embedders.engine import EngineSource
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.parity.backends import Backend
-from embedserve.parity.backends.engine import EngineBackend
 from embedserve.parity.datasets import Item
 from embedserve.parity.embedding import embed_side
 from embedserve.parity.metrics import cosine_rows
@@ -76,7 +76,7 @@ def run_preemption(
     progress: bool,
 ) -> dict[str, Any]:
     """Runs the scenario; `other_tokens` in the result is [min, max, total] of the 63 others."""
-    if not isinstance(candidate, EngineBackend):
+    if not isinstance(candidate, EngineSource):
         raise ParityError("--scenario preemption needs an engine:PATH candidate (it reads engine statistics)")
     base = candidate.engine
     sched, cache = base.config.scheduler, base.config.cache

@@ -8,26 +8,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedserve.embedders.base import Item, Parts
 from embedserve.parity.options import ParityError
 
 DATA_DIR_ENV = "EMBEDSERVE_DATA_DIR"
 
-
-@dataclass(frozen=True)
-class Parts:
-    """A multimodal input: text and images (encoded PNG bytes) in order, one vector. The prompt
-    is its instruction (the chat format's system message), not text put before it."""
-
-    parts: tuple[str | bytes, ...]
-
-    @property
-    def num_images(self) -> int:
-        return sum(1 for p in self.parts if isinstance(p, bytes))
-
-
-# A text, raw token ids sent as they are (pure numerical parity, no prompt, no specials), or
-# text + image parts (multimodal models only).
-Item = str | tuple[int, ...] | Parts
+# The inputs (texts, token ids, text + image Parts) are the vector sources' own (embedders/base.py).
+__all__ = ["DATA_DIR_ENV", "Dataset", "DatasetContext", "Item", "Parts", "find_data_dir"]
 
 
 @dataclass(frozen=True)

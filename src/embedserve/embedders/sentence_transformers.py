@@ -1,4 +1,4 @@
-"""`hf:PATH` / `sentence-transformers:PATH`: the reference, sentence-transformers over transformers.
+"""`sentence-transformers:PATH` (`st:PATH`): the reference through sentence-transformers.
 
 Tokenization, prompts, truncation, pooling and normalization come from the model directory
 exactly as sentence-transformers applies them; float32 unless `?dtype=` says otherwise.
@@ -16,34 +16,37 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedserve.parity.backends.base import Backend, split_items
-from embedserve.parity.datasets import Item
-from embedserve.parity.options import Options, ParityError
+from embedserve.embedders.base import Item, VectorSource, split_items
+from embedserve.embedders.errors import SourceError
+from embedserve.embedders.spec import Spec
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ReferenceBackend(Backend):
+def reference_dtype(spec: Spec) -> tuple[str, torch.dtype]:
+    """A reference's `?dtype=` (float32 unless it says otherwise)."""
+    name = spec.option("dtype", "float32") or "float32"
+    if name not in _DTYPES:
+        raise SourceError(f"{spec.shown}: dtype {name!r} is not one of {', '.join(_DTYPES)}")
+    return name, _DTYPES[name]
+
+
+class SentenceTransformersSource(VectorSource):
     kind = "sentence-transformers"
 
-    def __init__(self, spec: str, path: str, opts: Options) -> None:
+    def __init__(self, spec: Spec) -> None:
         from sentence_transformers import SentenceTransformer
 
-        self.spec = spec
-        self.model_dir = Path(path)
-        dtype = opts.text("dtype", "float32") or "float32"
-        if dtype not in _DTYPES:
-            raise ParityError(f"{spec}: dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
-        self.dtype, self.device = dtype, opts.text("device", "cpu") or "cpu"
-        self.take_batching(opts, 16, 16384)
-        opts.finish()
-        if not self.model_dir.is_dir():
-            raise ParityError(f"{spec}: {path} is not a model directory")
+        self.spec = spec.shown
+        self.model_dir = Path(spec.location)
+        dtype, torch_dtype = reference_dtype(spec)
+        self.dtype, self.device = dtype, spec.option("device", "cpu") or "cpu"
+        self.take_batching(spec, 16, 16384)
         self.model = SentenceTransformer(
             str(self.model_dir),
             device=self.device,
             local_files_only=True,
-            model_kwargs={"dtype": _DTYPES[dtype]},
+            model_kwargs={"dtype": torch_dtype},
         )
         self.model.eval()
         self.max_length = int(self.model.max_seq_length) if self.model.max_seq_length else None

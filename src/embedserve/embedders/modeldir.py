@@ -1,4 +1,4 @@
-"""What the parity tool reads from a local model directory itself (independently of the engine)."""
+"""What the references and parity read from a local model directory themselves (not through the engine)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from PIL import Image
 from tokenizers import Tokenizer
 
-from embedserve.parity.options import ParityError
+from embedserve.embedders.errors import SourceError
 from embedserve.vision.image import ImageConfig, image_tokens
 
 DEFAULT_INSTRUCTION = "Represent the user's input."  # Qwen3-VL-Embedding's default system message
@@ -22,7 +22,7 @@ def _json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise ParityError(f"cannot read {path}: {e}") from None
+        raise SourceError(f"cannot read {path}: {e}") from None
 
 
 def model_prompts(model_dir: Path) -> dict[str, str]:
@@ -55,7 +55,7 @@ class TokenCounter:
     def __init__(self, model_dir: Path) -> None:
         path = model_dir / "tokenizer.json"
         if not path.exists():
-            raise ParityError(f"{model_dir} has no tokenizer.json to measure token lengths with")
+            raise SourceError(f"{model_dir} has no tokenizer.json to measure token lengths with")
         self.source = str(path)
         self._tok = Tokenizer.from_file(str(path))
         self._tok.no_truncation()
@@ -71,7 +71,7 @@ class TokenCounter:
 
     def image_tokens(self, width: int, height: int) -> int:
         if self.image is None:
-            raise ParityError(
+            raise SourceError(
                 f"{self.source}: the model has no preprocessor_config.json (it takes no images)"
             )
         return image_tokens(width, height, self.image)

@@ -1,14 +1,13 @@
 """`engine:PATH?dtype=bfloat16&max_num_batched_tokens=512&...`: our engine, in process.
 
-Every keyword of `Engine.from_pretrained` (as declared by the engine's builder) is accepted
-as an option, typed from its annotation, so new engine options work without changes here.
-Inputs over the model's limit are truncated at the end, as sentence-transformers does.
+Every field of `EngineOptions` (engine/options.py) is a key, typed there; a tool's own settings
+(bench's token budget) come as overrides. Inputs over the model's limit are truncated at the end,
+as sentence-transformers does. `engine` is public: bench drives it per input, asynchronously.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
@@ -16,46 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.engine.builder import build_engine
+from embedserve.embedders.base import Item, Parts, VectorSource, split_items
+from embedserve.embedders.errors import SourceError
+from embedserve.embedders.spec import Spec
 from embedserve.engine.engine import Engine
-from embedserve.parity.backends.base import Backend, split_items
-from embedserve.parity.datasets import Item, Parts
-from embedserve.parity.options import Options, ParityError
 from embedserve.schema import ModelMetadata, fingerprint_model_dir
 
-ENGINE_KEYWORDS = {
-    name: param
-    for name, param in inspect.signature(build_engine).parameters.items()
-    if param.kind is inspect.Parameter.KEYWORD_ONLY
-}
 
-
-def engine_options(opts: Options) -> dict[str, Any]:
-    """The options `build_engine` declares, typed by their annotations."""
-    out: dict[str, Any] = {}
-    for name, param in ENGINE_KEYWORDS.items():
-        if name not in opts:
-            continue
-        annotation = str(param.annotation)
-        if "bool" in annotation:
-            out[name] = opts.flag(name)
-        elif "int" in annotation:
-            out[name] = opts.integer(name)
-        else:
-            out[name] = opts.text(name)
-    return out
-
-
-class EngineBackend(Backend):
+class EngineSource(VectorSource):
     kind = "engine"
 
-    def __init__(self, spec: str, path: str, opts: Options) -> None:
-        self.spec = spec
-        self.model_dir = Path(path)
-        self.options = engine_options(opts)
-        self.take_batching(opts, 64, 65536)
-        opts.finish(also_known=ENGINE_KEYWORDS)
-        self.engine = Engine.from_pretrained(path, **self.options)
+    def __init__(self, spec: Spec, **overrides: Any) -> None:
+        self.spec = spec.shown
+        self.model_dir = Path(spec.location)
+        self.options = spec.engine_options(**overrides).changed()
+        self.take_batching(spec, 64, 65536)
+        self.engine = Engine.from_pretrained(spec.location, **self.options)
         self.max_length = self.engine.config.scheduler.max_model_len
         self.num_preemptions = 0
 
@@ -73,7 +48,7 @@ class EngineBackend(Backend):
     def _embed_parts(self, items: Sequence[Item], prompt: str) -> np.ndarray:
         """Text + image inputs (a multimodal model): parts in order, the prompt as instruction."""
         if not self.engine.multimodal:
-            raise ParityError(
+            raise SourceError(
                 f"{self.spec}: model {self.model_dir} takes text only; the dataset has image inputs"
             )
         inputs = [list(i.parts) if isinstance(i, Parts) else i for i in items]

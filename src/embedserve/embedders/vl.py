@@ -1,4 +1,5 @@
-"""`hf:PATH` on a Qwen3-VL directory: transformers' `Qwen3VLModel`, the multimodal reference.
+"""`hf:PATH` / `sentence-transformers:PATH` on a Qwen3-VL directory: transformers' `Qwen3VLModel`,
+the multimodal reference (sentence-transformers has no Qwen3-VL pipeline).
 
 Independent of the engine: transformers' model, its Qwen2-VL image processor (PIL backend,
 the directory's `preprocessor_config.json`), its tokenizer and `apply_chat_template` when the
@@ -21,12 +22,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from embedserve.parity.backends.base import Backend
-from embedserve.parity.backends.modeldir import DEFAULT_INSTRUCTION, IMAGE_PAD, official_prompt
-from embedserve.parity.datasets import Item, Parts
-from embedserve.parity.options import Options, ParityError
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from embedserve.embedders.base import Item, Parts, VectorSource
+from embedserve.embedders.errors import SourceError
+from embedserve.embedders.modeldir import DEFAULT_INSTRUCTION, IMAGE_PAD, official_prompt
+from embedserve.embedders.sentence_transformers import reference_dtype
+from embedserve.embedders.spec import Spec
 
 VLPart = str | Image.Image
 
@@ -100,22 +100,22 @@ def decoded(item: Parts) -> list[VLPart]:
     return [p if isinstance(p, str) else Image.open(io.BytesIO(p)).convert("RGB") for p in item.parts]
 
 
-class VLReferenceBackend(Backend):
+class VLReferenceSource(VectorSource):
     kind = "transformers-vl"
 
-    def __init__(self, spec: str, path: str, opts: Options) -> None:
-        self.spec = spec
-        self.model_dir = Path(path)
-        self.dtype = opts.text("dtype", "float32") or "float32"
-        if self.dtype not in _DTYPES:
-            raise ParityError(f"{spec}: dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
-        self.take_batching(opts, 16, 16384)
-        opts.finish()
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec.shown
+        self.model_dir = Path(spec.location)
+        self.dtype, torch_dtype = reference_dtype(spec)
+        self.take_batching(spec, 16, 16384)
+        if (spec.option("device") or "cpu") != "cpu":
+            raise SourceError(f"{spec.shown}: the Qwen3-VL reference runs on the CPU only")
         if not (self.model_dir / "preprocessor_config.json").exists():
-            raise ParityError(
-                f"{spec}: {path} has no preprocessor_config.json (a Qwen3-VL directory needs one)"
+            raise SourceError(
+                f"{spec.shown}: {spec.location} has no preprocessor_config.json "
+                "(a Qwen3-VL directory needs one)"
             )
-        self.ref = VLReference(self.model_dir, _DTYPES[self.dtype])
+        self.ref = VLReference(self.model_dir, torch_dtype)
         cfg = self.ref.model.config.get_text_config()
         self.max_length = int(cfg.max_position_embeddings)
 

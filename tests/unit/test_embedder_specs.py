@@ -1,0 +1,134 @@
+"""The shared spec grammar (embedders/spec.py): one parse for parity, bench and index, engine options
+reaching the engine from parity and bench specs, one error naming the accepted keys, `hf:` as
+transformers with the directory's pooling."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedserve.bench.target import parse_target
+from embedserve.bench.targets import open_target
+from embedserve.embedders import open_source
+from embedserve.embedders.errors import SourceError, SpecError
+from embedserve.embedders.spec import KEYS, TOOLS, accepted, parse_spec
+from embedserve.embedders.transformers import TransformersSource, read_pooling
+from embedserve.engine.options import OPTION_NAMES, EngineOptions
+from embedserve.errors import InvalidInputError
+from embedserve.parity.backends import open_backend
+from embedserve.parity.options import ParityError
+
+
+def _parsed(text: str, tool: str) -> tuple[object, ...]:
+    s = parse_spec(text, tool)
+    engine = s.engine_options() if s.kind == "engine" else None
+    return s.kind, s.location, s.options, s.extra, s.name, engine
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "engine:{d}?dtype=bfloat16&max_num_seqs=8&deterministic=1&layer_major_tokens=0",
+        "engine:{d}?max_model_len=16K&pooling=mean&normalize=0",
+        "hf:{d}",
+        "st:{d}",
+        "http://h:1/v1?model=m&api_key_env=KEY&truncate=end",
+    ],
+)
+def test_the_same_spec_parses_the_same_in_every_tool(tmp_path: Path, text: str) -> None:
+    spec = text.format(d=tmp_path)
+    first = _parsed(spec, "parity")
+    assert all(_parsed(spec, tool) == first for tool in ("bench", "index"))
+    assert parse_target(spec) == parse_spec(spec, "bench")  # bench's parser is the shared one
+
+
+def test_engine_options_are_typed_by_the_engine_options(tmp_path: Path) -> None:
+    s = parse_spec(f"engine:{tmp_path}?deterministic=yes&max_model_len=16K&normalize=0", "parity")
+    assert s.engine_options() == EngineOptions(deterministic=True, max_model_len=16384, normalize=False)
+    assert s.engine_options(max_num_batched_tokens=64).max_num_batched_tokens == 64
+    assert s.typed_options() == {"deterministic": True, "max_model_len": 16384, "normalize": False}
+    assert parse_spec(f"st:{tmp_path}?batch_size=4", "parity").typed_options() == {"batch_size": 4}
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_an_unknown_key_gets_one_error_naming_the_accepted_keys(tmp_path: Path, tool: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(f"engine:{tmp_path}?poling=mean&deterministic=1", tool)
+    message = str(info.value)
+    assert "unknown option(s) poling;" in message and message.count("unknown option") == 1
+    listed = message.split("accepted: ", 1)[1].split(", ")
+    assert listed == accepted(tool, "engine")
+    assert {"pooling", "deterministic", "dtype"} <= set(listed)
+    assert set(listed) - {k for k in KEYS} <= set(OPTION_NAMES)
+
+
+def test_refusals_say_why(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match=r"max_num_batched_tokens \(bench runs one engine per"):
+        parse_target(f"engine:{tmp_path}?max_num_batched_tokens=64")
+    parse_spec(f"engine:{tmp_path}?max_num_batched_tokens=64", "parity")  # parity offers it
+    with pytest.raises(ParityError, match=r"pid \(pid: bench only\)"):
+        open_backend("http://h:1?pid=3")
+    with pytest.raises(SpecError, match=r"option deterministic must be one of 1/true"):
+        parse_spec(f"engine:{tmp_path}?deterministic=maybe", "bench")
+    with pytest.raises(SpecError, match="must be an integer >= 0"):
+        parse_spec("http://h:1?retries=-1", "parity")
+    assert parse_spec("http://h:1?api_key=s3cret&model=m", "parity").shown == "http://h:1?model=m"
+
+
+def test_engine_options_reach_the_engine_from_parity_and_bench(qwen3_dir: Path) -> None:
+    text = f"engine:{qwen3_dir}?deterministic=1&max_num_seqs=3&pooling=mean"
+    parity = open_backend(text)
+    bench = open_target(parse_target(text), token_budget=512)
+    engines = [parity.engine, bench.engine]  # type: ignore[attr-defined]
+    try:
+        for engine in engines:
+            cfg = engine.config
+            assert cfg.scheduler.deterministic_chunk is not None and cfg.scheduler.max_num_seqs == 3
+            assert cfg.pooling.method.value == "mean"
+        assert engines[1].config.scheduler.max_num_batched_tokens == 512  # bench's --budgets value
+        assert "-det" in parity.describe()["backend_profile"]
+        vector = asyncio.run(bench.embed("hello there", "online")).vector
+        np.testing.assert_array_equal(vector, parity.embed(["hello there"], "")[0])
+    finally:
+        parity.close()
+        asyncio.run(bench.aclose())
+
+
+def test_hf_is_transformers_with_the_directory_pooling(qwen3_dir: Path, qwen2_dir: Path) -> None:
+    assert read_pooling(qwen3_dir) == ("lasttoken", True)
+    assert read_pooling(qwen2_dir) == ("mean", True)
+    texts = ["a short text", "a somewhat longer text with more words in it than the first"]
+    for model in (qwen3_dir, qwen2_dir):
+        hf = open_source(parse_spec(f"hf:{model}", "parity"))
+        st = open_source(parse_spec(f"sentence-transformers:{model}", "parity"))
+        try:
+            assert isinstance(hf, TransformersSource) and hf.describe()["backend_profile"].startswith(
+                "transformers/"
+            )
+            got, want = hf.embed(texts, "Q: "), st.embed(texts, "Q: ")
+            cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+            assert cos.min() >= 0.99999, cos
+            ids = [(5, 6, 7, 8)]
+            assert float((hf.embed(ids, "") * st.embed(ids, "")).sum()) >= 0.99999
+        finally:
+            hf.close()
+            st.close()
+
+
+def test_hf_without_modules_json_needs_its_pooling_spelled_out(qwen3_dir: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    shutil.copytree(qwen3_dir, bare)
+    (bare / "modules.json").unlink()
+    with pytest.raises(SourceError, match=r"pass \?pooling="):
+        open_source(parse_spec(f"hf:{bare}", "bench"))
+    explicit = open_source(parse_spec(f"hf:{bare}?pooling=lasttoken&normalize=1", "bench"))
+    reference = open_source(parse_spec(f"hf:{qwen3_dir}", "bench"))
+    np.testing.assert_allclose(explicit.embed(["x y"], ""), reference.embed(["x y"], ""), atol=1e-6)
+    (bare / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Dense"}]))
+    with pytest.raises(SourceError, match="module Dense is not reproduced here"):
+        read_pooling(bare)
