@@ -9,6 +9,11 @@ holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serv
     rerank         /v1/rerank, /rerank, /v2/rerank    rerank  whole: the pool of the longest pair
 
 Also the wording every route shares for refusals that are not about its own shape.
+
+Adding a route: its request model (api/), a `Route` in `ROUTES`, one server module with its Job
+(the parts of server/pipeline.py's template only it knows; listed in server/routes.py), its work
+through the gateway (gateway/app.py `HANDLERS`), tests. A declared route that the server or the
+gateway cannot run stops them at start-up.
 """
 
 from __future__ import annotations
@@ -108,9 +113,9 @@ def route_at(path: str) -> Route[Any] | None:
     return _BY_PATH.get(path)
 
 
-def describe(routes: tuple[Route[Any], ...] = ROUTES) -> str:
+def describe() -> str:
     """The POST paths as a client reads them, with how a gateway places each route."""
-    return ", ".join(f"{' | '.join(r.paths)} ({_PLACED[r.placement]})" for r in routes)
+    return ", ".join(f"{' | '.join(r.paths)} ({_PLACED[r.placement]})" for r in ROUTES)
 
 
 _PLACED: dict[Placement, str] = {"split": "split per input", "whole": "whole"}
