@@ -12,14 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from embedserve import Engine
 from embedserve.bench.target import parse_target
 from embedserve.bench.targets import open_target
+from embedserve.cli import build_parser
 from embedserve.embedders import open_source
 from embedserve.embedders.errors import SourceError, SpecError
 from embedserve.embedders.spec import KEYS, TOOLS, accepted, parse_spec
 from embedserve.embedders.transformers import TransformersSource, read_pooling
 from embedserve.engine.options import OPTION_NAMES, EngineOptions
 from embedserve.errors import InvalidInputError
+from embedserve.index.commands import embedder_spec
+from embedserve.index.embedder import EmbedderSpec
+from embedserve.index.errors import StoreError
 from embedserve.parity.backends import open_backend
 from embedserve.parity.options import ParityError
 
@@ -132,3 +137,44 @@ def test_hf_without_modules_json_needs_its_pooling_spelled_out(qwen3_dir: Path, 
     (bare / "modules.json").write_text(json.dumps([{"type": "sentence_transformers.models.Dense"}]))
     with pytest.raises(SourceError, match="module Dense is not reproduced here"):
         read_pooling(bare)
+
+
+def _index_spec(*argv: str) -> EmbedderSpec:
+    args = build_parser().parse_args(["search", "q", *argv])
+    return embedder_spec(args)
+
+
+def test_index_takes_the_same_specs(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _index_spec(
+        "--embedder", f"engine:{qwen3_dir}?max_model_len=128&deterministic=1", "--dtype", "bfloat16"
+    )
+    assert spec.model == str(qwen3_dir) and spec.endpoint is None
+    assert spec.engine_kwargs == {"dtype": "bfloat16", "max_model_len": 128, "deterministic": True}
+    monkeypatch.setenv("INDEX_KEY", "k1")
+    spec = _index_spec(
+        "--embedder", f"http://h:1/v1/embeddings?model=m&api_key_env=INDEX_KEY&tokenizer={qwen3_dir}"
+    )
+    assert (spec.endpoint, spec.api_key, spec.endpoint_model, spec.tokenizer) == (
+        "http://h:1/v1",
+        "k1",
+        "m",
+        str(qwen3_dir),
+    )
+    assert spec.model is None
+    with pytest.raises(StoreError, match="use engine: or http://"):
+        _index_spec("--embedder", f"hf:{qwen3_dir}")
+    with pytest.raises(StoreError, match=r"unknown option\(s\) truncate; accepted: model, api_key_env"):
+        _index_spec("--embedder", "http://h:1?truncate=end")
+    with pytest.raises(StoreError, match="pass --embedder or --endpoint, not both"):
+        _index_spec("--embedder", "http://h:1", "--endpoint", "http://h:2")
+    with pytest.raises(SpecError, match=r"unknown option\(s\) pid \(pid: bench only\)"):
+        _index_spec("--embedder", "http://h:1?pid=4")
+    with Engine.from_pretrained(qwen3_dir, **spec_engine(qwen3_dir)) as engine:
+        assert engine.config.scheduler.deterministic_chunk is not None
+
+
+def spec_engine(model: Path) -> dict[str, object]:
+    """What `index --embedder engine:...` hands the engine (EmbedderSpec.engine_kwargs)."""
+    engine_kwargs = _index_spec("--embedder", f"engine:{model}?deterministic=on").engine_kwargs
+    assert engine_kwargs is not None
+    return engine_kwargs

@@ -144,7 +144,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def command_line(args: argparse.Namespace) -> str:
     """A command that reruns this benchmark, rebuilt from the parsed options (defaults included)."""
-    parts = ["embedserve", "bench"] + [x for t in args.target for x in ("--target", t)]
+    from embedserve.embedders.spec import without_secrets
+
+    shown = [without_secrets(t) for t in args.target]  # an http target's api_key is never written
+    parts = ["embedserve", "bench"] + [x for t in shown for x in ("--target", t)]
     for key, value in vars(args).items():
         if key in ("target", "func", "command") or value is None or value is False:
             continue

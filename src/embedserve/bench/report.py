@@ -209,7 +209,7 @@ def group_meta(groups: list[Group]) -> list[dict[str, Any]]:
     return [
         {
             "target": g.spec.name,
-            "spec": g.spec.raw,
+            "spec": g.spec.shown,  # an http target's api_key is never written
             "token_budget": g.token_budget,
             "device": g.device,
             "mem_method": g.mem_method,

@@ -12,18 +12,19 @@ and `open_source`, the one place that knows every kind of source. Rerank scorers
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from embedserve.embedders.base import VectorSource
-from embedserve.embedders.modeldir import is_vl_dir
-from embedserve.embedders.spec import Spec
+if TYPE_CHECKING:  # importing the grammar (embedders.spec) loads no torch: the sources load it
+    from embedserve.embedders.base import VectorSource
+    from embedserve.embedders.spec import Spec
 
-__all__ = ["VectorSource", "open_source"]
+__all__ = ["open_source"]
 
 
 def open_source(spec: Spec, **engine_overrides: Any) -> VectorSource:
     """The source a spec names; `engine_overrides`: engine options the tool sets itself."""
-    # Imported lazily: parsing a spec needs none of torch, transformers or httpx.
+    from embedserve.embedders.modeldir import is_vl_dir
+
     if spec.kind == "http":
         from embedserve.embedders.http import HttpSource
 

@@ -70,6 +70,7 @@ class Endpoint:
         api_key = spec.option("api_key") or (os.environ.get(key_env) if key_env else None)
         if key_env and not api_key:
             raise SourceError(f"{self.base}: environment variable {key_env} (api_key_env) is not set")
+        self.api_key = api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.extra = {k: _coerce(v) for k, v in spec.extra.items()}
         self.timeout = spec.float_option("timeout", 600.0)

@@ -115,9 +115,7 @@ class Spec:
     @property
     def shown(self) -> str:
         """The spec as reports show it: secrets removed."""
-        head, _, query = self.raw.partition("?")
-        kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "api_key"]
-        return head + ("?" + urlencode(kept, safe="/:,") if kept else "")
+        return without_secrets(self.raw)
 
     def option(self, key: str, default: str | None = None) -> str | None:
         return self.options.get(key, default)
@@ -175,6 +173,16 @@ def parse_spec(text: str, tool: str) -> Spec:
         raise SpecError(f"spec {text!r}: {location} is not a directory")
     name = options.pop("name", "") or _default_name(kind, Path(shown).name, options)
     return Spec(text, tool, kind, location, options, {}, name)
+
+
+def without_secrets(text: str) -> str:
+    """A spec's text without its `api_key` (reports and command lines never hold one)."""
+    head, _, query = text.partition("?")
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if all(k != "api_key" for k, _ in pairs):
+        return text
+    kept = [(k, v) for k, v in pairs if k != "api_key"]
+    return head + ("?" + urlencode(kept, safe="/:,") if kept else "")
 
 
 def split_query(query: str, text: str) -> dict[str, str]:

@@ -23,8 +23,16 @@ def _add_store(p: argparse.ArgumentParser) -> None:
 
 
 def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -> None:
-    """--model / --endpoint (with `prefix`: --live-model / --live-endpoint for the old side)."""
+    """--embedder, or --model / --endpoint (with `prefix`: --live-... for the old side)."""
     g = p.add_argument_group(f"{who or 'embedder'}")
+    g.add_argument(
+        f"--{prefix}embedder",
+        default=None,
+        metavar="SPEC",
+        help="engine:DIR?opts or http://HOST:PORT?model=M&api_key_env=VAR&tokenizer=DIR, the spec grammar "
+        "of parity and bench (docs/specs.md), instead of --model / --endpoint; an engine spec's options "
+        "apply on top of the engine flags",
+    )
     if prefix:
         g.add_argument(
             f"--{prefix}model",

@@ -14,38 +14,49 @@ from embedserve.engine.options import EngineOptions
 from embedserve.index.chunking import Chunker
 from embedserve.index.documents import read_documents
 from embedserve.index.embedder import Embedder, EmbedderSpec
-from embedserve.index.embedders import build_embedder
+from embedserve.index.embedders import build_embedder, source_fields
 from embedserve.index.errors import DocumentError, StoreError
 from embedserve.index.pipeline import IndexStats, chunk_tokens, index_documents
 from embedserve.index.store import Store
 
 
 def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
-    """The embedder named by --model/--endpoint (or --live-model/--live-endpoint)."""
+    """The embedder named by --embedder or --model/--endpoint (or their --live-... forms)."""
 
     def opt(name: str) -> Any:
         return getattr(args, (prefix + name).replace("-", "_"), None)
 
     from embedserve.models.default import DEFAULT_MODEL_NAME, PACKAGE, default_model_path
 
-    model, endpoint = opt("model"), opt("endpoint")
+    engine = EngineOptions.from_args(args)
+    named: dict[str, Any] = {
+        "model": opt("model"),
+        "endpoint": opt("endpoint"),
+        "api_key": opt("api-key"),
+        "endpoint_model": opt("endpoint-model"),
+        "tokenizer": opt("tokenizer"),
+        "engine_kwargs": engine.changed(),
+    }
+    if opt("embedder") is not None:
+        flags = ("model", "endpoint", "api-key", "endpoint-model", "tokenizer")
+        given = [f"--{prefix}{k}" for k in flags if opt(k)]
+        if given:
+            raise StoreError(f"pass --{prefix}embedder or {', '.join(given)}, not both")
+        named.update(source_fields(opt("embedder"), engine))
+    model, endpoint = named["model"], named["endpoint"]
     if model is not None and endpoint is not None:
         raise StoreError(f"pass --{prefix}model or --{prefix}endpoint, not both")
     if model is None and endpoint is None:
         if prefix:
-            raise StoreError(f"the {prefix.rstrip('-')} side needs --{prefix}model or --{prefix}endpoint")
-        model = str(default_model_path())
+            ways = f"--{prefix}embedder, --{prefix}model or --{prefix}endpoint"
+            raise StoreError(f"the {prefix.rstrip('-')} side needs {ways}")
+        model = named["model"] = str(default_model_path())
     # The bundled default model's folder is just "model": name it as the server does.
     name = DEFAULT_MODEL_NAME if model is not None and Path(model).parent.name == PACKAGE else None
     return EmbedderSpec(
-        model=model,
-        engine_kwargs=EngineOptions.from_args(args).changed(),
+        **named,
         name=name,
         model_version=opt("model-version"),
-        endpoint=endpoint,
-        api_key=opt("api-key"),
-        endpoint_model=opt("endpoint-model"),
-        tokenizer=opt("tokenizer"),
         dimensions=opt("dimensions"),
         query_prompt_name=getattr(args, "query_prompt_name", None),
         embedding_type=opt("embedding-type") or "float",

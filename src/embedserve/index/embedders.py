@@ -1,8 +1,14 @@
-"""Build the embedder an EmbedderSpec names: the one place that knows every kind of embedder."""
+"""Build the embedder an EmbedderSpec names: the one place that knows every kind of embedder; what an
+`--embedder` spec of the shared grammar names (`source_fields`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from embedserve.embedders.spec import accepted
+from embedserve.engine.options import EngineOptions
 from embedserve.index.embedder import Embedder, EmbedderSpec, load_tokenizer
+from embedserve.index.errors import StoreError
 
 
 def build_embedder(spec: EmbedderSpec) -> Embedder:
@@ -48,3 +54,32 @@ def _float_embedder(spec: EmbedderSpec) -> Embedder:
         spec.dimensions,
         spec.query_prompt_name,
     )
+
+
+def source_fields(text: str, engine: EngineOptions) -> dict[str, Any]:
+    """The EmbedderSpec fields an `--embedder` spec (docs/specs.md, read as "index") names: an
+    engine (its options on top of `engine`, the command line's) or an embedserve endpoint."""
+    from embedserve.embedders.http import Endpoint
+    from embedserve.embedders.spec import parse_spec
+
+    source = parse_spec(text, "index")
+    if source.kind == "engine":
+        options = engine.replace(**source.typed_options())
+        return {"model": source.location, "engine_kwargs": options.changed()}
+    if source.kind != "http":
+        raise StoreError(
+            f"--embedder {text}: index stores vectors with the metadata an engine or an embedserve endpoint "
+            "reports (model_version, embedding_schema): use engine: or http://"
+        )
+    if source.extra:
+        raise StoreError(
+            f"--embedder {text}: index sets its requests' fields itself; unknown option(s) "
+            f"{', '.join(source.extra)}; accepted: {', '.join(accepted('index', 'http'))}"
+        )
+    endpoint = Endpoint(source)
+    return {
+        "endpoint": endpoint.base,
+        "api_key": endpoint.api_key,
+        "endpoint_model": endpoint.model,
+        "tokenizer": source.option("tokenizer"),
+    }

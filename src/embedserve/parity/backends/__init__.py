@@ -5,7 +5,8 @@ Qwen3VLModel); `engine:PATH?opts`; `http(s)://HOST:PORT?opts`."""
 
 from __future__ import annotations
 
-from embedserve.embedders import VectorSource, open_source
+from embedserve.embedders import open_source
+from embedserve.embedders.base import VectorSource
 from embedserve.embedders.spec import parse_spec
 
 Backend = VectorSource
