@@ -5,8 +5,11 @@ transformers with the directory's pooling."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import re
 import shutil
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +21,10 @@ from embedserve.bench.targets import open_target
 from embedserve.cli import build_parser
 from embedserve.embedders import open_source
 from embedserve.embedders.errors import SourceError, SpecError
-from embedserve.embedders.spec import KEYS, TOOLS, accepted, parse_spec
+from embedserve.embedders.scorers import open_scorer
+from embedserve.embedders.spec import ENGINE_SURFACE, KEYS, TOOLS, accepted, parse_spec
 from embedserve.embedders.transformers import TransformersSource, read_pooling
-from embedserve.engine.options import OPTION_NAMES, EngineOptions
+from embedserve.engine.options import NOT_OFFERED, OPTION_NAMES, EngineOptions
 from embedserve.errors import InvalidInputError
 from embedserve.index.commands import embedder_spec
 from embedserve.index.embedder import EmbedderSpec
@@ -178,3 +182,43 @@ def spec_engine(model: Path) -> dict[str, object]:
     engine_kwargs = _index_spec("--embedder", f"engine:{model}?deterministic=on").engine_kwargs
     assert engine_kwargs is not None
     return engine_kwargs
+
+
+def _sample(field: dataclasses.Field[object]) -> tuple[str, object]:
+    """A non-default value for an engine option, as typed in a spec and as parsed."""
+    hint = str(typing.get_type_hints(EngineOptions)[field.name])
+    if field.metadata["choices"]:
+        choice = next(c for c in field.metadata["choices"] if c != field.default)
+        return choice, choice
+    if "bool" in hint:
+        return ("0", False) if field.default is True else ("1", True)
+    if "int" in hint:
+        return "3", 3
+    if "float" in hint:
+        return "0.5", 0.5
+    return "somewhere", "somewhere"
+
+
+@pytest.mark.parametrize("tool", ["parity", "bench"])
+def test_every_engine_option_works_in_a_spec_or_is_refused_with_a_reason(tmp_path: Path, tool: str) -> None:
+    refused = NOT_OFFERED[ENGINE_SURFACE[tool]]
+    for field in dataclasses.fields(EngineOptions):
+        text, value = _sample(field)
+        spec = f"engine:{tmp_path}?{field.name}={text}"
+        if field.name in refused:
+            with pytest.raises(SpecError, match=re.escape(refused[field.name])):
+                parse_spec(spec, tool)
+            continue
+        assert getattr(parse_spec(spec, tool).engine_options(), field.name) == value, field.name
+
+
+def test_rerank_specs_share_the_grammar(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"unknown option\(s\) poling; accepted: .*deterministic"):
+        open_scorer(f"engine:{tmp_path}?poling=x")
+    with pytest.raises(SpecError, match=r"batch_tokens: parity only"):
+        open_scorer(f"st:{tmp_path}?batch_tokens=4")
+
+
+def test_the_grammar_is_documented_once() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "specs.md").read_text(encoding="utf-8")
+    assert [k for k in KEYS if f"`{k}`" not in doc] == []
