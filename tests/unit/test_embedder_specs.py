@@ -153,7 +153,7 @@ def test_index_takes_the_same_specs(qwen3_dir: Path, monkeypatch: pytest.MonkeyP
         "--embedder", f"engine:{qwen3_dir}?max_model_len=128&deterministic=1", "--dtype", "bfloat16"
     )
     assert spec.model == str(qwen3_dir) and spec.endpoint is None
-    assert spec.engine_kwargs == {"dtype": "bfloat16", "max_model_len": 128, "deterministic": True}
+    assert spec.engine == EngineOptions(dtype="bfloat16", max_model_len=128, deterministic=True)
     monkeypatch.setenv("INDEX_KEY", "k1")
     spec = _index_spec(
         "--embedder", f"http://h:1/v1/embeddings?model=m&api_key_env=INDEX_KEY&tokenizer={qwen3_dir}"
@@ -173,15 +173,10 @@ def test_index_takes_the_same_specs(qwen3_dir: Path, monkeypatch: pytest.MonkeyP
         _index_spec("--embedder", "http://h:1", "--endpoint", "http://h:2")
     with pytest.raises(SpecError, match=r"unknown option\(s\) pid \(pid: bench only\)"):
         _index_spec("--embedder", "http://h:1?pid=4")
-    with Engine.from_pretrained(qwen3_dir, **spec_engine(qwen3_dir)) as engine:
+    with Engine.from_pretrained(
+        qwen3_dir, _index_spec("--embedder", f"engine:{qwen3_dir}?deterministic=on").engine
+    ) as engine:
         assert engine.config.scheduler.deterministic_chunk is not None
-
-
-def spec_engine(model: Path) -> dict[str, object]:
-    """What `index --embedder engine:...` hands the engine (EmbedderSpec.engine_kwargs)."""
-    engine_kwargs = _index_spec("--embedder", f"engine:{model}?deterministic=on").engine_kwargs
-    assert engine_kwargs is not None
-    return engine_kwargs
 
 
 def _sample(field: dataclasses.Field[object]) -> tuple[str, object]:

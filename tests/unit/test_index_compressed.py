@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from embedserve.api.quantize import Calibration
+from embedserve.engine.options import EngineOptions
 from embedserve.index.chunking import Chunker
 from embedserve.index.documents import Document
 from embedserve.index.embedder import EmbedderSpec, load_tokenizer
@@ -73,7 +74,8 @@ def test_compressed_index_has_its_own_schema(store: Store, chunker: Chunker, kin
 
 
 def test_spec_builds_the_compressed_embedder(qwen3_dir: Path) -> None:
-    spec = EmbedderSpec(model=str(qwen3_dir), engine_kwargs={"max_model_len": 128}, embedding_type="binary")
+    options = EngineOptions(max_model_len=128)
+    spec = EmbedderSpec(model=str(qwen3_dir), engine=options, embedding_type="binary")
     emb = build_embedder(spec)
     try:
         assert (
@@ -92,7 +94,7 @@ def test_a_reranker_cannot_index(tmp_path: Path) -> None:
 
     model = build_cross_encoder(tmp_path / "ce", "bert")
     with pytest.raises(ModelLoadError, match="reranker"):
-        build_embedder(EmbedderSpec(model=str(model), engine_kwargs={"max_model_len": 128}))
+        build_embedder(EmbedderSpec(model=str(model), engine=EngineOptions(max_model_len=128)))
 
 
 def test_decoded_int8_is_within_half_a_step() -> None:

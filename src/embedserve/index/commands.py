@@ -35,7 +35,7 @@ def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
         "api_key": opt("api-key"),
         "endpoint_model": opt("endpoint-model"),
         "tokenizer": opt("tokenizer"),
-        "engine_kwargs": engine.changed(),
+        "engine": engine,
     }
     if opt("embedder") is not None:
         flags = ("model", "endpoint", "api-key", "endpoint-model", "tokenizer")

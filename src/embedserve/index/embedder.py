@@ -8,12 +8,13 @@ model_version, dtype, backend_profile, embedding_schema).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from embedserve.engine.options import EngineOptions
 from embedserve.tokenizer import Tokenizer
 
 DOCUMENT_PROMPT, QUERY_PROMPT = "document", "query"
@@ -91,7 +92,7 @@ class EmbedderSpec:
     """How to build an embedder (`embedders.build_embedder`): picklable, so Ray actors can build their own."""
 
     model: str | None = None
-    engine_kwargs: dict[str, Any] | None = None
+    engine: EngineOptions = field(default_factory=EngineOptions)
     name: str | None = None
     model_version: str | None = None
     endpoint: str | None = None

@@ -48,7 +48,7 @@ def _float_embedder(spec: EmbedderSpec) -> Embedder:
 
     return EngineEmbedder.load(
         spec.model,
-        spec.engine_kwargs or {},
+        spec.engine,
         spec.name,
         spec.model_version,
         spec.dimensions,
@@ -64,8 +64,7 @@ def source_fields(text: str, engine: EngineOptions) -> dict[str, Any]:
 
     source = parse_spec(text, "index")
     if source.kind == "engine":
-        options = engine.replace(**source.typed_options())
-        return {"model": source.location, "engine_kwargs": options.changed()}
+        return {"model": source.location, "engine": engine.replace(**source.typed_options())}
     if source.kind != "http":
         raise StoreError(
             f"--embedder {text}: index stores vectors with the metadata an engine or an embedserve endpoint "

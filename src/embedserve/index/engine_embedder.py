@@ -8,10 +8,11 @@ share a schema, and any difference in the vector space does not.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from embedserve.engine.options import EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, Traffic, VectorMeta, pick_prompt
 from embedserve.schema import ModelMetadata, fingerprint_model_dir
@@ -54,7 +55,7 @@ class EngineEmbedder:
     def load(
         cls,
         model: str | Path,
-        engine_kwargs: dict[str, Any],
+        options: EngineOptions,
         name: str | None = None,
         model_version: str | None = None,
         dimensions: int | None = None,
@@ -62,7 +63,7 @@ class EngineEmbedder:
     ) -> EngineEmbedder:
         from embedserve.engine.engine import Engine
 
-        engine = Engine.from_pretrained(model, **engine_kwargs)
+        engine = Engine.from_pretrained(model, options)
         try:
             return cls(engine, name or Path(model).name, model_version, dimensions, query_prompt_name)
         except BaseException:

@@ -85,7 +85,7 @@ def _ray_resources(spec: EmbedderSpec, args: argparse.Namespace) -> tuple[int, f
     """(actors, GPUs per actor)."""
     import ray
 
-    on_gpu = spec.endpoint is None and str((spec.engine_kwargs or {}).get("device", "cpu")).startswith("cuda")
+    on_gpu = spec.endpoint is None and spec.engine.device.startswith("cuda")
     if on_gpu:
         gpus = int(ray.cluster_resources().get("GPU", 0))  # type: ignore[no-untyped-call]
         if gpus < 1:
