@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from embedserve import Engine
+from embedserve.bench.http_target import HttpSession
 from embedserve.bench.target import parse_target
 from embedserve.bench.targets import open_target
 from embedserve.cli import build_parser
 from embedserve.embedders import open_source
 from embedserve.embedders.errors import SourceError, SpecError
+from embedserve.embedders.http import Endpoint, api_base
 from embedserve.embedders.scorers import open_scorer
 from embedserve.embedders.spec import ENGINE_SURFACE, KEYS, TOOLS, accepted, parse_spec
 from embedserve.embedders.transformers import TransformersSource, read_pooling
@@ -217,3 +219,18 @@ def test_rerank_specs_share_the_grammar(tmp_path: Path) -> None:
 def test_the_grammar_is_documented_once() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "specs.md").read_text(encoding="utf-8")
     assert [k for k in KEYS if f"`{k}`" not in doc] == []
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("http://h:1", "http://h:1/v1"),
+        ("http://h:1/v1/", "http://h:1/v1"),
+        ("http://h:1/v1/embeddings?x=1", "http://h:1/v1"),
+        ("http://h:1/embeddings", "http://h:1"),
+    ],
+)
+def test_an_endpoint_url_means_the_same_in_every_tool(url: str, base: str) -> None:
+    assert api_base(url) == base
+    assert Endpoint(parse_spec(url, "parity")).url == base + "/embeddings"
+    assert HttpSession(parse_target(url)).url == base + "/embeddings"

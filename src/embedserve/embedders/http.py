@@ -55,15 +55,21 @@ def _part(p: str | bytes) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+def api_base(url: str) -> str:
+    """Where `/embeddings` and `/models` live, for a URL naming the server (`/v1` added), its `/v1`,
+    or its embeddings route (taken as it is)."""
+    base = url.split("?", 1)[0].rstrip("/")
+    if base.endswith("/embeddings"):
+        return base.removesuffix("/embeddings")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
 class Endpoint:
     """An OpenAI-compatible endpoint as a spec names it."""
 
     def __init__(self, spec: Spec) -> None:
-        base = spec.location.split("?", 1)[0].rstrip("/")
-        if not base.endswith("/embeddings"):
-            base = (base if base.endswith("/v1") else base + "/v1") + "/embeddings"
-        self.url = base
-        self.base = base.removesuffix("/embeddings")
+        self.base = api_base(spec.location)
+        self.url = self.base + "/embeddings"
         self.models_url = self.base + "/models"
         self.model = spec.option("model")
         key_env = spec.option("api_key_env")

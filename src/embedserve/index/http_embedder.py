@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from embedserve.embedders.http import api_base
 from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, Traffic, VectorMeta, pick_prompt
 from embedserve.index.errors import EndpointError
 from embedserve.tokenizer import Tokenizer
@@ -24,11 +25,6 @@ _RETRY_STATUSES = (429, 503)
 
 class _TooLarge(Exception):
     """413 for a request of several inputs: the server can take them in smaller requests."""
-
-
-def _base_url(url: str) -> str:
-    base = url.rstrip("/")
-    return base if base.endswith("/v1") else f"{base}/v1"
 
 
 class HttpEmbedder:
@@ -46,7 +42,7 @@ class HttpEmbedder:
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(
-            base_url=_base_url(url), headers=headers, timeout=timeout_s, transport=transport
+            base_url=api_base(url), headers=headers, timeout=timeout_s, transport=transport
         )
         self._model = model
         self.dimensions = dimensions
