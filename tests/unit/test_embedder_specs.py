@@ -101,7 +101,7 @@ def test_engine_options_reach_the_engine_from_parity_and_bench(qwen3_dir: Path) 
             cfg = engine.config
             assert cfg.scheduler.deterministic_chunk is not None and cfg.scheduler.max_num_seqs == 3
             assert cfg.pooling.method.value == "mean"
-        assert engines[1].config.scheduler.max_num_batched_tokens == 512  # bench's --budgets value
+        assert engines[1].config.scheduler.max_num_batched_tokens == 512  # bench's --token-budget value
         assert "-det" in parity.describe()["backend_profile"]
         vector = asyncio.run(bench.embed("hello there", "online")).vector
         np.testing.assert_array_equal(vector, parity.embed(["hello there"], "")[0])

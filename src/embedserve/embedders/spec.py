@@ -109,7 +109,7 @@ class Spec:
 
     @property
     def has_budget_axis(self) -> bool:
-        """The engine's token budget applies (bench's --budgets axis); n/a for every other kind."""
+        """The engine's token budget applies (bench's --token-budget axis); n/a for every other kind."""
         return self.kind == "engine"
 
     @property
