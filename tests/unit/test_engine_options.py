@@ -93,6 +93,9 @@ def test_every_option_is_a_pool_key(f: dataclasses.Field[Any]) -> None:
         ({"dtype": "fp8"}, "option dtype must be one of float32, bfloat16, float16"),
         ({"max_num_seqs": True}, "option max_num_seqs must be an integer"),
         ({"max_num_batched_tokens": "512"}, "bench runs one engine per --budgets value"),
+        ({"gpu_memory_utilization": "0"}, r"must be a fraction in \(0, 1\], got 0.0"),
+        ({"gpu_memory_utilization": float("inf")}, r"must be a fraction in \(0, 1\], got inf"),
+        ({"device": ""}, "option device must not be empty"),
     ],
 )
 def test_bad_values_name_the_option(values: dict[str, object], message: str) -> None:
@@ -124,3 +127,20 @@ def test_refusals_come_before_any_weight_is_read(qwen3_dir: Path, monkeypatch: p
     ]:
         with pytest.raises(ModelLoadError, match=message):
             build_engine(qwen3_dir, **refused)
+
+
+def test_a_multimodal_model_never_runs_in_the_layer_major_lane(qwen3_vl_dir: Path) -> None:
+    # The lane runs plain text rows (1-D positions, no vision rows): an image prompt there
+    # would come out wrong, so a multimodal model keeps every prompt in the chunked path.
+    parts = build_engine(qwen3_vl_dir, max_num_batched_tokens=256)
+    assert parts.config.scheduler.layer_major_tokens is None and parts.core.lane is None
+    with pytest.raises(ModelLoadError, match="layer_major_tokens is not available for multimodal"):
+        build_engine(qwen3_vl_dir, layer_major_tokens=4096)
+
+
+def test_what_a_model_cannot_split_is_named_before_options_that_do_not_split(tmp_path: Path) -> None:
+    from tests.helpers.tiny_bert import build_encoder
+
+    bert = build_encoder(tmp_path / "bert")
+    with pytest.raises(ModelLoadError, match=r"applies to decoder models.*encoder"):
+        build_engine(bert, tensor_parallel_size=2, token_buckets=True)

@@ -30,11 +30,20 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _option(default: Any, help: str, *, flag: str | None = None, choices: tuple[str, ...] = (),
-            minimum: int | None = None, metavar: str | None = None) -> Any:  # fmt: skip
-    """A field with its CLI flag (default: --field-name), choices and lower bound for parsing."""
-    meta = {"help": help, "flag": flag, "choices": choices, "minimum": minimum, "metavar": metavar}
-    return field(default=default, metadata=meta)
+def _option(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    choices: tuple[str, ...] = (),
+    minimum: int | None = None,
+    fraction: bool = False,
+    metavar: str | None = None,
+) -> Any:
+    """A field with its CLI flag (default: --field-name), choices and bounds for parsing
+    (`minimum` for an integer, `fraction`: a number in (0, 1])."""
+    meta = {"help": help, "flag": flag, "choices": choices, "minimum": minimum}
+    return field(default=default, metadata={**meta, "fraction": fraction, "metavar": metavar})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +75,7 @@ class EngineOptions:
         None,
         "CUDA only: fraction of the GPU's memory for weights + activations + KV cache; the KV cache "
         "gets what is left after a measured warm-up step (instead of --kv-cache-memory)",
+        fraction=True,
     )
     token_buckets: bool = _option(
         False,
@@ -189,6 +199,10 @@ def _typed(name: str, value: object, where: str) -> Any:  # the field's type, ch
         )
     if meta["minimum"] is not None and isinstance(value, int) and value < meta["minimum"]:
         raise OptionError(f"{where}: option {name} must be an integer >= {meta['minimum']}, got {value}")
+    if meta["fraction"] and isinstance(value, float) and not 0.0 < value <= 1.0:
+        raise OptionError(f"{where}: option {name} must be a fraction in (0, 1], got {value}")
+    if isinstance(value, str) and not value:
+        raise OptionError(f"{where}: option {name} must not be empty")
     return value
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from embedserve.attention.metadata import AttentionFn
 from embedserve.config import (
     CacheConfig,
     EngineConfig,
@@ -23,7 +24,7 @@ from embedserve.config import (
     SchedulerConfig,
     parse_dtype,
 )
-from embedserve.engine.options import EngineOptions
+from embedserve.engine.options import TASK_NAMES, EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import blocks_for
 from embedserve.models.score_head import rerank_kind
@@ -53,40 +54,45 @@ class _Case:
     options: EngineOptions
     multimodal: bool
     tensor_parallel: bool
-    attention: object
+    attention: AttentionFn | None
 
 
 @dataclass(frozen=True)
 class _Refusal:
+    stage: str  # "model": before anything else; "parallel": once the model can be split at all
     when: Callable[[_Case], bool]
     message: str
 
 
-def _buckets(c: _Case) -> bool:
-    return c.options.token_buckets or c.options.compile_backend is not None
+def _bucketed(options: EngineOptions) -> bool:
+    return options.token_buckets or options.compile_backend is not None
 
 
 def _tp(option: str, given: Callable[[_Case], bool]) -> _Refusal:
-    return _Refusal(
-        lambda c: c.tensor_parallel and given(c), f"{option} is not supported with tensor_parallel_size > 1"
-    )
+    message = f"{option} is not supported with tensor_parallel_size > 1"
+    return _Refusal("parallel", lambda c: c.tensor_parallel and given(c), message)
 
 
-# Options that do not combine, checked in this order; the first that applies is the error.
+# Options that do not combine, checked stage by stage in this order; the first that applies is
+# the error. The "parallel" rows run after `check_parallel` found the model can be split.
 _REFUSALS: tuple[_Refusal, ...] = (
     _Refusal(
+        "model",
         lambda c: c.multimodal and bool(c.options.layer_major_tokens),
         "layer_major_tokens is not available for multimodal models (images run chunked)",
     ),
     _Refusal(
-        lambda c: c.multimodal and _buckets(c),
+        "model",
+        lambda c: c.multimodal and _bucketed(c.options),
         "token_buckets / compile_backend are not available for multimodal models",
     ),
     _Refusal(
+        "model",
         lambda c: c.multimodal and c.options.deterministic,
         "deterministic mode is not available for multimodal models",
     ),
     _Refusal(
+        "model",
         lambda c: c.multimodal and c.tensor_parallel,
         "tensor parallelism does not cover multimodal (Qwen3-VL) models yet: use tensor_parallel_size 1",
     ),
@@ -99,18 +105,20 @@ _REFUSALS: tuple[_Refusal, ...] = (
 )
 
 
-def refuse_combinations(options: EngineOptions, files: ModelSource, attention: object = None) -> None:
-    """ModelLoadError with the first `_REFUSALS` message that applies."""
+def refuse_combinations(
+    stage: str, options: EngineOptions, files: ModelSource, attention: AttentionFn | None = None
+) -> None:
+    """ModelLoadError with the first `_REFUSALS` message of `stage` that applies."""
     tp = options.tensor_parallel_size
     case = _Case(options, files.multimodal is not None, isinstance(tp, int) and tp > 1, attention)
     for refusal in _REFUSALS:
-        if refusal.when(case):
+        if refusal.stage == stage and refusal.when(case):
             raise ModelLoadError(refusal.message)
 
 
-def resolve(options: EngineOptions, files: ModelSource, attention: object = None) -> EngineConfig:
+def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn | None = None) -> EngineConfig:
     """The engine's whole configuration; ModelLoadError naming the first option that cannot be."""
-    refuse_combinations(options, files, attention)
+    refuse_combinations("model", options, files, attention)
     kind = _task_kind(options.task, files)
     mcfg = files.model
     pooling = files.pooling
@@ -122,10 +130,12 @@ def resolve(options: EngineOptions, files: ModelSource, attention: object = None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device='cuda' requested but no CUDA device is available")
     tp = check_parallel(options.tensor_parallel_size, files, device)
-    sched = _scheduler(options, mcfg, max_model_len, device, lane=tp == 1)  # no lane with tensor parallelism
+    refuse_combinations("parallel", options, files, attention)
+    # The layer-major lane runs plain text decoders: not the ranks, not images (M-RoPE, vision rows).
+    lane = tp == 1 and files.multimodal is None
+    sched = _scheduler(options, mcfg, max_model_len, device, lane)
     if options.gpu_memory_utilization is not None:
         check_utilization(options.gpu_memory_utilization, device, options.kv_cache_memory, mcfg.is_causal)
-    buckets = _buckets(_Case(options, False, False, None))
     return EngineConfig(
         model_path=str(files.path),
         model=mcfg,
@@ -141,7 +151,7 @@ def resolve(options: EngineOptions, files: ModelSource, attention: object = None
         tensor_parallel_size=tp,
         multimodal=files.multimodal is not None,
         rerank_kind=kind,
-        token_buckets=bucket_sizes(options.max_num_batched_tokens) if buckets else None,
+        token_buckets=bucket_sizes(options.max_num_batched_tokens) if _bucketed(options) else None,
         compile_backend=options.compile_backend,
         gpu_memory_utilization=options.gpu_memory_utilization,
         max_image_pixels=_or(options.max_image_pixels, DEFAULT_MAX_IMAGE_PIXELS),
@@ -153,13 +163,10 @@ def _or(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-_TASKS = ("auto", "embed", "rerank")
-
-
 def _task_kind(task: str, files: ModelSource) -> str | None:
     """The reranker kind the model is served as, or None to embed."""
-    if task not in _TASKS:
-        raise ModelLoadError(f"unknown task {task!r}; choose one of {', '.join(_TASKS)}")
+    if task not in TASK_NAMES:
+        raise ModelLoadError(f"unknown task {task!r}; choose one of {', '.join(TASK_NAMES)}")
     kind = rerank_kind(files.model, files.path)
     if task == "rerank" and kind is None:
         raise ModelLoadError(
