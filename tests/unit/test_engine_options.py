@@ -92,7 +92,7 @@ def test_every_option_is_a_pool_key(f: dataclasses.Field[Any]) -> None:
         ({"max_num_seqs": "0"}, "option max_num_seqs must be an integer >= 1"),
         ({"dtype": "fp8"}, "option dtype must be one of float32, bfloat16, float16"),
         ({"max_num_seqs": True}, "option max_num_seqs must be an integer"),
-        ({"max_num_batched_tokens": "512"}, "bench runs one engine per --budgets value"),
+        ({"max_num_batched_tokens": "512"}, "bench runs one engine per --token-budget value"),
         ({"gpu_memory_utilization": "0"}, r"must be a fraction in \(0, 1\], got 0.0"),
         ({"gpu_memory_utilization": float("inf")}, r"must be a fraction in \(0, 1\], got inf"),
         ({"device": ""}, "option device must not be empty"),

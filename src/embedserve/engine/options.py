@@ -163,7 +163,7 @@ _TYPES: dict[str, Any] = typing.get_type_hints(EngineOptions)
 NOT_OFFERED: dict[str, dict[str, str]] = {
     "cli": {},
     "parity": {},
-    "bench": {"max_num_batched_tokens": "bench runs one engine per --budgets value, which sets it"},
+    "bench": {"max_num_batched_tokens": "bench runs one engine per --token-budget value, which sets it"},
     "pools": {
         "tensor_parallel_size": "a replica's resources are reserved per Ray actor; ranks spawned outside "
         "Ray would not be counted or placed by it: scale a pool with replicas",

@@ -25,10 +25,10 @@ from embedserve.api.protocol import ApiError
 from embedserve.api.routes import EMBEDDINGS_PATH
 from embedserve.scale.config import ServePool, resolve_model
 from embedserve.scale.policy import QUEUED_TOKENS
-from embedserve.server import pipeline
 from embedserve.server.app import model_card
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.pipeline import ServerRoute
+from embedserve.server.pipeline import answer as answer_route
 from embedserve.server.routes import server_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 
@@ -115,7 +115,7 @@ async def answer(
         bound = _ROUTES.get(path)
         if bound is None:
             raise ApiError(404, f"a replica answers {sorted(_ROUTES)}, not {path[:100]}", "not_found_error")
-        body, headers = await pipeline.answer(service, bound, json.dumps(payload).encode(), _never, timeout_s)
+        body, headers = await answer_route(service, bound, json.dumps(payload).encode(), _never, timeout_s)
     except ApiError as e:
         reply |= {"status": e.status, "body": e.body(), "headers": e.headers}
     else:

@@ -107,8 +107,9 @@ async def run_job(
     finally:
         svc.admission.release(ticket)
     total = time.perf_counter() - start
+    body = job.body(Computed(tokenized, outputs, n_tokens))  # may still fail (a reranker's scores)
     svc.observe(outputs, tokenize_time, total)
-    return job.body(Computed(tokenized, outputs, n_tokens)), timing_headers(outputs, tokenize_time, total)
+    return body, timing_headers(outputs, tokenize_time, total)
 
 
 def check_request(svc: EmbeddingService, route: Route[Any], job: Job) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from embedserve.api.rerank import RerankRequest, rerank_body
@@ -33,7 +32,7 @@ class RerankJob(Job):
 
     def body(self, done: Computed) -> dict[str, Any]:
         req, engine = self.req, self.svc.engine
-        rows = torch.from_numpy(np.stack([o.embedding for o in done.outputs]))
+        rows = torch.from_numpy(done.matrix())
         results = ranked(engine.scores(rows, req.raw_scores), done.tokenized, req.top_n)
         scored = [(r.index, r.relevance_score) for r in results]
         return rerank_body(req, scored, done.n_tokens, self.svc.metadata.fields())
