@@ -2,7 +2,7 @@
 docs/specs.md, read with bench's keys: `parse_target`), the Session protocol that sends it requests and
 the Reply it gets. `bench/targets.py` opens a spec.
 
-    engine:PATH?dtype=bfloat16&max_num_seqs=64     in-process Engine, one per token budget
+    engine:PATH?dtype=bfloat16&deterministic=1  in-process Engine (any engine option), one per token budget
     sentence-transformers:PATH?dtype=...&batch_size=32   the library baseline behind a FIFO batcher
     hf:PATH?dtype=...&batch_size=32                 transformers AutoModel, padded batches, the
                                                     directory's pooling written out
