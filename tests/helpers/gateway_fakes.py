@@ -23,7 +23,8 @@ SCHEMA = "es1-test"
 
 class FakeUpstream:
     """Answers like `embedserve serve`; `status` / `raises` / `error_type` / `delay` make it
-    refuse, fail or wait; `inputs` and `headers` record the embeddings calls it got."""
+    refuse, fail or wait; `inputs` and `headers` record the calls it got (texts or documents) on
+    every POST route (`/v1/embeddings`, `/v2/embed`, `/v1/rerank`)."""
 
     def __init__(self, url: str, schema: str = SCHEMA) -> None:
         self.url = url
@@ -49,7 +50,12 @@ class FakeUpstream:
         if self.status != 200:
             body = {"error": {"message": f"status {self.status}", "type": self.error_type}}
             return httpx.Response(self.status, json=body, headers={"Retry-After": self.retry_after})
-        texts = json.loads(request.content)["input"]
+        sent = json.loads(request.content)
+        if path == "/v2/embed":
+            return self._cohere(sent["texts"])
+        if path == "/v1/rerank":
+            return self._rerank(sent["documents"])
+        texts = sent["input"]
         self.inputs.append(texts)
         data = [
             # The vector encodes the text and the server, so order and origin are checkable.
@@ -62,15 +68,30 @@ class FakeUpstream:
             for i, t in enumerate(texts)
         ]
         n = sum(d["num_tokens"] for d in data)
+        return self._answered({"data": data, "usage": {"prompt_tokens": n, "total_tokens": n}})
+
+    def _cohere(self, texts: list[str]) -> httpx.Response:
+        """`/v2/embed` in float, each vector as `/v1/embeddings` makes it."""
+        self.inputs.append(texts)
+        vectors = [[len(t), float(self.url[-1])] for t in texts]
+        n = sum(len(t.split()) + 1 for t in texts)
+        meta = {"api_version": {"version": "2"}, "billed_units": {"input_tokens": n}}
+        body = {"response_type": "embeddings_by_type", "embeddings": {"float": vectors}, "texts": texts}
+        return self._answered({**body, "meta": meta, "embedding_schemas": {"float": self.schema}})
+
+    def _rerank(self, documents: list[str]) -> httpx.Response:
+        """`/v1/rerank`: the longest document first (the pool's number as the score's tenths)."""
+        self.inputs.append(documents)
+        order = sorted(range(len(documents)), key=lambda i: -len(documents[i]))
+        results = [{"index": i, "relevance_score": float(self.url[-1]) / 10} for i in order]
+        n = len(documents)
+        return self._answered({"results": results, "usage": {"prompt_tokens": n, "total_tokens": n}})
+
+    def _answered(self, body: dict[str, Any]) -> httpx.Response:
         meta = {"model": "tiny", "model_version": "v1", "dtype": "float32", "backend_profile": "cpu-fp32"}
         return httpx.Response(
             200,
-            json={
-                "data": data,
-                "usage": {"prompt_tokens": n, "total_tokens": n},
-                "embedding_schema": self.schema,
-                **meta,
-            },
+            json={**body, "embedding_schema": self.schema, **meta},
             headers={"x-queue-time": "1.50", "x-inference-time": "2.00"},
         )
 

@@ -11,9 +11,10 @@ holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serv
 Also the wording every route shares for refusals that are not about its own shape.
 
 Adding a route: its request model (api/), a `Route` in `ROUTES`, one server module with its Job
-(the parts of server/pipeline.py's template only it knows; listed in server/routes.py), its work
-through the gateway (gateway/app.py `HANDLERS`), tests. A declared route that the server or the
-gateway cannot run stops them at start-up.
+(the parts of server/pipeline.py's template only it knows; listed in server/routes.py), its Job
+through the gateway (the parts of gateway/pipeline.py's template only it knows: a route placed
+whole only counts its inputs; listed in gateway/app.py), tests. A declared route that the server
+or the gateway cannot run stops them at start-up.
 """
 
 from __future__ import annotations

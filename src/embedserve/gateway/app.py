@@ -27,34 +27,22 @@ from embedserve.api.http import (
 )
 from embedserve.api.openapi import Health, ModelCard, ModelList, error_responses, metrics_route
 from embedserve.api.protocol import ApiError, error_body
-from embedserve.api.routes import (
-    COHERE_EMBED,
-    EMBEDDINGS,
-    RERANK,
-    ROUTES,
-    Route,
-    body_priority,
-    describe,
-    model_not_found,
-)
-from embedserve.gateway import whole
-from embedserve.gateway.cohere_embed import cohere_embed
+from embedserve.api.routes import ROUTES, Route, body_priority, describe, model_not_found
+from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
 from embedserve.gateway.config import TRAFFIC_CLASSES
+from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
+from embedserve.gateway.pipeline import Answer, GatewayRoute
+from embedserve.gateway.rerank import RERANK_ROUTE
 from embedserve.gateway.service import GatewayService
 
 log = logging.getLogger(__name__)
 
 # Traffic class as a header, for clients that cannot add the `priority` body field.
 CLASS_HEADER = "x-embedserve-priority"
-Answer = tuple[dict[str, Any], dict[str, str]]
 Started = tuple[str, Awaitable[Answer]]
-# Each declared route's work through the gateway: (service, parsed request, traffic class, the
-# client's X-Request-Timeout) -> the answer. Split routes are reassembled from per-pool parts.
-Handler = Callable[[GatewayService, Any, str, float | None], Awaitable[Answer]]
-HANDLERS: dict[str, Handler] = {
-    EMBEDDINGS.name: GatewayService.embed,
-    COHERE_EMBED.name: cohere_embed,
-    RERANK.name: whole.rerank,
+# Each declared route bound to its Job (one module per route), all run on gateway/pipeline.py.
+_BOUND: dict[str, GatewayRoute[Any]] = {
+    b.route.name: b for b in (EMBEDDINGS_ROUTE, COHERE_EMBED_ROUTE, RERANK_ROUTE)
 }
 # What an unknown path's 404 says the gateway routes.
 ROUTES_TEXT = f"POST {describe()}; GET /v1/models, /health/live, /health/ready, /metrics"
@@ -162,17 +150,18 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     return JSONResponse(error_body(message, "not_found_error", 404), 404)
 
 
-def handler_for(route: Route[Any]) -> Handler:
-    """The gateway's work for a declared route; one without any is a startup error."""
-    handler = HANDLERS.get(route.name)
-    if handler is None:
+def handler_for(route: Route[Any]) -> GatewayRoute[Any]:
+    """The gateway's work for a declared route (bound to that declaration, not only its name);
+    one without any is a startup error."""
+    bound = _BOUND.get(route.name)
+    if bound is None or bound.route != route:
         raise LookupError(f"route {route.name!r} (api/routes.py) has no gateway handler")
-    return handler
+    return bound
 
 
 def _endpoint(
     route: Route[Any],
-    handler: Handler,
+    bound: GatewayRoute[Any],
     service: GatewayService,
     answer: Callable[[Request, Callable[[bytes, float | None], Started]], Awaitable[Response]],
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -180,7 +169,7 @@ def _endpoint(
         def start(body: bytes, timeout: float | None) -> Started:
             req = route.parse(body)
             traffic_class = _traffic_class(request, *body_priority(req))
-            return traffic_class, handler(service, req, traffic_class, timeout)
+            return traffic_class, service.serve(bound, req, traffic_class, timeout)
 
         return await answer(request, start)
 

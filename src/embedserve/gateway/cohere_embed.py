@@ -1,5 +1,5 @@
 """`POST /v2/embed` (Cohere) through the gateway: split per text by token count, as
-`/v1/embeddings` is (gateway/service.py).
+`/v1/embeddings` is (gateway/pipeline.py, embeddings.py).
 
     texts [q0, d1, q2]  --count-->  [20, 9000, 31]  --place-->  short: texts [q0, q2]   long: [d1]
     each pool answers its texts in every embedding type asked; the vectors of each type go back
@@ -15,47 +15,38 @@ refused (502) unless every part has the same `embedding_schema` and `embedding_s
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import COHERE_EMBED_PATH
+from embedserve.api.routes import COHERE_EMBED
 from embedserve.gateway.forward import PartResult
-from embedserve.gateway.service import GatewayService
+from embedserve.gateway.jobs import Job
+from embedserve.gateway.pipeline import GatewayRoute, Pipeline
 
-Answer = tuple[dict[str, Any], dict[str, str]]
 _METADATA = ("model_version", "dtype", "backend_profile")
 _SCHEMAS = ("embedding_schema", "embedding_schemas")
 
 
-async def cohere_embed(
-    service: GatewayService, req: CohereEmbedRequest, traffic_class: str, timeout_s: float | None = None
-) -> Answer:
-    """`timeout_s`: the client's X-Request-Timeout (it shortens the gateway's deadline)."""
-    start = time.perf_counter()
-    deadline = service.deadline(timeout_s)
-    route = service.route_for(traffic_class, req.model)
-    name = service.model_name
-    inner = req.to_embedding_request(service.counter.prompts)
+class CohereEmbedJob(Job[CohereEmbedRequest]):
+    def __init__(self, gw: Pipeline, req: CohereEmbedRequest) -> None:
+        # Counted as the pools count it: the same work as an OpenAI-style request.
+        self.inner = req.to_embedding_request(gw.counter.prompts)
+        super().__init__(req, req.model, len(req.texts), self.inner.truncate)
+        self.counter = gw.counter
 
-    def count() -> list[int]:
-        prompt = service.counter.resolve_prompt(inner.prompt_name, inner.prompt)
-        return service.counter.count(inner.items, prompt)
+    def count(self) -> list[int]:
+        prompt = self.counter.resolve_prompt(self.inner.prompt_name, self.inner.prompt)
+        return self.counter.count(self.inner.items, prompt)
 
-    counts, placements = await service.place(len(req.texts), count, route, inner.truncate, traffic_class)
-    options = req.model_dump(exclude_unset=True, exclude={"model", "texts"})
-    results = await service.run_split(
-        counts,
-        placements,
-        lambda idx: {**options, "texts": [req.texts[i] for i in idx]},
-        COHERE_EMBED_PATH,
-        traffic_class,
-        deadline,
-    )
-    return assemble(results, req.texts, name), service.answered(results, start, traffic_class)
+    def payload(self, indices: Sequence[int], traffic_class: str) -> dict[str, Any]:
+        options = self.req.model_dump(exclude_unset=True, exclude={"model", "texts"})
+        return {**options, "texts": [self.req.texts[i] for i in indices]}
+
+    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> dict[str, Any]:
+        return assemble(results, self.req.texts, name)
 
 
 def assemble(results: Sequence[PartResult], texts: Sequence[str], name: str | None) -> dict[str, Any]:
@@ -91,3 +82,6 @@ def assemble(results: Sequence[PartResult], texts: Sequence[str], name: str | No
         **{key: ",".join(sorted({str(r.body.get(key)) for r in results})) for key in _METADATA},
         **{key: first.get(key) for key in _SCHEMAS},
     }
+
+
+COHERE_EMBED_ROUTE = GatewayRoute(COHERE_EMBED, CohereEmbedJob)

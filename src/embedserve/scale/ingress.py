@@ -7,7 +7,7 @@ this module only supplies what differs from HTTP upstreams:
 - ServePools (a PoolDirectory): which pools can take work, polled from each deployment's
   replica cards and judged by the gateway's guard (one "upstream" per pool: its deployment).
 - ServeRunner (a PartRunner): a part (`/v1/embeddings` and `/v2/embed` split per pool,
-  `/v1/rerank` whole: gateway/service.py, cohere_embed.py, whole.py) goes to its pool's
+  `/v1/rerank` whole: gateway/pipeline.py) goes to its pool's
   deployment handle, which runs the server's handler for that route (scale/replica.py). If
   the replica dies under it, the part is retried once (Serve routes the retry to another
   replica), then the next candidate pool; if none can take it the client gets 503 (a pool's
