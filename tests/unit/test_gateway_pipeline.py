@@ -6,6 +6,7 @@ breaks fails here by its name while the others pass; a new route needs its entry
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from embedserve.api.routes import ROUTES, Route
+from embedserve.api.routes import RERANK, ROUTES, Route
 from embedserve.gateway.app import create_app
 from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.pipeline import GatewayRoute
+from embedserve.gateway.rerank import PairsJob
 from embedserve.gateway.service import POOLS_HEADER, GatewayService
 from embedserve.gateway.upstreams import UpstreamSet
 from tests.helpers.gateway_fakes import LONG, SHORT, SHORT2, FakeUpstream, fake_gateway
@@ -55,6 +58,12 @@ def counters(qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 
 def test_every_declared_route_has_a_case() -> None:
     assert set(CASES) == {r.name for r in ROUTES}
+
+
+def test_a_route_split_per_input_cannot_take_a_whole_routes_job() -> None:
+    split = dataclasses.replace(RERANK, placement="split")  # its parts would each get every input
+    with pytest.raises(TypeError, match="'rerank' is split per input"):
+        GatewayRoute(split, PairsJob)
 
 
 def _post(

@@ -72,6 +72,9 @@ class GatewayRoute(Generic[Req]):
 
 
 class Pipeline:
+    """The gateway's state (its config, counter, pools, metrics and part runner) and the stages
+    every route runs through (`serve`)."""
+
     def __init__(
         self,
         config: GatewayConfig,
