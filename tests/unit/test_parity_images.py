@@ -132,7 +132,7 @@ def test_http_backend_sends_content_items(qwen3_vl_dir: Path, vl_ctx: DatasetCon
     items = list(load_dataset(SPEC, vl_ctx).corpus.values())[:4]
     with server_client(qwen3_vl_dir) as client:
         backend = HttpSource(parse_spec("http://testserver?model=m", "parity"))
-        backend.client = client  # type: ignore[assignment]  # TestClient: httpx over the ASGI app
+        backend.client.http = client  # TestClient: httpx over the ASGI app
         backend.model_name = str(client.get("/v1/models").json()["data"][0]["id"])
         got = backend.embed(items, "Find the picture.")
         assert backend.usage_tokens > 4 * 20  # image tokens counted by the server

@@ -29,4 +29,4 @@ def open_engine(spec: TargetSpec, token_budget: int | None) -> EngineSession:
     if token_budget is None:
         raise ValueError("an engine target needs a token budget")
     # bench's --token-budget axis sets the token budget (a spec's max_num_batched_tokens is refused)
-    return EngineSession(EngineSource(spec, max_num_batched_tokens=token_budget))
+    return EngineSession(EngineSource.open(spec, max_num_batched_tokens=token_budget))

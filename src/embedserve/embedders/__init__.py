@@ -32,7 +32,7 @@ def open_source(spec: Spec, **engine_overrides: Any) -> VectorSource:
     if spec.kind == "engine":
         from embedserve.embedders.engine import EngineSource
 
-        return EngineSource(spec, **engine_overrides)
+        return EngineSource.open(spec, **engine_overrides)
     if is_vl_dir(Path(spec.location)):
         from embedserve.embedders.vl import VLReferenceSource
 

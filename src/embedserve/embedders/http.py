@@ -9,8 +9,11 @@ environment variable holding the key; `api_key` works too but is never written t
 image inputs go as content items (images as PNG data URIs), the prompt as embedserve's `prompt`
 field (the instruction of the chat format).
 
-`Endpoint` is what every client of the grammar shares (URLs, key, model, extra fields, reading a
-reply); `HttpSource` is the synchronous VectorSource on it; bench sends single inputs on it.
+The one client of the wire format: `Endpoint` (URLs, key, model, extra fields, the request body,
+reading a reply: float or base64 vectors and the server's metadata), shared with bench's per-input
+async client; `EmbeddingsClient`, the synchronous one (backpressure waited out, a request too
+large for the server sent in halves); `HttpSource`, the VectorSource on it. index's HttpEmbedder
+(index/http_embedder.py) is the same client with index's policies on top.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import base64
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,7 @@ from embedserve.embedders.errors import SourceError
 from embedserve.embedders.spec import Spec
 
 _RETRY_STATUS = (429, 503)
+_NOT_METADATA = ("data", "object", "usage")
 
 
 def _coerce(value: str) -> Any:
@@ -55,6 +60,13 @@ def _part(p: str | bytes) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+def _vector(embedding: Any) -> Any:
+    """One reply row: a list of floats, or (encoding_format=base64) little-endian float32 bytes."""
+    if isinstance(embedding, str):
+        return np.frombuffer(base64.b64decode(embedding), dtype="<f4")
+    return embedding
+
+
 def api_base(url: str) -> str:
     """Where `/embeddings` and `/models` live, for a URL naming the server (`/v1` added), its `/v1`,
     or its embeddings route (taken as it is)."""
@@ -64,22 +76,63 @@ def api_base(url: str) -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
+class Unreachable(SourceError):
+    """A request got no answer (refused or reset connection, timeout); `error` says which."""
+
+    def __init__(self, url: str, error: httpx.HTTPError) -> None:
+        super().__init__(f"{url}: {type(error).__name__}: {error}")
+        self.error = error
+
+
+class Refused(SourceError):
+    """The endpoint answered a status other than 200 (backpressure already waited out)."""
+
+    def __init__(self, url: str, status: int, text: str) -> None:
+        super().__init__(f"{url}: HTTP {status}: {text[:300]}")
+        self.status = status
+        self.text = text
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One answered embeddings request."""
+
+    vectors: np.ndarray  # float32 [inputs sent, dim], in input order
+    metadata: dict[str, Any]  # every other top-level field (embedserve: model, model_version, ...)
+    prompt_tokens: int
+
+
 class Endpoint:
-    """An OpenAI-compatible endpoint as a spec names it."""
+    """An OpenAI-compatible endpoint as a spec names it (or, `at`, as flags name it)."""
 
     def __init__(self, spec: Spec) -> None:
-        self.base = api_base(spec.location)
-        self.url = self.base + "/embeddings"
-        self.models_url = self.base + "/models"
-        self.model = spec.option("model")
         key_env = spec.option("api_key_env")
         api_key = spec.option("api_key") or (os.environ.get(key_env) if key_env else None)
         if key_env and not api_key:
-            raise SourceError(f"{self.base}: environment variable {key_env} (api_key_env) is not set")
+            base = api_base(spec.location)
+            raise SourceError(f"{base}: environment variable {key_env} (api_key_env) is not set")
+        extra = {k: _coerce(v) for k, v in spec.extra.items()}
+        timeout = spec.float_option("timeout", 600.0)
+        self._address(spec.location, spec.option("model"), api_key, extra, timeout)
+
+    @classmethod
+    def at(cls, url: str, *, model: str | None, api_key: str | None, timeout: float) -> Endpoint:
+        """The endpoint of index's `--endpoint URL --api-key KEY --model NAME` flags."""
+        endpoint = cls.__new__(cls)
+        endpoint._address(url, model, api_key, {}, timeout)
+        return endpoint
+
+    def _address(
+        self, url: str, model: str | None, api_key: str | None, extra: dict[str, Any], timeout: float
+    ) -> None:
+        self.base = api_base(url)
+        self.url = self.base + "/embeddings"
+        self.models_url = self.base + "/models"
+        self.model = model
         self.api_key = api_key
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.extra = {k: _coerce(v) for k, v in spec.extra.items()}
-        self.timeout = spec.float_option("timeout", 600.0)
+        self.extra = extra
+        self.timeout = timeout
 
     def only_model(self, listing: Any) -> str:
         """The model a `/models` listing names, when it names exactly one."""
@@ -89,10 +142,14 @@ class Endpoint:
             raise SourceError(f"{self.base}: pass ?model=NAME; the server lists {names or 'no models'}")
         return names[0]
 
-    def body(self, model: str, payload: list[Any], prompt: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": model, "encoding_format": "float", **self.extra}
-        if prompt:  # content items: the prompt is the instruction (embedserve's extension)
-            body["prompt"] = prompt
+    def body(
+        self, model: str | None, payload: list[Any], prompt: str | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """A request: `model` (None: the server's), the spec's extra fields, `prompt` (content items:
+        embedserve's instruction field) and `fields` (encoding_format, embedserve's priority, truncate,
+        dimensions, prompt_name), each left out when None."""
+        given = {"model": model, "prompt": prompt or None, **fields}
+        body = {"encoding_format": "float", **self.extra, **{k: v for k, v in given.items() if v is not None}}
         body["input"] = payload
         return body
 
@@ -104,9 +161,84 @@ class Endpoint:
             raise SourceError(f"{self.url}: sent {sent} inputs, got {got} embeddings")
         try:
             rows = sorted(data, key=lambda d: int(d.get("index", 0)))
-            return np.asarray([r["embedding"] for r in rows], dtype=np.float32)
+            return np.asarray([_vector(r["embedding"]) for r in rows], dtype=np.float32)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise SourceError(f"{self.url}: answered without embeddings ({type(e).__name__}: {e})") from None
+
+    def reply(self, reply: Any, sent: int) -> Reply:
+        """A reply's vectors (as `vectors`), the rest of it, and its prompt-token count."""
+        vectors = self.vectors(reply, sent)
+        usage = reply.get("usage") or {}
+        metadata = {k: v for k, v in reply.items() if k not in _NOT_METADATA}
+        return Reply(vectors, metadata, int(usage.get("prompt_tokens", 0)))
+
+
+class EmbeddingsClient:
+    """The synchronous client of an endpoint. Backpressure (429 / 503) is the server working as
+    designed: it is waited out as Retry-After says (1 s without one), at most `retries` times
+    (None: no count) and while `max_wait_s` has not passed since the request began (None: no
+    time limit); after that the refusal is the answer."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        *,
+        retries: int | None = 8,
+        max_wait_s: float | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.retries = retries
+        self.max_wait_s = max_wait_s
+        self.http = httpx.Client(timeout=endpoint.timeout, headers=endpoint.headers, transport=transport)
+
+    def send(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+        """The JSON of a 200 answer; Unreachable, Refused or a SourceError (not JSON) otherwise."""
+        deadline = None if self.max_wait_s is None else time.monotonic() + self.max_wait_s
+        waits = 0
+        while True:
+            try:
+                resp = self.http.request(method, url, json=body)
+            except httpx.HTTPError as e:
+                raise Unreachable(url, e) from None
+            if resp.status_code in _RETRY_STATUS and self._may_wait(waits, deadline):
+                time.sleep(float(resp.headers.get("retry-after", 1)))
+                waits += 1
+                continue
+            if resp.status_code != 200:
+                raise Refused(url, resp.status_code, resp.text)
+            try:
+                return resp.json()
+            except ValueError:
+                raise SourceError(f"{url}: the response is not JSON: {resp.text[:200]}") from None
+
+    def _may_wait(self, waits: int, deadline: float | None) -> bool:
+        return (self.retries is None or waits < self.retries) and (
+            deadline is None or time.monotonic() < deadline
+        )
+
+    def embed(self, payload: list[Any], model: str | None, prompt: str | None = None, **fields: Any) -> Reply:
+        """One request (`Endpoint.body`'s arguments), answered."""
+        body = self.endpoint.body(model, payload, prompt, **fields)
+        return self.endpoint.reply(self.send("POST", self.endpoint.url, body), len(payload))
+
+    def replies(self, payload: list[Any], model: str | None, **fields: Any) -> Iterator[Reply]:
+        """`embed`, except that a request of several inputs refused as too large (413: more than the
+        server ever queues at once) is sent again in halves, recursively: one Reply per answered
+        request, in input order, each as it comes (the caller may stop at any)."""
+        try:
+            reply = self.embed(payload, model, **fields)
+        except Refused as e:
+            if e.status != 413 or len(payload) < 2:
+                raise
+            half = len(payload) // 2
+            yield from self.replies(payload[:half], model, **fields)
+            yield from self.replies(payload[half:], model, **fields)
+            return
+        yield reply
+
+    def close(self) -> None:
+        self.http.close()
 
 
 class HttpSource(VectorSource):
@@ -119,46 +251,25 @@ class HttpSource(VectorSource):
         tokenizer = spec.option("tokenizer")
         self.model_dir = Path(tokenizer) if tokenizer else None
         self.max_length = spec.int_option("max_length")
-        self.retries = spec.int_option("retries", 8) or 0
         self.take_batching(spec, 32, 16384)
-        self.extra = self.endpoint.extra
-        self.client = httpx.Client(timeout=self.endpoint.timeout, headers=self.endpoint.headers)
+        self.client = EmbeddingsClient(self.endpoint, retries=spec.int_option("retries", 8) or 0)
         self.server_metadata: dict[str, Any] = {}
         self.usage_tokens = 0
-        listed = self.endpoint.model or self.endpoint.only_model(
-            self._request("GET", self.endpoint.models_url)
+        self.model_name = self.endpoint.model or self.endpoint.only_model(
+            self.client.send("GET", self.endpoint.models_url)
         )
-        self.model_name = listed
-
-    def _request(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-        for attempt in range(self.retries + 1):
-            try:
-                resp = self.client.request(method, url, json=body)
-            except httpx.HTTPError as e:
-                raise SourceError(f"{url}: {type(e).__name__}: {e}") from None
-            if resp.status_code in _RETRY_STATUS and attempt < self.retries:
-                time.sleep(float(resp.headers.get("retry-after", 1)))
-                continue
-            if resp.status_code != 200:
-                raise SourceError(f"{url}: HTTP {resp.status_code}: {resp.text[:300]}")
-            try:
-                return resp.json()
-            except ValueError:
-                raise SourceError(f"{url}: the response is not JSON: {resp.text[:200]}") from None
-        raise SourceError(f"{url}: still refused after {self.retries} retries")
 
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
         if any(isinstance(i, Parts) for i in items):  # content items; the prompt is the instruction
-            body = self.endpoint.body(self.model_name, [content_item(i) for i in items], prompt)
+            reply = self.client.embed([content_item(i) for i in items], self.model_name, prompt)
         else:
             texts, ids = split_items(items)
-            body = self.endpoint.body(self.model_name, [prompt + t for t in texts] if texts else ids)
-        reply = self._request("POST", self.endpoint.url, body)
-        vectors = self.endpoint.vectors(reply, len(body["input"]))
+            payload: list[Any] = [prompt + t for t in texts] if texts else ids
+            reply = self.client.embed(payload, self.model_name)
         if not self.server_metadata:
-            self.server_metadata = {k: v for k, v in reply.items() if k not in ("data", "object", "usage")}
-        self.usage_tokens += int((reply.get("usage") or {}).get("prompt_tokens", 0))
-        return vectors
+            self.server_metadata = reply.metadata
+        self.usage_tokens += reply.prompt_tokens
+        return reply.vectors
 
     def describe(self) -> dict[str, Any]:
         meta = self.server_metadata
@@ -173,7 +284,7 @@ class HttpSource(VectorSource):
             "config": {
                 "endpoint": self.endpoint.url,
                 "model_name": self.model_name,
-                "extra_fields": self.extra,
+                "extra_fields": self.endpoint.extra,
                 "server_metadata": meta,
                 "usage_prompt_tokens": self.usage_tokens,
                 "batch_size": self.batch_items,

@@ -29,9 +29,9 @@ def open_scorer(text: str, instruction: str | None = None) -> tuple[Scorer, Call
     if spec.kind == "http":
         return _http(spec, instruction)
     if spec.kind == "engine":
-        from embedserve.engine.engine import Engine
+        from embedserve.embedders.engine import open_engine
 
-        engine = Engine.from_pretrained(spec.location, **spec.engine_options(task="rerank").changed())
+        engine = open_engine(spec.location, spec.engine_options(task="rerank"))
 
         def score_engine(query: str, docs: list[str]) -> list[float]:
             res = engine.rerank(query, docs, instruction=instruction)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.embedders.engine import EngineSource
+from embedserve.embedders.engine import EngineSource, open_engine
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.parity.backends import Backend
 from embedserve.parity.datasets import Item
@@ -95,14 +95,12 @@ def run_preemption(
     per_block = cache.kv_cache_memory // base.stats()["kv_blocks_total"]
     blocks = -(-length // cache.block_size)
     # Chunked prefill only: a layer-major input holds no KV blocks, so nothing would preempt it.
-    options = {
-        **candidate.options,
-        "kv_cache_memory": blocks * per_block,
-        "max_num_batched_tokens": budget,
-        "layer_major_tokens": 0,
-    }
+    assert candidate.options is not None  # opened from its spec
+    options = candidate.options.replace(
+        kv_cache_memory=blocks * per_block, max_num_batched_tokens=budget, layer_major_tokens=0
+    )
     threshold = length - WINDOW_STEPS * budget
-    with Engine.from_pretrained(base.config.model_path, **options) as engine:
+    with open_engine(base.config.model_path, options) as engine:
         kv_blocks = engine.stats()["kv_blocks_total"]
         outputs, attempts = _pressure_run(engine, long, others, threshold)
         stats = engine.stats()
