@@ -16,7 +16,7 @@ import torch
 
 from embedserve import Engine
 from embedserve.config import PoolingMethod
-from embedserve.engine import builder, loop
+from embedserve.engine import load, loop
 from embedserve.engine.builder import build_engine
 from embedserve.engine.core import EngineCore
 from embedserve.request import EmbedParams, Request
@@ -109,7 +109,7 @@ def test_cpu_engines_keep_the_heap(qwen3_dir: Path, monkeypatch: pytest.MonkeyPa
         calls.append("kept")
         return True
 
-    monkeypatch.setattr(builder, "keep_freed_heap", keep)
+    monkeypatch.setattr(load, "keep_freed_heap", keep)
     build_engine(qwen3_dir)
     assert calls == ["kept"]
 
