@@ -72,6 +72,22 @@ class VectorSource(abc.ABC):
     def close(self) -> None:
         """Free what the source holds (models, threads, connections)."""
 
+    def describe_local(
+        self, dtype: str, profile: str, schema: dict[str, Any], config: dict[str, Any]
+    ) -> dict[str, Any]:
+        """`describe()` of a source that reads local model files: its identity, then the
+        source's own profile, schema and configuration."""
+        return {
+            "kind": self.kind,
+            "spec": self.spec,
+            "model": str(self.model_dir),
+            "model_version": self.model_version,
+            "dtype": dtype,
+            "backend_profile": profile,
+            "embedding_schema": schema,
+            "config": config,
+        }
+
 
 def split_items(items: Sequence[Item]) -> tuple[list[str], list[list[int]]]:
     """A batch is all texts or all token ids (one dataset side never mixes them). Image parts

@@ -77,15 +77,11 @@ class SentenceTransformersSource(VectorSource):
         dim = self.model.get_embedding_dimension()
         normalize = "Normalize" in modules
         versions = {p: version(p) for p in ("sentence-transformers", "transformers", "torch")}
-        return {
-            "kind": self.kind,
-            "spec": self.spec,
-            "model": str(self.model_dir),
-            "model_version": self.model_version,
-            "dtype": self.dtype,
-            "backend_profile": f"sentence-transformers/{self.dtype}/{self.device}",
-            "embedding_schema": {"dimensions": dim, "pooling": str(pooling), "normalize": normalize},
-            "config": {
+        return self.describe_local(
+            self.dtype,
+            f"sentence-transformers/{self.dtype}/{self.device}",
+            {"dimensions": dim, "pooling": str(pooling), "normalize": normalize},
+            {
                 "modules": modules,
                 "max_seq_length": self.max_length,
                 "device": self.device,
@@ -93,7 +89,7 @@ class SentenceTransformersSource(VectorSource):
                 "batch_tokens": self.batch_tokens,
                 "versions": versions,
             },
-        }
+        )
 
     def close(self) -> None:
         del self.model

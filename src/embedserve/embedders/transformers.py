@@ -146,15 +146,11 @@ class TransformersSource(VectorSource):
 
     def describe(self) -> dict[str, Any]:
         dim = int(self.model.config.hidden_size)
-        return {
-            "kind": self.kind,
-            "spec": self.spec,
-            "model": str(self.model_dir),
-            "model_version": self.model_version,
-            "dtype": self.dtype,
-            "backend_profile": f"transformers/{self.dtype}/{self.device.type}",
-            "embedding_schema": {"dimensions": dim, "pooling": self.pooling, "normalize": self.normalize},
-            "config": {
+        return self.describe_local(
+            self.dtype,
+            f"transformers/{self.dtype}/{self.device.type}",
+            {"dimensions": dim, "pooling": self.pooling, "normalize": self.normalize},
+            {
                 "class": type(self.model).__name__,
                 "max_length": self.max_length,
                 "device": str(self.device),
@@ -162,7 +158,7 @@ class TransformersSource(VectorSource):
                 "batch_tokens": self.batch_tokens,
                 "versions": {p: version(p) for p in ("transformers", "torch")},
             },
-        }
+        )
 
     def close(self) -> None:
         del self.model

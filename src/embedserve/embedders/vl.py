@@ -136,21 +136,17 @@ class VLReferenceSource(VectorSource):
 
     def describe(self) -> dict[str, Any]:
         dim = int(self.ref.model.config.get_text_config().hidden_size)
-        return {
-            "kind": self.kind,
-            "spec": self.spec,
-            "model": str(self.model_dir),
-            "model_version": self.model_version,
-            "dtype": self.dtype,
-            "backend_profile": f"transformers-vl/{self.dtype}/cpu",
-            "embedding_schema": {"dimensions": dim, "pooling": "lasttoken", "normalize": True},
-            "config": {
+        return self.describe_local(
+            self.dtype,
+            f"transformers-vl/{self.dtype}/cpu",
+            {"dimensions": dim, "pooling": "lasttoken", "normalize": True},
+            {
                 "class": type(self.ref.model).__name__,
                 "chat_template": bool(self.ref.template),
                 "batch_size": 1,
                 "versions": {p: version(p) for p in ("transformers", "torch", "pillow")},
             },
-        }
+        )
 
     def close(self) -> None:
         del self.ref
