@@ -145,5 +145,5 @@ class EngineConfig:
     token_buckets: tuple[int, ...] | None = None  # step sizes padded to (worker/buckets.py)
     compile_backend: str | None = None  # torch.compile backend, with token buckets
     gpu_memory_utilization: float | None = None  # CUDA: the KV cache sized after loading
-    max_image_pixels: int | None = None  # multimodal models' image limits (vision/prompt.py)
+    max_image_pixels: int | None = None  # multimodal models' image limits; None: the defaults
     max_images_per_input: int | None = None

@@ -128,10 +128,7 @@ class Spec:
 
     def engine_options(self, **overrides: Any) -> EngineOptions:
         """The engine options given (typed by engine/options.py), then `overrides` (the tool's own)."""
-        values = {k: _count_text(v) for k, v in self.options.items() if not _ours(k, self.tool, self.kind)}
-        return EngineOptions.from_mapping(values, where=self.raw, surface=ENGINE_SURFACE[self.tool]).replace(
-            **overrides
-        )
+        return _engine_options(self.raw, self.tool, self.kind, self.options).replace(**overrides)
 
     def typed_options(self) -> dict[str, Any]:
         """Every option given, typed: engine options by EngineOptions, our keys by `KEYS`."""
@@ -227,10 +224,15 @@ def _check(text: str, tool: str, kind: str, options: dict[str, str]) -> None:
             _typed(k, v, text)
     if kind == "engine":
         try:
-            values = {k: _count_text(v) for k, v in options.items() if not _ours(k, tool, kind)}
-            EngineOptions.from_mapping(values, where=f"spec {text!r}", surface=ENGINE_SURFACE[tool])
+            _engine_options(text, tool, kind, options)
         except ValueError as e:
             raise SpecError(str(e)) from None
+
+
+def _engine_options(text: str, tool: str, kind: str, options: Mapping[str, str]) -> EngineOptions:
+    """The spec's keys that are not its own, typed as engine options for `tool`'s surface."""
+    values = {k: _count_text(v) for k, v in options.items() if not _ours(k, tool, kind)}
+    return EngineOptions.from_mapping(values, where=f"spec {text!r}", surface=ENGINE_SURFACE[tool])
 
 
 def _why(key: str, tool: str, kind: str) -> str:

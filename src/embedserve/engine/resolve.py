@@ -30,8 +30,6 @@ from embedserve.kv_cache.manager import blocks_for
 from embedserve.models.score_head import rerank_kind
 from embedserve.models.source import ModelSource
 from embedserve.parallel.setup import check_parallel
-from embedserve.vision.image import DEFAULT_MAX_IMAGE_PIXELS
-from embedserve.vision.prompt import DEFAULT_MAX_IMAGES
 from embedserve.worker.buckets import token_buckets as bucket_sizes
 from embedserve.worker.gpu_memory import check_utilization
 from embedserve.worker.model_runner import kv_bytes_per_block
@@ -154,13 +152,9 @@ def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn |
         token_buckets=bucket_sizes(options.max_num_batched_tokens) if _bucketed(options) else None,
         compile_backend=options.compile_backend,
         gpu_memory_utilization=options.gpu_memory_utilization,
-        max_image_pixels=_or(options.max_image_pixels, DEFAULT_MAX_IMAGE_PIXELS),
-        max_images_per_input=_or(options.max_images_per_input, DEFAULT_MAX_IMAGES),
+        max_image_pixels=options.max_image_pixels,  # None: the prompter's defaults (engine/multimodal.py)
+        max_images_per_input=options.max_images_per_input,
     )
-
-
-def _or(value: int | None, default: int) -> int:
-    return default if value is None else value
 
 
 def _task_kind(task: str, files: ModelSource) -> str | None:

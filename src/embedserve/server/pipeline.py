@@ -80,18 +80,8 @@ async def answer(
 ) -> Answer:
     """One request body on a route, as the server answers it (also a Ray replica's handler);
     `timeout_s`: the caller's own deadline (X-Request-Timeout), if below --request-timeout."""
-    return await run_job(
-        svc, bound.route, bound.job(svc, bound.route.parse(body)), wait_disconnect, timeout_s
-    )
-
-
-async def run_job(
-    svc: EmbeddingService,
-    route: Route[Any],
-    job: Job,
-    wait_disconnect: Callable[[], Awaitable[None]],
-    timeout_s: float | None = None,
-) -> Answer:
+    route = bound.route
+    job = bound.job(svc, route.parse(body))
     start = time.perf_counter()
     check_request(svc, route, job)
     with engine_errors(svc.on_forward_failure):
@@ -107,9 +97,9 @@ async def run_job(
     finally:
         svc.admission.release(ticket)
     total = time.perf_counter() - start
-    body = job.body(Computed(tokenized, outputs, n_tokens))  # may still fail (a reranker's scores)
+    reply = job.body(Computed(tokenized, outputs, n_tokens))  # may still fail (a reranker's scores)
     svc.observe(outputs, tokenize_time, total)
-    return body, timing_headers(outputs, tokenize_time, total)
+    return reply, timing_headers(outputs, tokenize_time, total)
 
 
 def check_request(svc: EmbeddingService, route: Route[Any], job: Job) -> None:
