@@ -52,6 +52,10 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 0
     position_offset: int = 0
+    # *ForSequenceClassification only: id2label in id order (a head of one label is a cross-encoder
+    # reranker's) and config.json's problem_type (classify's activation: models/score_head.py).
+    labels: tuple[str, ...] = ()
+    problem_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,14 +138,16 @@ class EngineConfig:
     device: torch.device
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
-    task: str = "embed"  # or "rerank" (a cross-encoder or a yes/no reranker; models/score_head.py)
+    # or "rerank" (a cross-encoder or a yes/no reranker), "classify" (a *ForSequenceClassification's
+    # labels); both through the score head (models/score_head.py)
+    task: str = "embed"
     # Deterministic mode (docs/deterministic.md): decoders cut chunks at scheduler.deterministic_chunk;
     # encoders run every input whole in one call already, so the flag changes only the profile.
     deterministic: bool = False
     tensor_parallel_size: int = 1  # ranks the model is split across (parallel/)
     # How the model runs, resolved from the engine's options (engine/resolve.py):
     multimodal: bool = False  # images in prompts (Qwen3-VL): the multimodal runner and prompter
-    rerank_kind: str | None = None  # the score head of a reranker (models/score_head.py)
+    rerank_kind: str | None = None  # the score head of a reranker or classifier (models/score_head.py)
     token_buckets: tuple[int, ...] | None = None  # step sizes padded to (worker/buckets.py)
     compile_backend: str | None = None  # torch.compile backend, with token buckets
     gpu_memory_utilization: float | None = None  # CUDA: the KV cache sized after loading

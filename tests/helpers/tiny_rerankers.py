@@ -1,11 +1,13 @@
-"""Tiny random-weight rerankers: BERT / XLM-R cross-encoders (as CrossEncoder loads them) and
-a Qwen3 causal LM with the real Qwen tokenizer in a directory named like Qwen3-Reranker."""
+"""Tiny random-weight rerankers: BERT / XLM-R cross-encoders (as CrossEncoder loads them; with
+`labels`, classifiers of those labels) and a Qwen3 causal LM with the real Qwen tokenizer in a
+directory named like Qwen3-Reranker."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,12 +25,20 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(0.3 * torch.randn(p.shape, generator=gen))
 
 
-def build_cross_encoder(dst: Path, kind: str = "bert", hidden: int = 64, seed: int = 0) -> Path:
-    """A BertForSequenceClassification / XLMRobertaForSequenceClassification (one label)."""
+def build_cross_encoder(
+    dst: Path,
+    kind: str = "bert",
+    hidden: int = 64,
+    seed: int = 0,
+    labels: list[str] | None = None,
+    problem_type: str | None = None,
+) -> Path:
+    """A BertForSequenceClassification / XLMRobertaForSequenceClassification: one label, or
+    `labels` (id2label in that order) with `problem_type` (e.g. "multi_label_classification")."""
     import transformers
 
     dst.mkdir(parents=True, exist_ok=True)
-    common = {
+    common: dict[str, Any] = {
         "vocab_size": 30522,
         "hidden_size": hidden,
         "num_hidden_layers": 2,
@@ -36,6 +46,11 @@ def build_cross_encoder(dst: Path, kind: str = "bert", hidden: int = 64, seed: i
         "intermediate_size": 2 * hidden,
         "num_labels": 1,
     }
+    if labels is not None:
+        common["id2label"] = dict(enumerate(labels))
+        common["label2id"] = {name: i for i, name in enumerate(labels)}
+        common["problem_type"] = problem_type
+        del common["num_labels"]
     model: torch.nn.Module
     if kind == "bert":
         config = transformers.BertConfig(**common, max_position_embeddings=512, type_vocab_size=2)

@@ -34,7 +34,7 @@ class EngineParts:
     config: EngineConfig
     core: EngineCore  # synchronous; `Engine` runs it in a background thread
     tokenizer: Tokenizer
-    score_head: ScoreHead | None = None  # rerankers only
+    score_head: ScoreHead | None = None  # rerankers and classifiers only
     workers: TensorParallelRunner | None = None  # tensor_parallel_size > 1: the ranks to watch and stop
     prompter: MultimodalPrompter | None = None  # multimodal models: parts -> tokens + images
 
@@ -97,7 +97,7 @@ def _lane(loaded: Loaded) -> LaneRunner | None:
 
 
 def _score_head(config: EngineConfig, files: ModelSource, tokenizer: Tokenizer) -> ScoreHead | None:
-    """A reranker's head (None for an embedding model): a classifier, or the yes / no rows."""
+    """A reranker's or classifier's head (None for an embedding model): a classifier, or the yes / no rows."""
     kind = config.rerank_kind
     if kind is None:
         return None
@@ -107,4 +107,4 @@ def _score_head(config: EngineConfig, files: ModelSource, tokenizer: Tokenizer) 
         if None in ids:
             raise ModelLoadError("the tokenizer has no 'yes' / 'no' token for a yes / no reranker")
         yes_no = (int(ids[0] or 0), int(ids[1] or 0))
-    return load_score_head(kind, files.weights(), yes_no)
+    return load_score_head(kind, files.weights(), yes_no, config.model)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from embedserve.engine.builder import EngineParts, build_engine
+from embedserve.engine.classify import ClassifyMixin
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop, wait_all
 from embedserve.engine.multimodal import text_items, tokenize_multimodal
@@ -30,14 +31,14 @@ __all__ = ["EmbeddingOutput", "Engine", "Inputs", "output_of"]  # the outputs' t
 Inputs = Sequence[str] | Sequence[Sequence[int]] | str | Sequence[Any]
 
 
-class Engine(RerankMixin):
+class Engine(RerankMixin, ClassifyMixin):
     def __init__(self, parts: EngineParts | Callable[[], EngineParts]) -> None:
         """Run built `parts`, or build them with `parts()` on the engine loop's thread: the
         thread that then runs the model (loop.py: one OpenMP pool, not two)."""
         self._loop = EngineLoop(parts if callable(parts) else lambda: parts)
         self.config = self._loop.parts.config
         self.tokenizer = self._loop.parts.tokenizer
-        self.score_head = self._loop.parts.score_head  # rerankers (engine/rerank.py)
+        self.score_head = self._loop.parts.score_head  # rerankers, classifiers (rerank.py, classify.py)
         self.multimodal = self._loop.parts.prompter is not None  # takes image parts
         self._ids = itertools.count()
 

@@ -25,7 +25,7 @@ from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 POOLING_NAMES = ("lasttoken", "mean", "cls")
-TASK_NAMES = ("auto", "embed", "rerank")
+TASK_NAMES = ("auto", "embed", "rerank", "classify")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -92,8 +92,9 @@ class EngineOptions:
     )
     task: str = _option(
         "auto",
-        "auto: rerank for a *ForSequenceClassification cross-encoder or a causal LM in a directory named "
-        "*reranker* (Qwen3-Reranker), else embed",
+        "auto: rerank for a *ForSequenceClassification cross-encoder (one label) or a causal LM in a "
+        "directory named *reranker* (Qwen3-Reranker), classify for a *ForSequenceClassification of more "
+        "labels, else embed",
         choices=TASK_NAMES,
     )
     deterministic: bool = _option(

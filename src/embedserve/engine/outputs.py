@@ -37,15 +37,21 @@ def parse_priority(value: str) -> Priority:
         raise InvalidInputError(str(e)) from None
 
 
-def output_of(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
+def timings(fin: Finished) -> tuple[float, float]:
+    """(queue_time, inference_time) of a finished request, in seconds."""
     req = fin.request
-    assert fin.vector is not None
     started = req.first_scheduled_time or fin.finish_time
+    return started - req.arrival_time, fin.finish_time - started
+
+
+def output_of(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
+    assert fin.vector is not None
+    queue_time, inference_time = timings(fin)
     return EmbeddingOutput(
         embedding=fin.vector.numpy().astype(np.float32, copy=False),
         num_tokens=len(tok.token_ids),
         truncated=tok.truncated,
-        queue_time=started - req.arrival_time,
-        inference_time=fin.finish_time - started,
-        num_preemptions=req.num_preemptions,
+        queue_time=queue_time,
+        inference_time=inference_time,
+        num_preemptions=fin.request.num_preemptions,
     )

@@ -16,7 +16,7 @@ from embedserve.config import EngineConfig
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import gather_all, wait_all
 from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.models.score_head import ScoreHead
+from embedserve.models.score_head import CLASSIFIER, ScoreHead
 from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
 from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
 
@@ -47,6 +47,9 @@ class RerankMixin:
     def _head(self) -> ScoreHead:
         if self.score_head is None:
             raise InvalidInputError("this model is an embedding model: it cannot rerank")
+        labels = self.score_head.num_labels
+        if self.score_head.kind == CLASSIFIER and labels != 1:
+            raise InvalidInputError(f"this model classifies into {labels} labels: it cannot rerank")
         return self.score_head
 
     def tokenize_pairs(

@@ -27,7 +27,7 @@ from embedserve.config import (
 from embedserve.engine.options import TASK_NAMES, EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import blocks_for
-from embedserve.models.score_head import rerank_kind
+from embedserve.models.score_head import CLASSIFIER, rerank_kind
 from embedserve.models.source import ModelSource
 from embedserve.parallel.setup import check_parallel
 from embedserve.worker.buckets import token_buckets as bucket_sizes
@@ -117,7 +117,7 @@ def refuse_combinations(
 def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn | None = None) -> EngineConfig:
     """The engine's whole configuration; ModelLoadError naming the first option that cannot be."""
     refuse_combinations("model", options, files, attention)
-    kind = _task_kind(options.task, files)
+    task, kind = _task_kind(options.task, files)
     mcfg = files.model
     pooling = files.pooling
     if kind is not None:  # the head reads the pair's unnormalized row: CLS or the last token
@@ -144,7 +144,7 @@ def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn |
         device=device,
         prompts=files.prompts,
         default_prompt_name=files.default_prompt_name,
-        task="embed" if kind is None else "rerank",
+        task=task,
         deterministic=options.deterministic,
         tensor_parallel_size=tp,
         multimodal=files.multimodal is not None,
@@ -157,17 +157,32 @@ def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn |
     )
 
 
-def _task_kind(task: str, files: ModelSource) -> str | None:
-    """The reranker kind the model is served as, or None to embed."""
+def _task_kind(task: str, files: ModelSource) -> tuple[str, str | None]:
+    """The task the model is served for and its score head's kind (None: embed). auto: a
+    *ForSequenceClassification of one label reranks (a cross-encoder), of more classifies."""
     if task not in TASK_NAMES:
         raise ModelLoadError(f"unknown task {task!r}; choose one of {', '.join(TASK_NAMES)}")
     kind = rerank_kind(files.model, files.path)
+    labels = files.model.labels
+    if task == "embed":
+        return task, None
+    if task == "classify" and kind != CLASSIFIER:
+        raise ModelLoadError(
+            f"{files.path} is not a classifier: classify needs a *ForSequenceClassification model"
+        )
     if task == "rerank" and kind is None:
         raise ModelLoadError(
             f"{files.path} is not a reranker: rerank needs a *ForSequenceClassification cross-encoder "
             "or a Qwen3-Reranker-style causal LM (a directory named *reranker*)"
         )
-    return None if task == "embed" else kind
+    if task == "rerank" and len(labels) > 1:
+        raise ModelLoadError(
+            f"{files.path} is a classifier of {len(labels)} labels: rerank needs one label; "
+            "serve it with task classify"
+        )
+    if task == "auto":
+        task = "embed" if kind is None else "classify" if len(labels) > 1 else "rerank"
+    return task, kind
 
 
 def _max_model_len(option: int | None, files: ModelSource) -> int:

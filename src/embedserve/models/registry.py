@@ -33,7 +33,7 @@ ARCHITECTURES: dict[str, str] = {
     "RobertaForMaskedLM": "roberta",
     "XLMRobertaModel": "xlm-roberta",
     "XLMRobertaForMaskedLM": "xlm-roberta",
-    # cross-encoders (rerank): the encoder + a classifier head (models/score_head.py)
+    # cross-encoders (rerank) and classifiers: the encoder + a classifier head (models/score_head.py)
     "BertForSequenceClassification": "bert",
     "RobertaForSequenceClassification": "roberta",
     "XLMRobertaForSequenceClassification": "xlm-roberta",
@@ -146,7 +146,26 @@ def _encoder_config(raw: dict[str, Any], model_type: str, archs: list[str]) -> M
         layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
         type_vocab_size=int(raw.get("type_vocab_size", 2)),
         position_offset=offset,
+        **(_classifier_fields(raw) if archs and archs[0].endswith("ForSequenceClassification") else {}),
     )
+
+
+def _classifier_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """A classifier's labels as transformers reads them: id2label's names by id (a missing id is
+    "LABEL_i"), else `num_labels` (default 2) labels "LABEL_i"; and its problem_type."""
+    given = raw.get("id2label")
+    try:
+        names = {int(k): str(v) for k, v in given.items()} if isinstance(given, dict) and given else {}
+        count = len(names) if names else int(raw.get("num_labels") or 2)
+    except (TypeError, ValueError):
+        raise ModelLoadError(f"config.json's id2label / num_labels cannot be read: {given!r}") from None
+    if count < 1:
+        raise ModelLoadError(f"config.json's classifier has {count} labels")
+    problem = raw.get("problem_type")
+    return {
+        "labels": tuple(names.get(i, f"LABEL_{i}") for i in range(count)),
+        "problem_type": str(problem) if problem else None,
+    }
 
 
 def _vl_text_config(raw: dict[str, Any]) -> dict[str, Any]:
