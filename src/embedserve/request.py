@@ -68,6 +68,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        self.num_steps = 0  # steps that ran a chunk of it; lane slices that ran it (tracing reads them)
+        self.num_lane_slices = 0
         self.pooling = PoolingState(pooling, len(token_ids), excluded_prefix, deterministic_chunk)
         # Set by the scheduler on admission; orders requests for scheduling and preemption.
         self.arrival_seq = -1

@@ -52,9 +52,11 @@ def runtime_of(client: TestClient) -> ServerRuntime:
     return runtime
 
 
-def gateway_app(server_app: Any, model_dir: Path, api_keys: tuple[str, ...] = (), **config: Any) -> FastAPI:
+def gateway_app(
+    server_app: Any, model_dir: Path, api_keys: tuple[str, ...] = (), tracing: Any = None, **config: Any
+) -> FastAPI:
     """A gateway with a short and a long pool, both served by `server_app` (already started);
-    `api_keys`: the keys its own clients must send."""
+    `api_keys`: the keys its own clients must send; `tracing`: its tracer (tracing/otel.py)."""
     cfg = parse_config(
         {
             "pools": {
@@ -77,8 +79,8 @@ def gateway_app(server_app: Any, model_dir: Path, api_keys: tuple[str, ...] = ()
 
     asyncio.run(poll_once())
     metrics = GatewayMetrics(upstreams)
-    forwarder = Forwarder(upstreams, metrics, cfg.balance)
-    service = GatewayService(cfg, TokenCounter(model_dir), upstreams, metrics, forwarder)
+    forwarder = Forwarder(upstreams, metrics, cfg.balance, tracing)
+    service = GatewayService(cfg, TokenCounter(model_dir), upstreams, metrics, forwarder, tracing)
     return create_gateway_app(service, api_keys)
 
 

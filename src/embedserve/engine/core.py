@@ -87,6 +87,7 @@ class EngineCore:
         now = time.monotonic()
         for c in out.chunks:
             req = self.requests[c.request_id]
+            req.num_steps += 1
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
         failed: list[Finished] = []
@@ -123,6 +124,7 @@ class EngineCore:
     def _run_lane(self, part: LaneSlice) -> list[Finished]:
         assert self.lane is not None
         req = self.requests[part.request_id]
+        req.num_lane_slices += 1
         if req.first_scheduled_time is None:
             req.first_scheduled_time = time.monotonic()
         try:

@@ -22,6 +22,9 @@ class EmbeddingOutput:
     queue_time: float  # seconds from submission to first scheduled step
     inference_time: float  # seconds from first scheduled step to finish
     num_preemptions: int = 0  # times this request was preempted and recomputed
+    num_steps: int = 0  # engine steps that ran a chunk of it (recomputed ones included)
+    num_lane_slices: int = 0  # layer-major lane slices that ran it (long prompts)
+    finish_time: float = 0.0  # time.monotonic() when it finished (tracing places spans by it)
 
 
 async def gather_outputs(
@@ -54,4 +57,7 @@ def output_of(fin: Finished, tok: Tokenized) -> EmbeddingOutput:
         queue_time=queue_time,
         inference_time=inference_time,
         num_preemptions=fin.request.num_preemptions,
+        num_steps=fin.request.num_steps,
+        num_lane_slices=fin.request.num_lane_slices,
+        finish_time=fin.finish_time,
     )

@@ -1,5 +1,5 @@
-"""FastAPI app of the gateway: the server's API (`/v1/embeddings`, `/v2/embed`, `/v1/rerank`,
-`/v1/models`, health, `/metrics`) in front of the pools, with the server's request parsing,
+"""FastAPI app of the gateway: the server's API (every route of api/routes.py, `/v1/models`,
+TEI's `/info`, health, `/metrics`) in front of the pools, with the server's request parsing,
 error shapes and Bearer API keys (the gateway's own clients' keys, not the pools')."""
 
 from __future__ import annotations
@@ -28,12 +28,17 @@ from embedserve.api.http import (
 from embedserve.api.openapi import Health, ModelCard, ModelList, error_responses, metrics_route
 from embedserve.api.protocol import ApiError, error_body
 from embedserve.api.routes import ROUTES, Route, body_priority, describe, model_not_found
+from embedserve.api.tei import TeiInfo, model_type
+from embedserve.api.tei import info as tei_info
 from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
 from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
 from embedserve.gateway.pipeline import Answer, GatewayRoute
 from embedserve.gateway.rerank import RERANK_ROUTE
+from embedserve.gateway.score import SCORE_ROUTE
 from embedserve.gateway.service import GatewayService
+from embedserve.gateway.tei import TEI_EMBED_ROUTE
+from embedserve.gateway.tokenize import DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +47,19 @@ CLASS_HEADER = "x-embedserve-priority"
 Started = tuple[str, Awaitable[Answer]]
 # Each declared route bound to its Job (one module per route), all run on gateway/pipeline.py.
 _BOUND: dict[str, GatewayRoute[Any]] = {
-    b.route.name: b for b in (EMBEDDINGS_ROUTE, COHERE_EMBED_ROUTE, RERANK_ROUTE)
+    b.route.name: b
+    for b in (
+        EMBEDDINGS_ROUTE,
+        COHERE_EMBED_ROUTE,
+        RERANK_ROUTE,
+        SCORE_ROUTE,
+        TEI_EMBED_ROUTE,
+        TOKENIZE_ROUTE,
+        DETOKENIZE_ROUTE,
+    )
 }
 # What an unknown path's 404 says the gateway routes.
-ROUTES_TEXT = f"POST {describe()}; GET /v1/models, /health/live, /health/ready, /metrics"
+ROUTES_TEXT = f"POST {describe()}; GET /v1/models, /info, /health/live, /health/ready, /metrics"
 
 
 def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastAPI:
@@ -98,6 +112,21 @@ def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastA
         if model_id != card["id"]:
             raise model_not_found(model_id, card["id"], "gateway")
         return card
+
+    @app.get(
+        "/info",
+        dependencies=auth,
+        response_model=None,
+        responses={200: {"model": TeiInfo}, **error_responses(*keyed, 503)},
+    )
+    async def info() -> dict[str, Any]:
+        """Text Embeddings Inference's model and limits (api/tei.py), as the gateway takes them."""
+        card = _model_card(service)
+        task = "embed" if service.counter.rerank_kind is None else "rerank"
+        kind = model_type(task, str(card.get("pooling", "")))
+        budget = max(p["max_tokens"] for p in card["pools"].values())
+        limit = service.config.max_inputs_per_request
+        return tei_info(card, kind, budget, limit, service.config.max_inputs_per_request)
 
     statuses = (400, *keyed, 404, 408, 413, 422, 429, 500, 502, 503, 504)
     limit = service.config.max_inputs_per_request
@@ -169,7 +198,7 @@ def _endpoint(
         def start(body: bytes, timeout: float | None) -> Started:
             req = route.parse(body)
             traffic_class = _traffic_class(request, *body_priority(req))
-            return traffic_class, service.serve(bound, req, traffic_class, timeout)
+            return traffic_class, service.serve(bound, req, traffic_class, timeout, request.headers)
 
         return await answer(request, start)
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from embedserve.api.keepalive import KEEP_ALIVE_S, MAX_RETRY_AFTER_S, UPSTREAM_KEEPALIVE_EXPIRY_S
 from embedserve.errors import EmbedServeError
 from embedserve.models.default import model_argument
+from embedserve.tracing import GATEWAY_SERVICE, TraceSettings, add_tracing_options
+from embedserve.tracing import from_args as tracing_settings
 
 if TYPE_CHECKING:
     import uvicorn
@@ -82,6 +84,7 @@ def register(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="TCP port to bind (default: 8080)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_tracing_options(p)
     p.set_defaults(func=_cmd_gateway)
 
 
@@ -95,6 +98,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     # httpx logs every request at INFO: the health polls alone would drown the gateway's own log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
+        trace = tracing_settings(args)
         config = load_config(args.config)
         if args.request_timeout is not None:
             if args.request_timeout > config.timeout_s:
@@ -108,7 +112,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         if model is None:
             raise EmbedServeError("no model to count tokens with: pass --model or set 'model:' in the config")
         counter = TokenCounter(model)
-        return asyncio.run(_serve(config, counter, keys, args))
+        return asyncio.run(_serve(config, counter, keys, args, trace))
     except EmbedServeError as e:
         print(f"embedserve gateway: error: {e}", file=sys.stderr)
         return 2
@@ -145,7 +149,11 @@ def _seconds(value: str) -> float:
 
 
 async def _serve(
-    config: GatewayConfig, counter: TokenCounter, keys: tuple[str, ...], args: argparse.Namespace
+    config: GatewayConfig,
+    counter: TokenCounter,
+    keys: tuple[str, ...],
+    args: argparse.Namespace,
+    trace: TraceSettings | None,
 ) -> int:
     import httpx
     import uvicorn
@@ -168,19 +176,26 @@ async def _serve(
         max_connections=1024, max_keepalive_connections=256, keepalive_expiry=UPSTREAM_KEEPALIVE_EXPIRY_S
     )
     timeout = httpx.Timeout(config.timeout_s, connect=5.0)
+    tracing = None
+    if trace is not None:  # OpenTelemetry is imported only then
+        from embedserve.tracing.otel import Tracing
+
+        tracing = Tracing.start(trace, GATEWAY_SERVICE)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
         upstreams = UpstreamSet(config, client)
         await upstreams.start()  # refuses to start on mixed schemas
         try:
             metrics = GatewayMetrics(upstreams)
-            forwarder = Forwarder(upstreams, metrics, config.balance)
-            service = GatewayService(config, counter, upstreams, metrics, forwarder)
+            forwarder = Forwarder(upstreams, metrics, config.balance, tracing)
+            service = GatewayService(config, counter, upstreams, metrics, forwarder, tracing)
             server = uvicorn.Server(uvicorn_config(create_app(service, keys), args))
             # uvicorn re-raises SIGTERM after its graceful shutdown; this handler makes that exit 0.
             signal.signal(signal.SIGTERM, _stopped)
             await server.serve()
         finally:
             await upstreams.close()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # the spans not yet exported
     return 0
 
 

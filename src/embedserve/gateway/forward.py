@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from httpx._client import UseClientDefault
@@ -33,6 +33,9 @@ from embedserve.api.protocol import ApiError
 from embedserve.api.routes import EMBEDDINGS_PATH, route_at
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.upstreams import Pool, Upstream, UpstreamSet
+
+if TYPE_CHECKING:
+    from embedserve.tracing.otel import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +79,13 @@ class PartResult:
 
 
 class Forwarder:
-    def __init__(self, upstreams: UpstreamSet, metrics: GatewayMetrics, policy: str) -> None:
+    def __init__(
+        self, upstreams: UpstreamSet, metrics: GatewayMetrics, policy: str, tracing: Tracing | None = None
+    ) -> None:
         self.upstreams = upstreams
         self.metrics = metrics
         self.policy = policy
+        self.tracing = tracing  # None: tracing off (tracing/__init__.py)
 
     async def run(self, part: Part, traffic_class: str) -> PartResult:
         refusals: list[Refusal] = []
@@ -114,7 +120,7 @@ class Forwarder:
         start = time.perf_counter()
         headers, timeout = _deadline_headers(part)
         try:
-            r = await self._post(f"{up.url}{part.path}", part.payload, headers, timeout)
+            r = await self._send(f"{up.url}{part.path}", part, pool.name, headers, timeout)
         except (httpx.NetworkError, httpx.ConnectTimeout, httpx.RemoteProtocolError) as e:
             # Never reached, or dropped the connection before answering (killed, restarted).
             reason = f"connection failed: {type(e).__name__}: {e}"
@@ -149,6 +155,17 @@ class Forwarder:
             return Refusal(r.status_code, retry_after(r.headers.get("retry-after")), "rejected")
         count.labels(pool.name, traffic_class, "failed").inc()
         raise _upstream_error(r, pool, up, part.indices)
+
+    async def _send(
+        self, url: str, part: Part, pool: str, headers: dict[str, str], timeout: float | UseClientDefault
+    ) -> httpx.Response:
+        """The call, in a CLIENT span whose traceparent goes along when tracing is on."""
+        if self.tracing is None:
+            return await self._post(url, part.payload, headers, timeout)
+        with self.tracing.upstream(url, pool, len(part.indices), part.tokens, headers) as call:
+            r = await self._post(url, part.payload, headers, timeout)
+            call.status = r.status_code
+            return r
 
     async def _post(
         self, url: str, payload: dict[str, Any], headers: dict[str, str], timeout: float | UseClientDefault

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, effective_timeout
 from embedserve.api.protocol import ApiError
@@ -35,8 +35,11 @@ from embedserve.gateway.jobs import Job, WholeJob
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.routing import NoPoolAvailable, Placement, group_placements, place_inputs
 
+if TYPE_CHECKING:
+    from embedserve.tracing.otel import RequestSpan, Tracing
+
 POOLS_HEADER = "x-embedserve-pools"
-Answer = tuple[dict[str, Any], dict[str, str]]  # (response body, response headers)
+Answer = tuple[Any, dict[str, str]]  # (response body: an object, or a list in TEI's shapes; headers)
 
 
 class PoolDirectory(Protocol):
@@ -60,10 +63,17 @@ class PartRunner(Protocol):
 
 @dataclass(frozen=True)
 class GatewayRoute(Generic[Req]):
-    """A declared route (api/routes.py) bound to the gateway: its request -> its Job."""
+    """A declared route (api/routes.py) bound to the gateway: its request -> its Job; its parts
+    go to the pools' `upstream` route (default: the same route; TEI's `/embed` sends
+    `/v1/embeddings` parts)."""
 
     route: Route[Req]
-    job: Callable[[Pipeline, Req], Job[Req]]
+    job: Callable[[Pipeline, Req], Job[Any]]
+    upstream: Route[Any] | None = None
+
+    @property
+    def upstream_path(self) -> str:
+        return (self.upstream or self.route).path
 
     def __post_init__(self) -> None:
         job = self.job
@@ -82,12 +92,14 @@ class Pipeline:
         upstreams: PoolDirectory,
         metrics: GatewayMetrics,
         forwarder: PartRunner,
+        tracing: Tracing | None = None,
     ) -> None:
         self.config = config
         self.counter = counter
         self.upstreams = upstreams
         self.metrics = metrics
         self.forwarder = forwarder
+        self.tracing = tracing  # None: tracing off (tracing/__init__.py)
         self._limits = config.limits()
 
     @property
@@ -111,20 +123,45 @@ class Pipeline:
         return time.monotonic() + effective_timeout(self.config.deadline_s, caller_timeout_s)
 
     async def serve(
-        self, bound: GatewayRoute[Req], req: Req, traffic_class: str, timeout_s: float | None = None
+        self,
+        bound: GatewayRoute[Req],
+        req: Req,
+        traffic_class: str,
+        timeout_s: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Answer:
         """One parsed request of a route, as the gateway answers it; `timeout_s`: the client's
-        X-Request-Timeout (it shortens the gateway's deadline)."""
+        X-Request-Timeout (it shortens the gateway's deadline); `headers`: the client's (its
+        traceparent, when tracing is on)."""
+        if self.tracing is None:
+            return await self._serve(bound, req, traffic_class, timeout_s, None)
+        # The request's span, current while it runs: each upstream call's span is its child.
+        attributes = {"embedserve.priority": traffic_class}
+        with self.tracing.request(bound.route.name, bound.route.path, headers, attributes) as trace:
+            answer = await self._serve(bound, req, traffic_class, timeout_s, trace)
+            trace.set({"embedserve.pools": answer[1].get(POOLS_HEADER, "")})
+            return answer
+
+    async def _serve(
+        self,
+        bound: GatewayRoute[Req],
+        req: Req,
+        traffic_class: str,
+        timeout_s: float | None,
+        trace: RequestSpan | None,
+    ) -> Answer:
         start = time.perf_counter()
         deadline = self.deadline(timeout_s)
         job = bound.job(self, req)
         pools = self.route_for(traffic_class, job.model)
         name = self.model_name
         counts, placements = await self.place(job, pools, traffic_class)
+        if trace is not None:
+            trace.counted(job.model or name or "", counts)
         if bound.route.placement == "whole":
-            parts = [self._whole(job, counts, placements, bound.route.path, traffic_class, deadline)]
+            parts = [self._whole(job, counts, placements, bound.upstream_path, traffic_class, deadline)]
         else:
-            parts = self._split(job, counts, placements, bound.route.path, traffic_class, deadline)
+            parts = self._split(job, counts, placements, bound.upstream_path, traffic_class, deadline)
         results = await self.run_parts(parts, traffic_class, deadline)
         return job.body(results, counts, name), self.answered(results, start, traffic_class)
 

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from embedserve.api.keepalive import KEEP_ALIVE_S, MAX_RETRY_AFTER_S
 from embedserve.engine.options import EngineOptions, add_engine_options, positive_int
+from embedserve.tracing import add_tracing_options
+from embedserve.tracing import from_args as tracing_settings
 
 if TYPE_CHECKING:
     from embedserve.server.runtime import ServerSettings
@@ -152,6 +154,7 @@ def register(sub: Any) -> None:
     g.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
     )
+    add_tracing_options(p.add_argument_group("tracing (OpenTelemetry; docs/tracing.md)"))
     p.set_defaults(func=_cmd_serve)
 
 
@@ -196,6 +199,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         max_engine_restarts=args.max_engine_restarts,
         int8_calibration=args.int8_calibration,
         int8_scale=args.int8_scale,
+        tracing=tracing_settings(args),
     )
 
 

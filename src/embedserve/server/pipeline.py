@@ -17,19 +17,22 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic
+from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 
 from embedserve.api.http import unless_disconnected
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import Req, Route, model_not_found, too_many_inputs, wrong_task
+from embedserve.api.routes import Req, Route, body_priority, model_not_found, too_many_inputs, wrong_task
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.server.admission import Ticket
 from embedserve.server.serving import EmbeddingService, engine_errors, timing_headers
 from embedserve.tokenizer import Tokenized
 
-Answer = tuple[dict[str, Any], dict[str, str]]  # (response body, response headers)
+if TYPE_CHECKING:
+    from embedserve.tracing.otel import RequestSpan
+
+Answer = tuple[Any, dict[str, str]]  # (response body: an object, or a list in TEI's shapes; headers)
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,10 @@ class Computed:
 class Job(ABC):
     """One parsed request of a route: what only the route knows. `tokenize` runs in a worker
     thread and may refuse (InvalidInputError, ApiError); `run` is cancelled on disconnect or
-    deadline; `body` gets the outputs in input order."""
+    deadline; `body` gets the outputs in input order. A job that `computes` nothing (tokenize)
+    is answered from its tokens: no admission, no engine work."""
+
+    computes = True
 
     def __init__(self, model: str | None, n_inputs: int) -> None:
         self.model = model  # the request's `model` field
@@ -56,11 +62,11 @@ class Job(ABC):
     @abstractmethod
     def tokenize(self) -> list[Tokenized]: ...
 
-    @abstractmethod
-    async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]: ...
+    async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
+        raise NotImplementedError(f"{type(self).__name__} computes nothing")
 
     @abstractmethod
-    def body(self, done: Computed) -> dict[str, Any]: ...
+    def body(self, done: Computed) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -77,11 +83,14 @@ async def answer(
     body: bytes,
     wait_disconnect: Callable[[], Awaitable[None]],
     timeout_s: float | None = None,
+    trace: RequestSpan | None = None,
 ) -> Answer:
     """One request body on a route, as the server answers it (also a Ray replica's handler);
-    `timeout_s`: the caller's own deadline (X-Request-Timeout), if below --request-timeout."""
+    `timeout_s`: the caller's own deadline (X-Request-Timeout), if below --request-timeout;
+    `trace`: the request's span when tracing is on (server/routes.py)."""
     route = bound.route
-    job = bound.job(svc, route.parse(body))
+    req = route.parse(body)
+    job = bound.job(svc, req)
     start = time.perf_counter()
     check_request(svc, route, job)
     with engine_errors(svc.on_forward_failure):
@@ -89,6 +98,8 @@ async def answer(
         tokenized = await asyncio.to_thread(job.tokenize)
     tokenize_time = time.perf_counter() - start
     n_tokens = sum(len(t.token_ids) for t in tokenized)
+    if not job.computes:
+        return job.body(Computed(tokenized, [], n_tokens)), {}
     ticket = admit(svc, len(tokenized), n_tokens)
     try:
         with engine_errors(svc.on_forward_failure):
@@ -99,6 +110,9 @@ async def answer(
     total = time.perf_counter() - start
     reply = job.body(Computed(tokenized, outputs, n_tokens))  # may still fail (a reranker's scores)
     svc.observe(outputs, tokenize_time, total)
+    if trace is not None:  # its tokenize / queue / engine spans, after the fact (tracing/otel.py)
+        model = job.model or svc.metadata.model
+        trace.answered(outputs, n_tokens, start, tokenize_time, total, model, body_priority(req)[0])
     return reply, timing_headers(outputs, tokenize_time, total)
 
 
@@ -106,7 +120,7 @@ def check_request(svc: EmbeddingService, route: Route[Any], job: Job) -> None:
     """The refusals before tokenizing: the model's task, the `model` field, the input limit."""
     meta = svc.metadata
     task = svc.engine.config.task
-    if task != route.task:
+    if task not in route.tasks:
         raise ApiError(400, wrong_task(meta.model, task))
     if job.model is not None and job.model != meta.model:
         raise model_not_found(job.model, meta.model)

@@ -5,7 +5,7 @@ the same body limit, X-Request-Timeout, disconnect watch, error mapping and Open
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -18,10 +18,25 @@ from embedserve.server.embeddings_routes import EMBEDDINGS_ROUTE
 from embedserve.server.pipeline import ServerRoute, answer
 from embedserve.server.rerank_routes import RERANK_ROUTE
 from embedserve.server.runtime import ServerSettings
+from embedserve.server.score_routes import SCORE_ROUTE
 from embedserve.server.serving import EmbeddingService
+from embedserve.server.tei_routes import TEI_EMBED_ROUTE
+from embedserve.server.tokenize_routes import DETOKENIZE_ROUTE, TOKENIZE_ROUTE
+
+if TYPE_CHECKING:
+    from embedserve.tracing.otel import RequestSpan
 
 _BOUND: dict[str, ServerRoute[Any]] = {
-    b.route.name: b for b in (EMBEDDINGS_ROUTE, COHERE_EMBED_ROUTE, RERANK_ROUTE)
+    b.route.name: b
+    for b in (
+        EMBEDDINGS_ROUTE,
+        COHERE_EMBED_ROUTE,
+        RERANK_ROUTE,
+        SCORE_ROUTE,
+        TEI_EMBED_ROUTE,
+        TOKENIZE_ROUTE,
+        DETOKENIZE_ROUTE,
+    )
 }
 
 
@@ -58,13 +73,20 @@ def _endpoint(
     async def endpoint(request: Request) -> Response:
         svc = service()
 
-        async def work() -> Response:
+        async def work(trace: RequestSpan | None = None) -> Response:
             body = await read_body(request, max_body_bytes, body_timeout_s)
             timeout = header_timeout(request.headers.get(TIMEOUT_HEADER))
-            data, headers = await answer(svc, bound, body, disconnect_waiter(request), timeout)
+            data, headers = await answer(svc, bound, body, disconnect_waiter(request), timeout, trace)
             return JSONResponse(data, headers=headers)
 
-        return await answered(f"{bound.route.path} request", work)
+        what = f"{bound.route.path} request"
+        if svc.tracing is None:
+            return await answered(what, work)
+        # The request's span (child of the caller's traceparent), ended once its body is serialized.
+        with svc.tracing.request(bound.route.name, request.url.path, request.headers, {}) as trace:
+            response = await answered(what, lambda: work(trace))
+            trace.responded(response.status_code)
+            return response
 
     endpoint.__name__ = bound.route.name  # the OpenAPI operation ids
     return endpoint

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from embedserve.api.keepalive import KEEP_ALIVE_S
 from embedserve.api.quantize import DEFAULT_INT8_SCALE, Calibration
@@ -28,6 +29,10 @@ from embedserve.server.admission import Admission, ThroughputMeter
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.serving import EmbeddingService
 from embedserve.server.warmup import probe, warm_up
+from embedserve.tracing import SERVER_SERVICE, TraceSettings
+
+if TYPE_CHECKING:
+    from embedserve.tracing.otel import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,7 @@ class ServerSettings:
     # int8 / uint8 outputs: ranges from this .npy file, else [-int8_scale, int8_scale] (api/quantize.py)
     int8_calibration: str | None = None
     int8_scale: float = DEFAULT_INT8_SCALE
+    tracing: TraceSettings | None = None  # OpenTelemetry traces (None: off; tracing/__init__.py)
 
     def calibration(self) -> Calibration:
         if self.int8_calibration is not None:
@@ -109,6 +115,11 @@ class ServerRuntime:
         self._forward_failed = False
         self.restarts = 0
         self._watcher: asyncio.Task[None] | None = None
+        self.tracing: Tracing | None = None
+        if settings.tracing is not None:  # OpenTelemetry is imported only then
+            from embedserve.tracing.otel import Tracing
+
+            self.tracing = Tracing.start(settings.tracing, SERVER_SERVICE)
 
     async def start(self) -> None:
         s = self.settings
@@ -151,6 +162,7 @@ class ServerRuntime:
             self._forward_failure,
             s.request_timeout_s,
             calibration,
+            self.tracing,
         )
         if self.phase is Phase.WARMING_UP:  # a shutdown may have begun meanwhile
             self.phase = Phase.READY
@@ -226,3 +238,5 @@ class ServerRuntime:
             self._watcher.cancel()
         if self.engine is not None:
             await asyncio.to_thread(self.engine.close)
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # the spans not yet exported

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, effective_timeout
 from embedserve.api.protocol import ApiError
@@ -20,6 +20,9 @@ from embedserve.lengths import bucket_of
 from embedserve.schema import ModelMetadata
 from embedserve.server.admission import Admission
 from embedserve.server.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from embedserve.tracing.otel import Tracing
 
 T = TypeVar("T")
 
@@ -35,8 +38,11 @@ class EmbeddingService:
         on_forward_failure: Callable[[], None],
         request_timeout_s: float = 300.0,
         calibration: Calibration | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.engine = engine
+        self.tracing = tracing  # None: tracing off (tracing/__init__.py)
+        engine.name = metadata.model  # errors name the model as clients know it (--served-model-name)
         self.calibration = calibration or Calibration.fixed()
         self.metadata = metadata
         self.admission = admission
