@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Encoding
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import InputTooLongError, InvalidInputError
@@ -73,23 +74,32 @@ class Tokenizer:
         return self._lead_len + len(self._tok.encode(prompt, add_special_tokens=False).ids)
 
     def encode(self, text: str, max_len: int, truncate: Truncate, prompt: str = "") -> Tokenized:
+        enc, truncated = self.encoding(text, max_len, truncate, prompt)
+        ids = enc.ids
+        prompt_tokens = self.count_prompt_tokens(prompt) if prompt else 0
+        return Tokenized(token_ids=list(ids), truncated=truncated, prompt_tokens=min(prompt_tokens, len(ids)))
+
+    def encoding(
+        self, text: str, max_len: int, truncate: Truncate, prompt: str = "", special: bool = True
+    ) -> tuple[Encoding, bool]:
+        """`prompt + text` encoded as `encode` counts it (its ids, character offsets in
+        `prompt + text` and special-token mask), and whether it was cut; `special=False`:
+        without the post-processor's special tokens (`/tokenize`'s add_special_tokens)."""
         if not isinstance(text, str):
             raise InvalidInputError(f"expected a string, got {type(text).__name__}")
         if text == "":
             raise InvalidInputError("input is an empty string")
         enc = self._tok.encode(prompt + text, add_special_tokens=False)
-        n_content = len(enc.ids)
+        n_special = self.num_special if special else 0
         truncated = False
-        if n_content + self.num_special > max_len:
+        if len(enc.ids) + n_special > max_len:
             if truncate is Truncate.ERROR:
-                raise InputTooLongError(n_content + self.num_special, max_len)
+                raise InputTooLongError(len(enc.ids) + n_special, max_len)
             enc.truncate(
-                max(max_len - self.num_special, 0), direction="right" if truncate is Truncate.END else "left"
+                max(max_len - n_special, 0), direction="right" if truncate is Truncate.END else "left"
             )
             truncated = True
-        ids = self._tok.post_process(enc).ids
-        prompt_tokens = self.count_prompt_tokens(prompt) if prompt else 0
-        return Tokenized(token_ids=list(ids), truncated=truncated, prompt_tokens=min(prompt_tokens, len(ids)))
+        return (self._tok.post_process(enc) if special else enc), truncated
 
     def check_ids(self, ids: list[int], max_len: int, truncate: Truncate) -> Tokenized:
         """Validate caller-supplied token ids (taken as the final sequence, specials included)."""

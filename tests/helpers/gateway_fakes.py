@@ -24,7 +24,8 @@ SCHEMA = "es1-test"
 class FakeUpstream:
     """Answers like `embedserve serve`; `status` / `raises` / `error_type` / `delay` make it
     refuse, fail or wait; `inputs` and `headers` record the calls it got (texts or documents) on
-    every POST route (`/v1/embeddings`, `/v2/embed`, `/v1/rerank`)."""
+    every POST route (`/v1/embeddings`, `/v2/embed`, `/v1/rerank`, `/v1/score`, `/tokenize`,
+    `/detokenize`)."""
 
     def __init__(self, url: str, schema: str = SCHEMA) -> None:
         self.url = url
@@ -55,6 +56,8 @@ class FakeUpstream:
             return self._cohere(sent["texts"])
         if path == "/v1/rerank":
             return self._rerank(sent["documents"])
+        if path in _OTHERS:
+            return _OTHERS[path](self, sent)
         texts = sent["input"]
         self.inputs.append(texts)
         data = [
@@ -87,13 +90,36 @@ class FakeUpstream:
         n = len(documents)
         return self._answered({"results": results, "usage": {"prompt_tokens": n, "total_tokens": n}})
 
+    def _score(self, sent: dict[str, Any]) -> httpx.Response:
+        """`/v1/score`: each pair's score is its text_2's length."""
+        right = sent["text_2"]
+        self.inputs.append(right)
+        data = [{"index": i, "object": "score", "score": float(len(t))} for i, t in enumerate(right)]
+        return self._answered({"object": "list", "data": data, "usage": {}})
+
+    def _tokenize(self, sent: dict[str, Any]) -> httpx.Response:
+        """`/tokenize` in TEI's shape: one token per word."""
+        self.inputs.append(sent["inputs"])
+        tokens = [
+            [{"id": k, "text": w, "special": False} for k, w in enumerate(t.split())] for t in sent["inputs"]
+        ]
+        return httpx.Response(200, json=tokens, headers=_TIMES)
+
+    def _detokenize(self, sent: dict[str, Any]) -> httpx.Response:
+        self.inputs.append([str(len(sent["tokens"]))])
+        return httpx.Response(200, json={"prompt": " ".join("w" for _ in sent["tokens"])}, headers=_TIMES)
+
     def _answered(self, body: dict[str, Any]) -> httpx.Response:
         meta = {"model": "tiny", "model_version": "v1", "dtype": "float32", "backend_profile": "cpu-fp32"}
-        return httpx.Response(
-            200,
-            json={**body, "embedding_schema": self.schema, **meta},
-            headers={"x-queue-time": "1.50", "x-inference-time": "2.00"},
-        )
+        return httpx.Response(200, json={**body, "embedding_schema": self.schema, **meta}, headers=_TIMES)
+
+
+_TIMES = {"x-queue-time": "1.50", "x-inference-time": "2.00"}
+_OTHERS = {
+    "/v1/score": FakeUpstream._score,
+    "/tokenize": FakeUpstream._tokenize,
+    "/detokenize": FakeUpstream._detokenize,
+}
 
 
 def fake_config(policy: str = "least_tokens", **extra: Any) -> GatewayConfig:

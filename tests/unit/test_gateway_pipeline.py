@@ -33,8 +33,14 @@ Fakes = dict[str, FakeUpstream]
 @dataclass(frozen=True)
 class Case:
     body: Callable[[list[str]], dict[str, Any]]  # a request of the route with these texts
-    refuse_too_long: dict[str, Any]  # the route's "error" over-long policy
-    vectors: Callable[[dict[str, Any]], list[Any]] | None  # a split route's answers, in input order
+    refuse_too_long: dict[str, Any] | None  # the route's "error" over-long policy (None: answers all)
+    vectors: Callable[[Any], list[Any]] | None = None  # a split route's answers, in input order
+    whole: Callable[[Any, list[str]], bool] | None = None  # a whole route's answer to these texts
+    many: bool = True  # takes several inputs (the per-request input limit applies)
+
+
+def _n_words(texts: list[str]) -> int:
+    return sum(len(t.split()) for t in texts)
 
 
 CASES = {
@@ -44,7 +50,28 @@ CASES = {
     "cohere_embed": Case(
         lambda texts: {"texts": texts}, {"truncate": "NONE"}, lambda b: b["embeddings"]["float"]
     ),
-    "rerank": Case(lambda texts: {"query": "q", "documents": texts}, {"truncate": "error"}, None),
+    "rerank": Case(
+        lambda texts: {"query": "q", "documents": texts},
+        {"truncate": "error"},
+        whole=lambda b, texts: [r["index"] for r in b["results"]] == [1, 0],  # the fake's order
+    ),
+    "score": Case(
+        lambda texts: {"text_1": "q", "text_2": texts},
+        {"truncate": "error"},
+        whole=lambda b, texts: [d["score"] for d in b["data"]] == [len(t) for t in texts],
+    ),
+    "tei_embed": Case(lambda texts: {"inputs": texts}, {"truncate": False}, lambda b: b),
+    "tokenize": Case(
+        lambda texts: {"inputs": texts},
+        None,
+        whole=lambda b, texts: [len(t) for t in b] == [len(t.split()) for t in texts],
+    ),
+    "detokenize": Case(
+        lambda texts: {"tokens": [7] * _n_words(texts)},
+        None,
+        whole=lambda b, texts: len(b["prompt"].split()) == _n_words(texts),
+        many=False,
+    ),
 }
 ON_EVERY_ROUTE = pytest.mark.parametrize("route", ROUTES, ids=[r.name for r in ROUTES])
 
@@ -80,7 +107,7 @@ def _post(
     (`prepare`d first; `config`: pools.yaml keys), then `check` the answer."""
 
     async def go() -> None:
-        service, fakes = await fake_gateway(counters[route.task])(**config)
+        service, fakes = await fake_gateway(counters[route.tasks[0]])(**config)
         prepare(service, fakes)
         transport = httpx.ASGITransport(app=create_app(service))
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
@@ -135,15 +162,18 @@ def test_refusals_before_any_upstream_call(counters: dict[str, TokenCounter], ro
         return checked
 
     _post(counters, route, ["x"], check(404, "this gateway serves 'tiny'"), extra={"model": "other"})
-    _post(
-        counters,
-        route,
-        ["x"] * 5,
-        check(400, "5 inputs in one request; the limit is 4"),
-        max_inputs_per_request=4,
-    )
-    too_long = CASES[route.name].refuse_too_long
-    _post(counters, route, [words(5000)], check(400, "exceed the limit of 4096", "too_long"), extra=too_long)
+    case = CASES[route.name]
+    if case.many:
+        _post(
+            counters,
+            route,
+            ["x"] * 5,
+            check(400, "5 inputs in one request; the limit is 4"),
+            max_inputs_per_request=4,
+        )
+    if case.refuse_too_long is not None:
+        too_long = check(400, "exceed the limit of 4096", "too_long")
+        _post(counters, route, [words(5000)], too_long, extra=case.refuse_too_long)
 
     def unavailable(resp: httpx.Response, service: GatewayService, fakes: Fakes) -> None:
         check(503, "no upstream is ready", "unavailable")(resp, service, fakes)
@@ -169,8 +199,9 @@ def test_placed_by_the_routes_placement(counters: dict[str, TokenCounter], route
             assert vectors is not None and [v[0] for v in vectors(body)] == [len(t) for t in texts]
         else:  # whole: every input on the longest one's pool, its answer as it is
             assert resp.headers[POOLS_HEADER] == "long"
-            assert fakes[LONG].inputs == [texts] and not fakes[SHORT].inputs + fakes[SHORT2].inputs
-            assert [r["index"] for r in body["results"]] == [1, 0]
+            assert len(fakes[LONG].inputs) == 1 and not fakes[SHORT].inputs + fakes[SHORT2].inputs
+            whole = CASES[route.name].whole
+            assert whole is not None and whole(body, texts), body
 
     _post(counters, route, texts, check)
 

@@ -55,12 +55,24 @@ def gateway_app() -> FastAPI:
 
 
 def test_the_declarations() -> None:
-    assert [r.name for r in ROUTES] == ["embeddings", "cohere_embed", "rerank"]
+    assert [r.name for r in ROUTES] == [
+        "embeddings",
+        "cohere_embed",
+        "rerank",
+        "score",
+        "tei_embed",
+        "tokenize",
+        "detokenize",
+    ]
     assert RERANK.paths == ("/v1/rerank", "/rerank", "/v2/rerank")
     assert {r.name: r.placement for r in ROUTES} == {
         "embeddings": "split",
         "cohere_embed": "split",
         "rerank": "whole",
+        "score": "whole",
+        "tei_embed": "split",
+        "tokenize": "whole",
+        "detokenize": "whole",
     }
     assert len({p for _, p in DECLARED}) == len(DECLARED)  # no path declared twice
     for name, path in DECLARED:

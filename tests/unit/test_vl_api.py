@@ -126,3 +126,31 @@ def test_gateway_counts_image_tokens_from_the_size(client: Any, qwen3_vl_dir: Pa
         r = g.post("/v1/embeddings", json=body)  # placed by those counts in the short / long pools
     assert r.status_code == 200, r.text
     assert [d["num_tokens"] for d in r.json()["data"]] == served
+
+
+def test_tokenize_counts_image_tokens_as_embeddings_bills_them(client: Any, qwen3_vl_dir: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    items: list[Any] = [
+        "plain text",
+        {
+            "content": [
+                {"type": "text", "text": "a chart: "},
+                image_part(data_uri(IMG)),
+                {"type": "text", "text": "x"},
+            ]
+        },
+        image_part(data_uri(image(300, 200, seed=3))),
+    ]
+    billed = client.post("/v1/embeddings", json={"input": items})
+    assert billed.status_code == 200, billed.text
+    served = [d["num_tokens"] for d in billed.json()["data"]]
+    with TestClient(gateway_app(client.app, qwen3_vl_dir)) as g:
+        for item, n in zip(items, served, strict=True):
+            for c in (client, g):
+                r = c.post("/tokenize", json={"input": item})
+                assert r.status_code == 200, r.text
+                assert r.json()["count"] == n == len(r.json()["tokens"])
+    parts = client.post("/tokenize", json={"input": items[1]["content"]})  # the parts as a list
+    assert parts.json()["count"] == served[1]
+    assert client.post("/tokenize", json={"input": items[1], "add_special_tokens": False}).status_code == 400

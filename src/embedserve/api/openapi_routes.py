@@ -1,17 +1,23 @@
-"""`/openapi.json` for `POST /v2/embed` and `POST /v1/rerank` (server and gateway): their request
-bodies from the request models the handlers parse with (api/cohere.py, api/rerank.py: 400 for
-bad JSON, 422 for a wrong shape), their 200 bodies, and the statuses the route answers."""
+"""`/openapi.json` for the POST routes beside `/v1/embeddings` (server and gateway): `/v2/embed`,
+`/v1/rerank` (Cohere's and TEI's bodies), `/v1/score`, TEI's `/embed`, `/tokenize`,
+`/detokenize`. Their request bodies come from the request models the handlers parse with
+(api/cohere.py, api/rerank.py, api/tei.py, api/score.py, api/tokenize.py: 400 for bad JSON,
+422 for a wrong shape), with their 200 bodies and the statuses the route answers."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, RootModel
 
+from embedserve.api.classify import ClassifyRequest, ClassifyResponse, PredictRequest
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.openapi import DEADLINE_NOTE, error_responses
 from embedserve.api.rerank import RerankRequest
+from embedserve.api.score import ScoreRequest, ScoreResponse
+from embedserve.api.tei import TeiEmbedRequest, TeiRerankRequest
+from embedserve.api.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 
 class CohereMeta(BaseModel):
@@ -49,7 +55,42 @@ class RerankResponse(BaseModel):
     model: str
 
 
-def _inlined(model: type[BaseModel], max_items: int, field: str) -> dict[str, Any]:
+class TeiRerankResult(BaseModel):
+    index: int = Field(ge=0)
+    score: float
+    text: str | None = Field(default=None, description="with return_text")
+
+
+class RerankAnswer(RootModel[RerankResponse | list[TeiRerankResult]]):
+    """Cohere's body, or TEI's list when the request had TEI's shape (`texts`)."""
+
+
+class TeiToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int
+    stop: int
+
+
+class TokenizeAnswer(RootModel[TokenizeResponse | list[list[TeiToken]]]):
+    """vLLM's body, or TEI's token lists when the request had TEI's shape (`inputs`)."""
+
+
+class Prediction(BaseModel):
+    score: float
+    label: str
+
+
+class Predictions(RootModel[list[Prediction] | list[list[Prediction]]]):
+    """TEI's `/predict` answer: labels best first, per input for a batch."""
+
+
+class Vectors(RootModel[list[list[float]]]):
+    """TEI's `/embed` answer: one vector per input, in input order."""
+
+
+def _inlined(model: type[BaseModel], max_items: int, field: str | None) -> dict[str, Any]:
     """The model's JSON schema with its `$defs` inlined (the document has no `#/$defs`) and the
     server's per-request limit on `field`."""
     schema = copy.deepcopy(model.model_json_schema())
@@ -66,7 +107,11 @@ def _inlined(model: type[BaseModel], max_items: int, field: str) -> dict[str, An
         return node
 
     out: dict[str, Any] = inline(schema)
-    out["properties"][field]["maxItems"] = max_items
+    if field is not None:
+        limited = out["properties"][field]
+        for shape in limited.get("anyOf", [limited]):
+            if shape.get("type") == "array":
+                shape["maxItems"] = max_items
     return out
 
 
@@ -91,6 +136,48 @@ def cohere_embed_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, 
 
 
 def rerank_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
-    """Keyword arguments of the `POST /v1/rerank` routes (and aliases)."""
-    request = _inlined(RerankRequest, max_inputs, "documents")
-    return _route("Rank documents by relevance to a query", request, RerankResponse, statuses)
+    """Keyword arguments of the `POST /v1/rerank` routes (and aliases): Cohere's or TEI's body."""
+    cohere = _inlined(RerankRequest, max_inputs, "documents")
+    tei = _inlined(TeiRerankRequest, max_inputs, "texts")
+    request = {"anyOf": [cohere, tei]}
+    return _route(
+        "Rank documents by relevance to a query (Cohere's or TEI's body)", request, RerankAnswer, statuses
+    )
+
+
+def score_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of `POST /v1/score` (vLLM's score API)."""
+    request = _inlined(ScoreRequest, max_inputs, "text_2")
+    return _route("Score text pairs (1:1, 1:N, N:N)", request, ScoreResponse, statuses)
+
+
+def tei_embed_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of `POST /embed` (TEI's embed API)."""
+    request = _inlined(TeiEmbedRequest, max_inputs, "inputs")
+    return _route("Embed texts (Text Embeddings Inference's API)", request, Vectors, statuses)
+
+
+def tokenize_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of `POST /tokenize` (vLLM's body, or TEI's with `inputs`)."""
+    request = _inlined(TokenizeRequest, max_inputs, "inputs")
+    return _route(
+        "Tokenize as the embedding routes count (vLLM's or TEI's body)", request, TokenizeAnswer, statuses
+    )
+
+
+def detokenize_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of `POST /detokenize` (vLLM's)."""
+    request = _inlined(DetokenizeRequest, max_inputs, None)
+    return _route("Token ids back to text", request, DetokenizeResponse, statuses)
+
+
+def classify_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of `POST /classify` (vLLM's classify API)."""
+    request = _inlined(ClassifyRequest, max_inputs, "input")
+    return _route("Classify texts (a sequence-classification model)", request, ClassifyResponse, statuses)
+
+
+def predict_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of `POST /predict` (TEI's classification API)."""
+    request = _inlined(PredictRequest, max_inputs, "inputs")
+    return _route("Classify texts or pairs (Text Embeddings Inference's API)", request, Predictions, statuses)

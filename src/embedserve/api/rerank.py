@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
 class RerankDocument(BaseModel):
@@ -35,6 +35,16 @@ class RerankRequest(BaseModel):
     truncate: Literal["end", "start", "error"] = "end"
     instruction: str | None = None
     priority: Literal["online", "batch"] = "online"
+    # Parsed from TEI's body (`texts`, api/tei.py): answered in TEI's shape.
+    _tei: bool = PrivateAttr(default=False)
+
+    @property
+    def tei(self) -> bool:
+        return self._tei
+
+    def as_tei(self) -> RerankRequest:
+        self._tei = True
+        return self
 
     @property
     def texts(self) -> list[str]:

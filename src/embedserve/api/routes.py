@@ -3,10 +3,19 @@ task it needs, how a gateway places it, its `/openapi.json` entry and what a com
 holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serve replica
 (scale/replica.py) and the gateway's 404 text all take their route list from `ROUTES`.
 
-    route          paths                              task    gateway placement
-    embeddings     /v1/embeddings                     embed   split: each input to its pool
-    cohere_embed   /v2/embed                          embed   split: each text to its pool
-    rerank         /v1/rerank, /rerank, /v2/rerank    rerank  whole: the pool of the longest pair
+    route          paths                              tasks          gateway placement
+    embeddings     /v1/embeddings                     embed          split: each input to its pool
+    cohere_embed   /v2/embed                          embed          split: each text to its pool
+    rerank         /v1/rerank, /rerank, /v2/rerank    rerank         whole: the pool of the longest pair
+    classify       /classify                          classify, rerank  whole: the pool of the longest input
+    predict        /predict (TEI's)                   classify, rerank  whole
+    score          /v1/score, /score                  embed, rerank  whole: the pool of the longest pair
+    tei_embed      /embed                             embed          split (as /v1/embeddings)
+    tokenize       /tokenize                          any            whole
+    detokenize     /detokenize                        any            whole
+
+Two peers' bodies on one path (TEI's and Cohere's `/rerank`, TEI's and vLLM's `/tokenize`) are
+one route: its parser reads either, and the answer takes the shape of the body it got.
 
 Also the wording every route shares for refusals that are not about its own shape.
 
@@ -26,14 +35,28 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
+from embedserve.api.classify import ClassifyRequest, PredictRequest
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.openapi import embeddings_route
-from embedserve.api.openapi_routes import cohere_embed_route, rerank_route
+from embedserve.api.openapi_routes import (
+    classify_route,
+    cohere_embed_route,
+    detokenize_route,
+    predict_route,
+    rerank_route,
+    score_route,
+    tei_embed_route,
+    tokenize_route,
+)
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, parse_body
 from embedserve.api.rerank import RerankRequest
+from embedserve.api.score import ScoreRequest
+from embedserve.api.tei import TeiEmbedRequest, parse_rerank
+from embedserve.api.tokenize import DetokenizeRequest, TokenizeRequest
 
 Req = TypeVar("Req", bound=BaseModel)
-Task = Literal["embed", "rerank"]
+Task = Literal["embed", "rerank", "classify"]
+ANY_TASK: tuple[Task, ...] = ("embed", "rerank", "classify")
 # "split": a gateway sends each input to the smallest pool that fits it and reassembles the
 # answers in order; "whole": the request goes to one pool, chosen by its longest input.
 Placement = Literal["split", "whole"]
@@ -48,7 +71,7 @@ class Route(Generic[Req]):
     name: str
     path: str  # the primary path: the one a gateway sends its parts to
     parse: Callable[[bytes], Req]  # 400 bad JSON, 422 wrong shape
-    task: Task
+    tasks: tuple[Task, ...]  # the models' tasks it serves
     placement: Placement
     # `/openapi.json` keyword arguments: (per-request input limit, statuses answered).
     doc: Callable[[int, tuple[int, ...]], dict[str, Any]]
@@ -71,14 +94,35 @@ def _one_vector_per_text(body: Any, n: int) -> bool:
 
 
 def _ranks_within(body: Any, n: int) -> bool:  # top_n may rank fewer than n documents
-    return all(0 <= item["index"] < n for item in body["results"])
+    results = body if isinstance(body, list) else body["results"]  # TEI's shape, Cohere's
+    return all(0 <= item["index"] < n for item in results)
+
+
+def _one_answer_each(body: Any, n: int) -> bool:
+    return isinstance(body["data"], list) and [d["index"] for d in body["data"]] == list(range(n))
+
+
+def _labels_of_each(body: Any, n: int) -> bool:  # TEI: one input's labels, or a list per input
+    return isinstance(body, list) and (n == 1 or len(body) == n)
+
+
+def _tokens_of_each(body: Any, n: int) -> bool:  # vLLM's one input, TEI's list
+    return len(body) == n if isinstance(body, list) else n == 1 and isinstance(body["tokens"], list)
+
+
+def _one_vector_each(body: Any, n: int) -> bool:
+    return isinstance(body, list) and len(body) == n
+
+
+def _text(body: Any, n: int) -> bool:
+    return isinstance(body["prompt"], str)
 
 
 EMBEDDINGS: Route[EmbeddingRequest] = Route(
     name="embeddings",
     path=EMBEDDINGS_PATH,
     parse=partial(parse_body, EmbeddingRequest),
-    task="embed",
+    tasks=("embed",),
     placement="split",
     doc=embeddings_route,
     answers=_one_vector_per_input,
@@ -87,7 +131,7 @@ COHERE_EMBED: Route[CohereEmbedRequest] = Route(
     name="cohere_embed",
     path=COHERE_EMBED_PATH,
     parse=partial(parse_body, CohereEmbedRequest),
-    task="embed",
+    tasks=("embed",),
     placement="split",
     doc=cohere_embed_route,
     answers=_one_vector_per_text,
@@ -96,13 +140,79 @@ RERANK: Route[RerankRequest] = Route(
     name="rerank",
     path=RERANK_PATH,
     aliases=("/rerank", "/v2/rerank"),
-    parse=partial(parse_body, RerankRequest),
-    task="rerank",
+    parse=parse_rerank,
+    tasks=("rerank",),
     placement="whole",
     doc=rerank_route,
     answers=_ranks_within,
 )
-ROUTES: tuple[Route[Any], ...] = (EMBEDDINGS, COHERE_EMBED, RERANK)
+CLASSIFY: Route[ClassifyRequest] = Route(
+    name="classify",
+    path="/classify",
+    parse=partial(parse_body, ClassifyRequest),
+    tasks=("classify", "rerank"),
+    placement="whole",
+    doc=classify_route,
+    answers=_one_answer_each,
+)
+PREDICT: Route[PredictRequest] = Route(
+    name="predict",
+    path="/predict",
+    parse=partial(parse_body, PredictRequest),
+    tasks=("classify", "rerank"),
+    placement="whole",
+    doc=predict_route,
+    answers=_labels_of_each,
+)
+SCORE: Route[ScoreRequest] = Route(
+    name="score",
+    path="/v1/score",
+    aliases=("/score",),
+    parse=partial(parse_body, ScoreRequest),
+    tasks=("embed", "rerank"),
+    placement="whole",
+    doc=score_route,
+    answers=_one_answer_each,
+)
+TEI_EMBED: Route[TeiEmbedRequest] = Route(
+    name="tei_embed",
+    path="/embed",
+    parse=partial(parse_body, TeiEmbedRequest),
+    tasks=("embed",),
+    placement="split",
+    doc=tei_embed_route,
+    answers=_one_vector_each,
+)
+TOKENIZE: Route[TokenizeRequest] = Route(
+    name="tokenize",
+    path="/tokenize",
+    parse=partial(parse_body, TokenizeRequest),
+    tasks=ANY_TASK,
+    placement="whole",
+    doc=tokenize_route,
+    answers=_tokens_of_each,
+)
+DETOKENIZE: Route[DetokenizeRequest] = Route(
+    name="detokenize",
+    path="/detokenize",
+    parse=partial(parse_body, DetokenizeRequest),
+    tasks=ANY_TASK,
+    placement="whole",
+    doc=detokenize_route,
+    answers=_text,
+)
+# A model's task is served first by the route listed first for it (`wrong_task` points there).
+ROUTES: tuple[Route[Any], ...] = (
+    EMBEDDINGS,
+    COHERE_EMBED,
+    RERANK,
+    CLASSIFY,
+    PREDICT,
+    SCORE,
+    TEI_EMBED,
+    TOKENIZE,
+    DETOKENIZE,
+)
 
 _BY_PATH = {path: route for route in ROUTES for path in route.paths}
 if len(_BY_PATH) != sum(len(r.paths) for r in ROUTES):
@@ -120,13 +230,17 @@ def describe() -> str:
 
 
 _PLACED: dict[Placement, str] = {"split": "split per input", "whole": "whole"}
-_TASK_MODEL: dict[str, str] = {"embed": "an embedding model", "rerank": "a reranker"}
+_TASK_MODEL: dict[str, str] = {
+    "embed": "an embedding model",
+    "rerank": "a reranker",
+    "classify": "a classifier",
+}
 
 
 def wrong_task(model: str, task: str) -> str:
     """What a route says when the model's task is `task`, not its own: where to go instead."""
     what = _TASK_MODEL.get(task, f"a {task!r} model")
-    where = next((f": POST {r.path}" for r in ROUTES if r.task == task), "")
+    where = next((f": POST {r.path}" for r in ROUTES if task in r.tasks), "")
     return f"model {model!r} is {what}{where}"
 
 

@@ -54,7 +54,8 @@ class ClassifyMixin:
     ) -> list[Future[Finished]]:
         raise NotImplementedError  # Engine's
 
-    def _classifier(self) -> ScoreHead:
+    def classifier(self) -> ScoreHead:
+        """The model's classifier head; InvalidInputError for a model that cannot classify."""
         head = self.score_head
         if head is None or head.kind != CLASSIFIER:
             what = "an embedding model" if head is None else "a yes / no reranker"
@@ -67,7 +68,7 @@ class ClassifyMixin:
         tokenizer's pair template, as a cross-encoder reads one; only the second text is cut) and
         token-id lists. `truncate`: "error" (default: an input over max_model_len is refused),
         "end" or "start" (cut that end of the text, keeping the special tokens)."""
-        self._classifier()
+        self.classifier()
         policy = Truncate.parse(truncate)
         items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
         if len(items) == 0:
@@ -99,7 +100,7 @@ class ClassifyMixin:
         self, tokenized: list[Tokenized], *, raw_scores: bool = False, priority: str = "online"
     ) -> list[ClassifyResult]:
         """Run inputs that `tokenize_classify` produced; one result each, in order."""
-        head = self._classifier()
+        head = self.classifier()
         done = await gather_all(self.submit_tokenized(tokenized, normalize=False, priority=priority))
         return classified(head, done, tokenized, raw_scores)
 
@@ -117,7 +118,7 @@ class ClassifyMixin:
         the logits for a regression one. `raw_scores`: the logits. `priority`: "online" / "batch"."""
         tokenized = self.tokenize_classify(inputs, truncate)
         done = wait_all(self.submit_tokenized(tokenized, normalize=False, priority=priority))
-        return classified(self._classifier(), done, tokenized, raw_scores)
+        return classified(self.classifier(), done, tokenized, raw_scores)
 
     async def classify_async(
         self,
@@ -137,14 +138,12 @@ def classified(
 ) -> list[ClassifyResult]:
     """The head on the finished requests' pooled rows -> one result each."""
     rows = torch.stack([f.vector for f in done if f.vector is not None])  # [n, hidden]
-    probs = head.probs(rows, raw_scores).tolist()  # [n, labels]
     out = []
-    for p, fin, tok in zip(probs, done, tokenized, strict=True):
-        best = max(range(len(p)), key=p.__getitem__)  # the first of equal values, as argmax
+    for (label, p), fin, tok in zip(labelled(head, rows, raw_scores), done, tokenized, strict=True):
         queue_time, inference_time = timings(fin)
         out.append(
             ClassifyResult(
-                head.labels[best],
+                label,
                 p,
                 len(p),
                 len(tok.token_ids),
@@ -155,3 +154,10 @@ def classified(
             )
         )
     return out
+
+
+def labelled(head: ScoreHead, rows: torch.Tensor, raw_scores: bool = False) -> list[tuple[str, list[float]]]:
+    """(best label, probabilities) of each pooled row [n, hidden]; the best is the first of
+    equal values, as argmax."""
+    probs: list[list[float]] = head.probs(rows, raw_scores).tolist()  # [n, labels]
+    return [(head.labels[max(range(len(p)), key=p.__getitem__)], p) for p in probs]

@@ -40,6 +40,8 @@ class Engine(RerankMixin, ClassifyMixin):
         self.tokenizer = self._loop.parts.tokenizer
         self.score_head = self._loop.parts.score_head  # rerankers, classifiers (rerank.py, classify.py)
         self.multimodal = self._loop.parts.prompter is not None  # takes image parts
+        # What errors call the model: its directory's name, or the name a server serves it as.
+        self.name = Path(self.config.model_path).name
         self._ids = itertools.count()
 
     # ---- construction ----------------------------------------------------------------------
@@ -65,15 +67,18 @@ class Engine(RerankMixin, ClassifyMixin):
         ):
             raise InvalidInputError(f"dimensions must be an integer in [1, {hidden}], got {dimensions!r}")
 
-    def tokenize(self, inputs: Inputs, prompt: str = "", truncate: str = "error") -> list[Tokenized]:
-        """Tokenize and validate every input (raises naming the first bad one)."""
+    def tokenize(
+        self, inputs: Inputs, prompt: str = "", truncate: str = "error", max_len: int | None = None
+    ) -> list[Tokenized]:
+        """Tokenize and validate every input (raises naming the first bad one); `max_len`: the
+        length over which `truncate` applies (default: the model's max_model_len)."""
         policy = Truncate.parse(truncate)
         items: Sequence[Any] = [inputs] if isinstance(inputs, str) or is_image(inputs) else inputs
         prompter = self._loop.parts.prompter
-        limit = self.config.scheduler.max_model_len
+        limit = self.config.scheduler.max_model_len if max_len is None else max_len
         if prompter is not None:  # the chat format; `prompt` is the instruction
             return tokenize_multimodal(prompter, self.tokenizer, items, prompt, limit)
-        items = text_items(items, Path(self.config.model_path).name)
+        items = text_items(items, self.name)
         return tokenize_inputs(self.tokenizer, items, prompt, limit, policy)
 
     def _requests(

@@ -30,6 +30,7 @@ from embedserve.api.protocol import ApiError, error_body
 from embedserve.api.routes import ROUTES, Route, body_priority, describe, model_not_found
 from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
+from embedserve.gateway.classify import CLASSIFY_ROUTE, PREDICT_ROUTE
 from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
 from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
@@ -52,6 +53,8 @@ _BOUND: dict[str, GatewayRoute[Any]] = {
         EMBEDDINGS_ROUTE,
         COHERE_EMBED_ROUTE,
         RERANK_ROUTE,
+        CLASSIFY_ROUTE,
+        PREDICT_ROUTE,
         SCORE_ROUTE,
         TEI_EMBED_ROUTE,
         TOKENIZE_ROUTE,
@@ -122,8 +125,10 @@ def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastA
     async def info() -> dict[str, Any]:
         """Text Embeddings Inference's model and limits (api/tei.py), as the gateway takes them."""
         card = _model_card(service)
-        task = "embed" if service.counter.rerank_kind is None else "rerank"
-        kind = model_type(task, str(card.get("pooling", "")))
+        counter = service.counter
+        labels = counter.labels
+        task = "embed" if counter.rerank_kind is None else "classify" if len(labels) > 1 else "rerank"
+        kind = model_type(task, str(card.get("pooling", "")), labels)
         budget = max(p["max_tokens"] for p in card["pools"].values())
         limit = service.config.max_inputs_per_request
         return tei_info(card, kind, budget, limit, service.config.max_inputs_per_request)

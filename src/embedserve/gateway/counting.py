@@ -39,6 +39,7 @@ class TokenCounter:
         self.default_prompt_name = source.default_prompt_name
         self.model_name = source.path.name
         self.rerank_kind = rerank_kind(source.model, source.path)  # None: an embedding model
+        self.labels = source.model.labels  # a classifier's, by id
         self._pair_types = source.model.type_vocab_size > 1
         # A multimodal model: its chat format, images counted from their size (vision/prompt.py).
         self.prompter = None if source.multimodal is None else multimodal_prompter(source, None, None)
@@ -72,6 +73,21 @@ class TokenCounter:
                     )
             except InvalidInputError as e:
                 raise InvalidInputError(f"document {i}: {e}") from None
+            out.append(len(t.token_ids))
+        return out
+
+    def count_classify(self, items: Sequence[str | tuple[str, str]]) -> list[int]:
+        """Tokens per text or (text, text_pair) pair, as a classifier reads it (engine/classify.py);
+        raises naming the first bad input."""
+        out = []
+        for i, item in enumerate(items):
+            try:
+                if isinstance(item, str):
+                    t = self.tokenizer.encode(item, _NO_LIMIT, Truncate.ERROR)
+                else:
+                    t = encode_cross_pair(self.tokenizer, *item, _NO_LIMIT, Truncate.ERROR, self._pair_types)
+            except InvalidInputError as e:
+                raise InvalidInputError(f"input {i}: {e}") from None
             out.append(len(t.token_ids))
         return out
 

@@ -36,7 +36,7 @@ class Job(ABC, Generic[Req]):
         """The upstream request body for the inputs at `indices` (positions in the request)."""
 
     @abstractmethod
-    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> dict[str, Any]:
+    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> Any:
         """The client's body from every part's answer (`name`: the gateway's model name)."""
 
 
@@ -51,6 +51,6 @@ class WholeJob(Job[Req]):
             body["priority"] = traffic_class
         return body
 
-    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> dict[str, Any]:
+    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> Any:
         (result,) = results
         return result.body

@@ -176,6 +176,8 @@ class Pipeline:
         try:
             # Tokenizing a long document takes milliseconds: keep it off the event loop.
             counts = await asyncio.to_thread(job.count)
+            if not counts:
+                raise InvalidInputError("the request holds no inputs")
             placements = place_inputs(counts, route, self._limits, self.upstreams.available(), job.truncate)
         except InputTooLongError as e:
             self.metrics.rejections.labels(traffic_class, "too_long").inc()

@@ -3,17 +3,22 @@
 
 Policy: the request's longest (query, document) pair, counted as the reranker reads it
 (gateway/counting.py), chooses the pool as one `/v1/embeddings` input would: the smallest pool
-of the route that fits it, then the route's other pools that fit as fallbacks, the same
-over-long policy (truncate), the same retries on 429 / 503 / connection errors, the same
-end-to-end deadline. The pool's answer comes back as it is (ranked results), with the gateway's
-timing and pool headers. A rerank is not split across pools: one query is scored against all
-its documents, and `top_n` ranks them together.
+of the route that fits it, then the route's other pools that fit as fallbacks, the same over-
+long policy (truncate), the same retries on 429 / 503 / connection errors, the same end-to-end
+deadline. The pool's answer comes back as it is (ranked results), with the gateway's timing and
+pool headers (in TEI's shape when the client sent TEI's body). A rerank is not split across
+pools: one query is scored against all its documents, and `top_n` ranks them together.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from embedserve.api.rerank import RerankRequest
 from embedserve.api.routes import RERANK
+from embedserve.api.tei import tei_rerank_body
+from embedserve.gateway.forward import PartResult
 from embedserve.gateway.jobs import WholeJob
 from embedserve.gateway.pipeline import GatewayRoute, Pipeline
 
@@ -28,6 +33,10 @@ class PairsJob(WholeJob[RerankRequest]):
     def count(self) -> list[int]:
         req = self.req
         return self.counter.count_pairs(req.query, req.texts, req.instruction)
+
+    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> Any:
+        body = super().body(results, counts, name)  # the pool ranks in Cohere's shape
+        return tei_rerank_body(self.req, body) if self.req.tei else body
 
 
 RERANK_ROUTE = GatewayRoute(RERANK, PairsJob)

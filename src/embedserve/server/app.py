@@ -19,6 +19,8 @@ from embedserve.api.http import api_error_handler, http_error_handler
 from embedserve.api.openapi import Health, ModelCard, ModelList, error_responses, metrics_route
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found
+from embedserve.api.tei import TeiInfo, model_type
+from embedserve.api.tei import info as tei_info
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.routes import add_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
@@ -83,6 +85,20 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
         if model_id != card["id"]:
             raise model_not_found(model_id, card["id"])
         return card
+
+    @app.get(
+        "/info",
+        dependencies=[auth],
+        response_model=None,
+        responses={200: {"model": TeiInfo}, **error_responses(*keyed, 503)},
+    )
+    async def info() -> dict[str, Any]:
+        """Text Embeddings Inference's model and limits (api/tei.py)."""
+        svc = _service(runtime)
+        config = svc.engine.config
+        kind = model_type(config.task, config.pooling.method.value, config.model.labels)
+        budget = config.scheduler.max_num_batched_tokens
+        return tei_info(model_card(svc), kind, budget, svc.max_inputs_per_request, svc.admission.max_inputs)
 
     statuses = (400, *keyed, 404, 408, 413, 422, 429, 500, 503)
     add_routes(app, lambda: _service(runtime), settings, [auth], statuses)

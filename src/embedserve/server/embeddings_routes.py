@@ -36,7 +36,7 @@ class EmbeddingsJob(Job):
             tokenized, dimensions=req.dimensions, normalize=req.normalize, priority=req.priority
         )
 
-    def body(self, done: Computed) -> dict[str, Any]:
+    def body(self, done: Computed) -> Any:
         req, svc = self.req, self.svc
         kind = req.embedding_type
         vectors: list[Any]

@@ -1,5 +1,6 @@
 """`POST /v1/rerank` (also `/rerank`, `/v2/rerank`) on the serving template: (query, document)
-pairs tokenized as the reranker reads them, scored, ranked best first (api/rerank.py's body)."""
+pairs tokenized as the reranker reads them, scored, ranked best first (api/rerank.py's body, or
+TEI's list for TEI's request body: api/tei.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from embedserve.api.rerank import RerankRequest, rerank_body
 from embedserve.api.routes import RERANK
+from embedserve.api.tei import tei_rerank_body
 from embedserve.engine.outputs import EmbeddingOutput, output_of
 from embedserve.engine.rerank import ranked
 from embedserve.server.pipeline import Computed, Job, ServerRoute
@@ -30,12 +32,13 @@ class RerankJob(Job):
         done = await self.svc.engine.rerank_tokenized_async(tokenized, priority=self.req.priority)
         return [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
 
-    def body(self, done: Computed) -> dict[str, Any]:
+    def body(self, done: Computed) -> Any:
         req, engine = self.req, self.svc.engine
         rows = torch.from_numpy(done.matrix())
         results = ranked(engine.scores(rows, req.raw_scores), done.tokenized, req.top_n)
         scored = [(r.index, r.relevance_score) for r in results]
-        return rerank_body(req, scored, done.n_tokens, self.svc.metadata.fields())
+        body = rerank_body(req, scored, done.n_tokens, self.svc.metadata.fields())
+        return tei_rerank_body(req, body) if req.tei else body
 
 
 RERANK_ROUTE = ServerRoute(RERANK, RerankJob)

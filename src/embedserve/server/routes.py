@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from embedserve.api.deadline import TIMEOUT_HEADER, header_timeout
 from embedserve.api.http import answered, disconnect_waiter, read_body
 from embedserve.api.routes import ROUTES, Route
+from embedserve.server.classify_routes import CLASSIFY_ROUTE, PREDICT_ROUTE
 from embedserve.server.cohere_routes import COHERE_EMBED_ROUTE
 from embedserve.server.embeddings_routes import EMBEDDINGS_ROUTE
 from embedserve.server.pipeline import ServerRoute, answer
@@ -32,6 +33,8 @@ _BOUND: dict[str, ServerRoute[Any]] = {
         EMBEDDINGS_ROUTE,
         COHERE_EMBED_ROUTE,
         RERANK_ROUTE,
+        CLASSIFY_ROUTE,
+        PREDICT_ROUTE,
         SCORE_ROUTE,
         TEI_EMBED_ROUTE,
         TOKENIZE_ROUTE,

@@ -1,0 +1,129 @@
+"""Wire format of `POST /classify` (vLLM's shape) and `POST /predict` (TEI's), both answered by a
+`*ForSequenceClassification` model (engine/classify.py; a one-label cross-encoder too).
+
+    /classify  {"model", "input": str | [str], "truncate", "raw_scores", "priority"}
+               -> {"id", "object": "list", "created", "model", "data": [{"index", "label",
+                  "probs", "num_classes"}], "usage", + the metadata}
+    /predict   {"inputs": str | [a, b] (one pair) | [[str] | [a, b], ...] (a batch),
+                "raw_scores", "truncate": bool, "truncation_direction"}
+               -> [{"score", "label"}] best first for one input; a list of those for a batch
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from embedserve.api.tei import Direction, policy
+
+Input = str | tuple[str, str]  # a text, or a (text, text_pair) pair
+
+
+class ClassifyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input: str | Annotated[list[str], Field(min_length=1)]
+    model: str | None = None
+    truncate: Literal["error", "end", "start"] = "error"
+    raw_scores: bool = False
+    priority: Literal["online", "batch"] = "online"
+
+    @property
+    def items(self) -> list[Input]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    inputs: str | list[str] | list[list[str]]
+    model: str | None = None
+    raw_scores: bool = False
+    truncate: bool | None = False
+    truncation_direction: Direction = "Right"
+
+    @model_validator(mode="after")
+    def _shape(self) -> PredictRequest:
+        inputs = self.inputs
+        if isinstance(inputs, list) and not inputs:
+            raise ValueError("inputs is empty")
+        if isinstance(inputs, list) and isinstance(inputs[0], str) and len(inputs) != 2:
+            raise ValueError(
+                "a list of strings is one (text, text_pair) pair: two strings; a batch is a list of lists"
+            )
+        if isinstance(inputs, list) and isinstance(inputs[0], list):
+            bad = next((i for i, x in enumerate(inputs) if len(x) not in (1, 2)), None)
+            if bad is not None:
+                raise ValueError(f"inputs[{bad}]: one text or a (text, text_pair) pair")
+        return self
+
+    @property
+    def batch(self) -> bool:
+        return isinstance(self.inputs, list) and isinstance(self.inputs[0], list)
+
+    @property
+    def items(self) -> list[Input]:
+        inputs = self.inputs
+        if isinstance(inputs, str):
+            return [inputs]
+        if not self.batch:
+            return [(str(inputs[0]), str(inputs[1]))]
+        return [x[0] if len(x) == 1 else (x[0], x[1]) for x in inputs if isinstance(x, list)]
+
+    @property
+    def policy(self) -> Literal["error", "end", "start"]:
+        return policy(self.truncate, self.truncation_direction)
+
+
+def classify_body(
+    results: list[tuple[str, list[float]]], n_tokens: int, metadata: dict[str, Any]
+) -> dict[str, Any]:
+    """vLLM's body: (label, probs) per input, in input order."""
+    data = [
+        {"index": i, "label": label, "probs": probs, "num_classes": len(probs)}
+        for i, (label, probs) in enumerate(results)
+    ]
+    return {
+        "id": f"classify-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "data": data,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        **metadata,
+    }
+
+
+def predict_body(req: PredictRequest, labels: tuple[str, ...], probs: list[list[float]]) -> Any:
+    """TEI's body: each input's labels with their scores, best first."""
+    answers = [
+        [
+            {"score": p, "label": label}
+            for p, label in sorted(zip(row, labels, strict=True), key=lambda x: -x[0])
+        ]
+        for row in probs
+    ]
+    return answers if req.batch else answers[0]
+
+
+class ClassifyItem(BaseModel):
+    index: int = Field(ge=0)
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ClassifyUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class ClassifyResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ClassifyItem]
+    usage: ClassifyUsage

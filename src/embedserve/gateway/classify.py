@@ -1,0 +1,32 @@
+"""`POST /classify` and TEI's `POST /predict` through the gateway: placed whole
+(gateway/pipeline.py) on the pools of the longest input, counted as the classifier reads it (a
+text alone, a pair with the tokenizer's pair template); the pool's answer comes back as it is."""
+
+from __future__ import annotations
+
+from embedserve.api.classify import ClassifyRequest, PredictRequest
+from embedserve.api.routes import CLASSIFY, PREDICT
+from embedserve.gateway.jobs import WholeJob
+from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+
+
+class ClassifyJob(WholeJob[ClassifyRequest]):
+    def __init__(self, gw: Pipeline, req: ClassifyRequest) -> None:
+        super().__init__(req, req.model, len(req.items), req.truncate)
+        self.counter = gw.counter
+
+    def count(self) -> list[int]:
+        return self.counter.count_classify(self.req.items)
+
+
+class PredictJob(WholeJob[PredictRequest]):
+    def __init__(self, gw: Pipeline, req: PredictRequest) -> None:
+        super().__init__(req, req.model, len(req.items), req.policy)
+        self.counter = gw.counter
+
+    def count(self) -> list[int]:
+        return self.counter.count_classify(self.req.items)
+
+
+CLASSIFY_ROUTE = GatewayRoute(CLASSIFY, ClassifyJob)
+PREDICT_ROUTE = GatewayRoute(PREDICT, PredictJob)

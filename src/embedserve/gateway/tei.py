@@ -1,0 +1,25 @@
+"""TEI's `POST /embed` through the gateway: the work of `/v1/embeddings` (split per input, parts
+sent to the pools' `/v1/embeddings`, so the embedding-schema check and the count check apply),
+answered as TEI does: the vectors in input order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from embedserve.api.routes import EMBEDDINGS, TEI_EMBED
+from embedserve.api.tei import TeiEmbedRequest, embed_vectors
+from embedserve.gateway.embeddings import EmbeddingsJob
+from embedserve.gateway.forward import PartResult
+from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+
+
+class TeiEmbedJob(EmbeddingsJob):
+    def __init__(self, gw: Pipeline, req: TeiEmbedRequest) -> None:
+        super().__init__(gw, req.to_embedding_request())
+
+    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> Any:
+        return embed_vectors(super().body(results, counts, name))
+
+
+TEI_EMBED_ROUTE = GatewayRoute(TEI_EMBED, TeiEmbedJob, upstream=EMBEDDINGS)

@@ -1,0 +1,59 @@
+"""`POST /classify` (vLLM's shape) and `POST /predict` (TEI's) on the serving template: each
+text or (text, text_pair) pair runs as one engine request, its pooled row through the model's
+classifier head (engine/classify.py): the probabilities, the best label (api/classify.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from embedserve.api.classify import ClassifyRequest, Input, PredictRequest, classify_body, predict_body
+from embedserve.api.routes import CLASSIFY, PREDICT
+from embedserve.engine.classify import labelled
+from embedserve.engine.loop import gather_all
+from embedserve.engine.outputs import EmbeddingOutput, output_of
+from embedserve.server.pipeline import Computed, Job, ServerRoute
+from embedserve.server.serving import EmbeddingService
+from embedserve.tokenizer import Tokenized
+
+
+class ClassifyJob(Job):
+    def __init__(
+        self, svc: EmbeddingService, req: ClassifyRequest | PredictRequest, items: list[Input], truncate: str
+    ) -> None:
+        super().__init__(req.model, len(items))
+        self.svc = svc
+        self.req = req
+        self.items = items
+        self.truncate = truncate
+
+    def tokenize(self) -> list[Tokenized]:
+        return self.svc.engine.tokenize_classify(self.items, self.truncate)
+
+    async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
+        engine = self.svc.engine
+        priority = getattr(self.req, "priority", "online")
+        done = await gather_all(engine.submit_tokenized(tokenized, normalize=False, priority=priority))
+        return [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
+
+    def labelled(self, done: Computed) -> list[tuple[str, list[float]]]:
+        rows = torch.from_numpy(done.matrix())
+        return labelled(self.svc.engine.classifier(), rows, self.req.raw_scores)
+
+    def body(self, done: Computed) -> Any:
+        return classify_body(self.labelled(done), done.n_tokens, self.svc.metadata.fields())
+
+
+class PredictJob(ClassifyJob):
+    def __init__(self, svc: EmbeddingService, req: PredictRequest) -> None:
+        super().__init__(svc, req, req.items, req.policy)
+        self.predict = req
+
+    def body(self, done: Computed) -> Any:
+        probs = [p for _, p in self.labelled(done)]
+        return predict_body(self.predict, self.svc.engine.classifier().labels, probs)
+
+
+CLASSIFY_ROUTE = ServerRoute(CLASSIFY, lambda svc, req: ClassifyJob(svc, req, req.items, req.truncate))
+PREDICT_ROUTE = ServerRoute(PREDICT, PredictJob)

@@ -1,0 +1,23 @@
+"""TEI's `POST /embed` on the serving template: the work of `/v1/embeddings` (api/tei.py turns the
+body into an embeddings request), answered as TEI does: the vectors, in input order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from embedserve.api.routes import TEI_EMBED
+from embedserve.api.tei import TeiEmbedRequest, embed_vectors
+from embedserve.server.embeddings_routes import EmbeddingsJob
+from embedserve.server.pipeline import Computed, ServerRoute
+from embedserve.server.serving import EmbeddingService
+
+
+class TeiEmbedJob(EmbeddingsJob):
+    def __init__(self, svc: EmbeddingService, req: TeiEmbedRequest) -> None:
+        super().__init__(svc, req.to_embedding_request())
+
+    def body(self, done: Computed) -> list[Any]:
+        return embed_vectors(super().body(done))
+
+
+TEI_EMBED_ROUTE = ServerRoute(TEI_EMBED, TeiEmbedJob)
