@@ -24,8 +24,8 @@ SCHEMA = "es1-test"
 class FakeUpstream:
     """Answers like `embedserve serve`; `status` / `raises` / `error_type` / `delay` make it
     refuse, fail or wait; `inputs` and `headers` record the calls it got (texts or documents) on
-    every POST route (`/v1/embeddings`, `/v2/embed`, `/v1/rerank`, `/v1/score`, `/tokenize`,
-    `/detokenize`)."""
+    every POST route (`/v1/embeddings`, `/v2/embed`, `/v1/rerank`, `/classify`, `/predict`,
+    `/v1/score`, `/tokenize`, `/detokenize`)."""
 
     def __init__(self, url: str, schema: str = SCHEMA) -> None:
         self.url = url
@@ -97,6 +97,23 @@ class FakeUpstream:
         data = [{"index": i, "object": "score", "score": float(len(t))} for i, t in enumerate(right)]
         return self._answered({"object": "list", "data": data, "usage": {}})
 
+    def _classify(self, sent: dict[str, Any]) -> httpx.Response:
+        """`/classify`: two labels, the first's probability the text's length over 1000."""
+        texts = sent["input"]
+        self.inputs.append(texts)
+        data = [
+            {"index": i, "label": "a", "probs": [len(t) / 1000, 1 - len(t) / 1000], "num_classes": 2}
+            for i, t in enumerate(texts)
+        ]
+        return self._answered({"object": "list", "data": data, "usage": {}})
+
+    def _predict(self, sent: dict[str, Any]) -> httpx.Response:
+        """TEI's `/predict` of a batch: each input's labels, best first."""
+        texts = [x[0] for x in sent["inputs"]]
+        self.inputs.append(texts)
+        labels = [[{"score": len(t) / 1000, "label": "a"}] for t in texts]
+        return httpx.Response(200, json=labels, headers=_TIMES)
+
     def _tokenize(self, sent: dict[str, Any]) -> httpx.Response:
         """`/tokenize` in TEI's shape: one token per word."""
         self.inputs.append(sent["inputs"])
@@ -116,6 +133,8 @@ class FakeUpstream:
 
 _TIMES = {"x-queue-time": "1.50", "x-inference-time": "2.00"}
 _OTHERS = {
+    "/classify": FakeUpstream._classify,
+    "/predict": FakeUpstream._predict,
     "/v1/score": FakeUpstream._score,
     "/tokenize": FakeUpstream._tokenize,
     "/detokenize": FakeUpstream._detokenize,

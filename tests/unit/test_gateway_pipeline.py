@@ -55,6 +55,16 @@ CASES = {
         {"truncate": "error"},
         whole=lambda b, texts: [r["index"] for r in b["results"]] == [1, 0],  # the fake's order
     ),
+    "classify": Case(
+        lambda texts: {"input": texts},
+        {"truncate": "error"},
+        whole=lambda b, texts: [d["probs"][0] * 1000 for d in b["data"]] == [len(t) for t in texts],
+    ),
+    "predict": Case(
+        lambda texts: {"inputs": [[t] for t in texts]},
+        {"truncate": False},
+        whole=lambda b, texts: [x[0]["score"] * 1000 for x in b] == [len(t) for t in texts],
+    ),
     "score": Case(
         lambda texts: {"text_1": "q", "text_2": texts},
         {"truncate": "error"},
@@ -78,9 +88,14 @@ ON_EVERY_ROUTE = pytest.mark.parametrize("route", ROUTES, ids=[r.name for r in R
 
 @pytest.fixture(scope="module")
 def counters(qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, TokenCounter]:
-    """The gateway's counter by the route's task: an embedding model, a reranker."""
+    """The gateway's counter by the route's task: an embedding model, a reranker, a classifier."""
     ce_dir = build_cross_encoder(tmp_path_factory.mktemp("ce") / "bert-ce", "bert")
-    return {"embed": TokenCounter(qwen3_dir), "rerank": TokenCounter(ce_dir)}
+    clf_dir = build_cross_encoder(tmp_path_factory.mktemp("clf") / "bert-clf", "bert", labels=["a", "b"])
+    return {
+        "embed": TokenCounter(qwen3_dir),
+        "rerank": TokenCounter(ce_dir),
+        "classify": TokenCounter(clf_dir),
+    }
 
 
 def test_every_declared_route_has_a_case() -> None:

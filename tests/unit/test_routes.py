@@ -59,6 +59,8 @@ def test_the_declarations() -> None:
         "embeddings",
         "cohere_embed",
         "rerank",
+        "classify",
+        "predict",
         "score",
         "tei_embed",
         "tokenize",
@@ -69,6 +71,8 @@ def test_the_declarations() -> None:
         "embeddings": "split",
         "cohere_embed": "split",
         "rerank": "whole",
+        "classify": "whole",
+        "predict": "whole",
         "score": "whole",
         "tei_embed": "split",
         "tokenize": "whole",
@@ -159,6 +163,7 @@ def test_a_pools_answer_holds_one_answer_per_input_by_its_routes_rule(
 def test_the_shared_refusal_wording() -> None:
     assert wrong_task("m", "rerank") == "model 'm' is a reranker: POST /v1/rerank"
     assert wrong_task("m", "embed") == "model 'm' is an embedding model: POST /v1/embeddings"
+    assert wrong_task("m", "classify") == "model 'm' is a classifier: POST /classify"
     err = model_not_found("x" * 500, "tiny", "gateway")
     assert isinstance(err, ApiError) and err.status == 404 and err.kind == "not_found_error"
     assert err.message.endswith("not found; this gateway serves 'tiny'") and len(err.message) < 150

@@ -180,3 +180,6 @@ def test_through_the_gateway(client: TestClient, qwen3_dir: Path) -> None:
         == client.post("/detokenize", json={"tokens": [5, 6]}).json()
     )
     assert gateway.post("/tokenize", json={"prompt": "a", "model": "other"}).status_code == 404
+    named = TestClient(gateway_app(client.app, qwen3_dir, served_model_name="my-embedder"))
+    refused = named.post("/v1/embeddings", json={"input": [IMAGE]})
+    assert refused.status_code == 400 and "model my-embedder takes text only" in refused.text

@@ -37,7 +37,7 @@ class TokenCounter:
         self.tokenizer = Tokenizer(source.tokenizer(), source.model.vocab_size)
         self.prompts = dict(source.prompts)
         self.default_prompt_name = source.default_prompt_name
-        self.model_name = source.path.name
+        self.model_name = source.path.name  # what its refusals call the model (the gateway's name)
         self.rerank_kind = rerank_kind(source.model, source.path)  # None: an embedding model
         self.labels = source.model.labels  # a classifier's, by id
         self._pair_types = source.model.type_vocab_size > 1
@@ -52,7 +52,7 @@ class TokenCounter:
         """Tokens per input (prompt and special tokens included); raises naming the first bad one."""
         if self.prompter is not None:
             return self._count_multimodal(self.prompter, items, prompt)
-        items = text_items([_text_only(x) for x in items], Path(self.model_path).name)
+        items = text_items([_text_only(x) for x in items], self.model_name)
         return [
             len(t.token_ids)
             for t in tokenize_inputs(self.tokenizer, items, prompt, _NO_LIMIT, Truncate.ERROR)

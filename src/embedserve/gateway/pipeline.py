@@ -96,6 +96,8 @@ class Pipeline:
     ) -> None:
         self.config = config
         self.counter = counter
+        if config.served_model_name:  # refusals name the model as this gateway's clients know it
+            counter.model_name = config.served_model_name
         self.upstreams = upstreams
         self.metrics = metrics
         self.forwarder = forwarder
