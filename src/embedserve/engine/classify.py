@@ -8,20 +8,19 @@ the model's classifier head (models/score_head.py): softmax over the labels, or 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from embedserve.config import EngineConfig
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import gather_all, wait_all
 from embedserve.engine.outputs import timings
+from embedserve.engine.rerank import HeadMixin
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.models.score_head import CLASSIFIER, ScoreHead
 from embedserve.pairs import encode_cross_pair
-from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
+from embedserve.tokenizer import Tokenized, Truncate
 
 # A string, or a list of: strings, (text, text_pair) pairs, token-id lists (specials included).
 ClassifyInputs = str | Sequence[str | tuple[str, str] | Sequence[int]]
@@ -39,21 +38,7 @@ class ClassifyResult:
     num_preemptions: int = 0
 
 
-class ClassifyMixin:
-    config: EngineConfig
-    tokenizer: Tokenizer
-    score_head: ScoreHead | None
-
-    def submit_tokenized(
-        self,
-        tokenized: list[Tokenized],
-        *,
-        dimensions: int | None = None,
-        normalize: bool | None = None,
-        priority: str = "online",
-    ) -> list[Future[Finished]]:
-        raise NotImplementedError  # Engine's
-
+class ClassifyMixin(HeadMixin):
     def classifier(self) -> ScoreHead:
         """The model's classifier head; InvalidInputError for a model that cannot classify."""
         head = self.score_head

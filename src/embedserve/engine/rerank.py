@@ -29,7 +29,10 @@ class RerankResult:
     truncated: bool
 
 
-class RerankMixin:
+class HeadMixin:
+    """What the rerank and classify mixins take from Engine: its config, tokenizer, score head
+    (models/score_head.py) and `submit_tokenized`."""
+
     config: EngineConfig
     tokenizer: Tokenizer
     score_head: ScoreHead | None
@@ -43,6 +46,9 @@ class RerankMixin:
         priority: str = "online",
     ) -> list[Future[Finished]]:
         raise NotImplementedError  # Engine's
+
+
+class RerankMixin(HeadMixin):
 
     def _head(self) -> ScoreHead:
         if self.score_head is None:
