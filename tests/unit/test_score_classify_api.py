@@ -97,10 +97,10 @@ def test_bad_score_bodies_are_clear_4xx(
 
 
 def test_score_and_classify_through_the_gateway(embedder: TestClient, qwen3_dir: Path) -> None:
-    gateway = TestClient(gateway_app(embedder.app, qwen3_dir))
+    gateway = TestClient(gateway_app(embedder.app, qwen3_dir, served_model_name="scorer"))
     direct = _scores(embedder, text_1=QUERIES[0], text_2=DOCS)
     via = gateway.post("/v1/score", json={"text_1": QUERIES[0], "text_2": DOCS})
-    assert via.status_code == 200, via.text
+    assert via.status_code == 200 and via.json()["model"] == "scorer", via.text
     np.testing.assert_allclose([d["score"] for d in via.json()["data"]], direct, atol=1e-6)
     refused = gateway.post("/classify", json={"input": "x"})
     assert refused.status_code == 400 and "POST /v1/embeddings" in refused.json()["error"]["message"]

@@ -41,7 +41,8 @@ class Job(ABC, Generic[Req]):
 
 
 class WholeJob(Job[Req]):
-    """A request one pool answers whole."""
+    """A request one pool answers whole: the pool's answer as it is, named as the gateway names
+    its model."""
 
     def payload(self, indices: Sequence[int], traffic_class: str) -> dict[str, Any]:
         # The client's options as sent (defaults left to the upstream); `model` is dropped because
@@ -53,4 +54,7 @@ class WholeJob(Job[Req]):
 
     def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> Any:
         (result,) = results
-        return result.body
+        body = result.body
+        if isinstance(body, dict) and "model" in body and name is not None:
+            return {**body, "model": name}  # the model as the gateway's clients know it
+        return body
