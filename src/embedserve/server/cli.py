@@ -152,6 +152,16 @@ def register(sub: Any) -> None:
         help="int8/uint8 outputs without --int8-calibration: the fixed range [-scale, scale] per dimension",
     )
     g.add_argument(
+        "--result-cache-entries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="answer repeated inputs of /v1/embeddings, /v2/embed and /embed from an LRU of N vectors "
+        "(0, the default: off); a hit is byte-identical to a recompute under --deterministic, else the "
+        "first computation's vector (batch-dependent rounding apart); memory about N * (dim * 4 + 200) "
+        "bytes; metrics embedserve_result_cache_*",
+    )
+    g.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
     )
     add_tracing_options(p.add_argument_group("tracing (OpenTelemetry; docs/tracing.md)"))
@@ -200,6 +210,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         int8_calibration=args.int8_calibration,
         int8_scale=args.int8_scale,
         tracing=tracing_settings(args),
+        result_cache_entries=args.result_cache_entries,
     )
 
 

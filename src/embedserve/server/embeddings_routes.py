@@ -1,5 +1,6 @@
 """`POST /v1/embeddings` on the serving template (server/pipeline.py): the request's own parts.
-The OpenAI body, plus compressed types (api/quantize.py) and the vector-space metadata."""
+The OpenAI body, plus compressed types (api/quantize.py) and the vector-space metadata; inputs
+seen before come from the result cache when the server has one (server/result_cache.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ class EmbeddingsJob(Job):
         return svc.engine.tokenize(resolve_items(req.items), prompt, req.truncate)
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
+        cache = self.svc.result_cache
+        if cache is None:
+            return await self._compute(tokenized)
+        schema = self.svc.metadata.schema(self.req.dimensions, self.req.normalize)
+        return await cache.through(schema, tokenized, self._compute)
+
+    async def _compute(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
         # The records carry the ids with prompt and truncation applied, and the prompt's
         # length for pooling that excludes it: the engine does not tokenize again.
         req = self.req

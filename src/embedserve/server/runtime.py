@@ -27,6 +27,7 @@ from embedserve.errors import ModelLoadError
 from embedserve.schema import ModelMetadata, fingerprint_model_dir
 from embedserve.server.admission import Admission, ThroughputMeter
 from embedserve.server.metrics import ServerMetrics
+from embedserve.server.result_cache import ResultCache
 from embedserve.server.serving import EmbeddingService
 from embedserve.server.warmup import probe, warm_up
 from embedserve.tracing import SERVER_SERVICE, TraceSettings
@@ -61,6 +62,7 @@ class ServerSettings:
     int8_calibration: str | None = None
     int8_scale: float = DEFAULT_INT8_SCALE
     tracing: TraceSettings | None = None  # OpenTelemetry traces (None: off; tracing/__init__.py)
+    result_cache_entries: int = 0  # repeated inputs answered from memory (server/result_cache.py)
 
     def calibration(self) -> Calibration:
         if self.int8_calibration is not None:
@@ -74,6 +76,8 @@ class ServerSettings:
         for name in ("body_timeout_s", "request_timeout_s", "timeout_keep_alive_s", "limit_concurrency"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        if self.result_cache_entries < 0:
+            raise ValueError("result_cache_entries must be >= 0 (0: no cache)")
         if self.max_queued_tokens is not None and self.max_queued_tokens < 1:
             raise ValueError("max_queued_tokens must be >= 1")
         if self.max_inputs_per_request > self.max_queued_requests:
@@ -107,6 +111,8 @@ class ServerRuntime:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
+        entries = settings.result_cache_entries
+        self.result_cache = ResultCache(entries, metrics.registry) if entries else None
         self.phase = Phase.LOADING
         self.error: str | None = None
         self.engine: Engine | None = None
@@ -163,6 +169,7 @@ class ServerRuntime:
             s.request_timeout_s,
             calibration,
             self.tracing,
+            self.result_cache,
         )
         if self.phase is Phase.WARMING_UP:  # a shutdown may have begun meanwhile
             self.phase = Phase.READY

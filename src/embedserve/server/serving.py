@@ -20,6 +20,7 @@ from embedserve.lengths import bucket_of
 from embedserve.schema import ModelMetadata
 from embedserve.server.admission import Admission
 from embedserve.server.metrics import ServerMetrics
+from embedserve.server.result_cache import ResultCache
 
 if TYPE_CHECKING:
     from embedserve.tracing.otel import Tracing
@@ -39,8 +40,10 @@ class EmbeddingService:
         request_timeout_s: float = 300.0,
         calibration: Calibration | None = None,
         tracing: Tracing | None = None,
+        result_cache: ResultCache | None = None,
     ) -> None:
         self.engine = engine
+        self.result_cache = result_cache  # None: off (server/result_cache.py)
         self.tracing = tracing  # None: tracing off (tracing/__init__.py)
         engine.name = metadata.model  # errors name the model as clients know it (--served-model-name)
         self.calibration = calibration or Calibration.fixed()
