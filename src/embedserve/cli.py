@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from embedserve.batch.cli import register as register_run_batch
 from embedserve.bench.cli import register as register_bench
 from embedserve.engine.options import EngineOptions, add_engine_options
 from embedserve.errors import EmbedServeError, InputTooLongError
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_index(sub)
     register_gateway(sub)
     register_scale(sub)
+    register_run_batch(sub)
     return parser
 
 
