@@ -50,7 +50,7 @@ def test_every_option_is_on_the_command_line(f: dataclasses.Field[Any]) -> None:
     assert not NOT_OFFERED["cli"], "the command line offers every option"
     helptext = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
     assert cli_words(f)[0] in helptext
-    for command in (["serve"], ["embed", "hi"], ["index", "docs/"]):
+    for command in (["serve"], ["embed", "hi"], ["index", "docs/"], ["run-batch", "-i", "in", "-o", "out"]):
         args = build_parser().parse_args([*command, *cli_words(f)])
         assert getattr(EngineOptions.from_args(args), f.name) == sample(f), command
 
