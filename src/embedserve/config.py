@@ -74,6 +74,15 @@ class CacheConfig:
     # Blocks the KV cache holds (an encoder's only count the tokens in flight); 0 until sized,
     # e.g. from gpu_memory_utilization once the weights are on the GPU.
     num_blocks: int = 0
+    # Full blocks of computed prompts kept for requests that start with the same tokens
+    # (kv_cache/manager.py); off for encoders, images and deterministic mode.
+    prefix_caching: bool = False
+
+    @property
+    def max_cached_blocks(self) -> int:
+        """Blocks nobody holds that the prefix cache may keep: an eighth of the cache (what it
+        may add to resident memory); 0: prefix caching off."""
+        return max(1, self.num_blocks // 8) if self.prefix_caching else 0
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,9 @@ class Request:
         self.num_steps = 0  # steps that ran a chunk of it; lane slices that ran it (tracing reads them)
         self.num_lane_slices = 0
         self.pooling = PoolingState(pooling, len(token_ids), excluded_prefix, deterministic_chunk)
+        # The hash chain of its full blocks (kv_cache/manager.py), set by a scheduler that caches
+        # prefixes; None: it neither looks up nor registers blocks.
+        self.block_hashes: list[bytes] | None = None
         # Set by the scheduler on admission; orders requests for scheduling and preemption.
         self.arrival_seq = -1
         self.arrival_step = -1

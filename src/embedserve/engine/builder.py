@@ -57,8 +57,11 @@ def build_engine(
     loaded = load(resolve(options, files, attention), files, attention)
     config = loaded.config
     core = EngineCore(
-        Scheduler(config.scheduler, KVCacheManager(config.cache.num_blocks, config.cache.block_size),
-                  config.model.num_hidden_layers),
+        Scheduler(
+            config.scheduler,
+            KVCacheManager(config.cache.num_blocks, config.cache.block_size, config.cache.max_cached_blocks),
+            config.model.num_hidden_layers,
+        ),
         pick_runner(loaded),
         _lane(loaded),
     )  # fmt: skip

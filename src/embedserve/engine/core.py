@@ -175,6 +175,9 @@ class EngineCore:
             "kv_blocks_used": kv.pool.num_used,
             "kv_blocks_total": kv.num_blocks,
             "tokens_computed": self.tokens_computed,
+            "prefix_hit_tokens": kv.hit_tokens,
+            "prefix_query_tokens": kv.query_tokens,
+            "prefix_cached_blocks": kv.pool.num_cached,
             # both paths: started layer-major inputs count as running
             "num_running": len(self.scheduler.running) + lane.get("layer_major_started", 0),
             "num_waiting": len(self.scheduler.waiting) + lane.get("layer_major_waiting", 0),

@@ -102,6 +102,13 @@ class EngineOptions:
         "bit-identical vectors whatever the batch, token budget, chunking, preemption or path (chunks cut "
         "at multiples of 256 tokens; backend_profile gets '-det'; docs/deterministic.md)",
     )
+    enable_prefix_caching: bool | None = _option(
+        None,
+        "reuse the KV cache blocks of a shared prompt prefix (an instruction, a rerank query) across "
+        "requests: a hit computes only the rest (default: on for decoders with last-token pooling or a "
+        "pooling that excludes the prompt; not with --deterministic, images or encoders; "
+        "docs/prefix-caching.md)",
+    )
     tensor_parallel_size: int = _option(
         1,
         "split a decoder across N ranks (N-1 worker processes; gloo on the CPU, NCCL on N GPUs); "

@@ -10,7 +10,7 @@ on the GPU, engine/load.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -53,6 +53,7 @@ class _Case:
     multimodal: bool
     tensor_parallel: bool
     attention: AttentionFn | None
+    causal: bool
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,23 @@ _REFUSALS: tuple[_Refusal, ...] = (
         lambda c: c.multimodal and c.tensor_parallel,
         "tensor parallelism does not cover multimodal (Qwen3-VL) models yet: use tensor_parallel_size 1",
     ),
+    _Refusal(
+        "model",
+        lambda c: c.options.enable_prefix_caching is True and not c.causal,
+        "enable_prefix_caching needs a decoder: an encoder keeps no KV cache to share",
+    ),
+    _Refusal(
+        "model",
+        lambda c: c.options.enable_prefix_caching is True and c.multimodal,
+        "enable_prefix_caching is not available for multimodal models (image tokens of different images "
+        "have the same ids)",
+    ),
+    _Refusal(
+        "model",
+        lambda c: c.options.enable_prefix_caching is True and c.options.deterministic,
+        "enable_prefix_caching does not combine with deterministic mode (a cached prefix moves where "
+        "chunks are cut, and with them the bits): choose one",
+    ),
     _tp("layer_major_tokens", lambda c: bool(c.options.layer_major_tokens)),
     _tp("token_buckets", lambda c: c.options.token_buckets),
     _tp("compile", lambda c: c.options.compile_backend is not None),
@@ -108,7 +126,13 @@ def refuse_combinations(
 ) -> None:
     """ModelLoadError with the first `_REFUSALS` message of `stage` that applies."""
     tp = options.tensor_parallel_size
-    case = _Case(options, files.multimodal is not None, isinstance(tp, int) and tp > 1, attention)
+    case = _Case(
+        options,
+        files.multimodal is not None,
+        isinstance(tp, int) and tp > 1,
+        attention,
+        files.model.is_causal,
+    )
     for refusal in _REFUSALS:
         if refusal.stage == stage and refusal.when(case):
             raise ModelLoadError(refusal.message)
@@ -138,7 +162,7 @@ def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn |
         model_path=str(files.path),
         model=mcfg,
         pooling=pooling,
-        cache=_cache(options, mcfg, sched, dtype),
+        cache=replace(_cache(options, mcfg, sched, dtype), prefix_caching=_prefix_caching(options, files)),
         scheduler=sched,
         dtype=dtype,
         device=device,
@@ -155,6 +179,13 @@ def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn |
         max_image_pixels=options.max_image_pixels,  # None: the prompter's defaults (engine/multimodal.py)
         max_images_per_input=options.max_images_per_input,
     )
+
+
+def _prefix_caching(options: EngineOptions, files: ModelSource) -> bool:
+    """On unless switched off, for the models it applies to (the refusals above turned an
+    explicit request on one it does not apply to into an error)."""
+    applies = files.model.is_causal and files.multimodal is None and not options.deterministic
+    return applies and options.enable_prefix_caching is not False
 
 
 def _task_kind(task: str, files: ModelSource) -> tuple[str, str | None]:

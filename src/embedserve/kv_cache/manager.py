@@ -1,6 +1,19 @@
-"""Block tables per request; blocks are allocated chunk by chunk as a request advances."""
+"""Block tables per request; blocks are allocated chunk by chunk as a request advances.
+
+Prefix caching (on when `max_cached` > 0): every full block a request computed is registered
+under the hash chain of its tokens (`block_hashes`: block i's digest covers tokens
+[0, (i + 1) * block_size), so equal digests mean equal tokens at equal positions, hence equal
+K/V for one model). A request starting with registered blocks shares them read-only
+(`attach_prefix`) and computes only the rest; its later blocks are its own. One engine has one
+model, dtype and option set, and one KV cache: nothing is shared across them.
+"""
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
 
 from embedserve.kv_cache.block_pool import BlockPool
 
@@ -9,11 +22,29 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
+    """The hash chain of every full block of `token_ids`."""
+    ids = np.asarray(token_ids, dtype=np.int64)
+    out: list[bytes] = []
+    prev = b""
+    for i in range(len(ids) // block_size):
+        prev = hashlib.sha256(prev + ids[i * block_size : (i + 1) * block_size].tobytes()).digest()
+        out.append(prev)
+    return out
+
+
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, max_cached: int = 0) -> None:
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, max_cached)
         self._tables: dict[int, list[int]] = {}
+        self._registered: dict[int, int] = {}  # request -> its leading blocks already registered
+        self.hit_tokens = 0  # prompt tokens served from cached blocks
+        self.query_tokens = 0  # prompt tokens of the requests that looked for a prefix
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.pool.max_cached > 0
 
     @property
     def num_blocks(self) -> int:
@@ -30,6 +61,44 @@ class KVCacheManager:
         """How many more tokens of this request fit without taking anyone's blocks."""
         held = len(self._tables.get(request_id, []))
         return (held + self.pool.num_free) * self.block_size - num_computed
+
+    def reclaimable(self, request_ids: Sequence[int]) -> int:
+        """Blocks that freeing all of `request_ids` would make available (a block another
+        request also holds stays taken)."""
+        holders: dict[int, int] = {}
+        for rid in request_ids:
+            for block in self._tables.get(rid, []):
+                holders[block] = holders.get(block, 0) + 1
+        return sum(1 for block, n in holders.items() if n == self.pool.refs(block))
+
+    def attach_prefix(self, request_id: int, hashes: Sequence[bytes], most: int) -> int:
+        """Give a request without blocks the cached blocks its first full blocks match (at most
+        `most` tokens' worth); returns the tokens they hold (0: no hit)."""
+        assert request_id not in self._tables, "a prefix is attached before any block"
+        blocks: list[int] = []
+        for digest in hashes[: most // self.block_size]:
+            block = self.pool.by_hash.get(digest)
+            if block is None:
+                break
+            blocks.append(block)
+        if blocks:
+            self.pool.share(blocks)
+            self._tables[request_id] = blocks
+            self._registered[request_id] = len(blocks)
+        return len(blocks) * self.block_size
+
+    def count_lookup(self, num_prompt_tokens: int, hit: int) -> None:
+        self.query_tokens += num_prompt_tokens
+        self.hit_tokens += hit
+
+    def register(self, request_id: int, hashes: Sequence[bytes], num_computed: int) -> None:
+        """Register the request's full blocks whose K/V is now computed (tokens < num_computed)."""
+        table = self._tables.get(request_id, [])
+        done = self._registered.get(request_id, 0)
+        full = min(num_computed // self.block_size, len(hashes), len(table))
+        for i in range(done, full):
+            self.pool.register(table[i], hashes[i])
+        self._registered[request_id] = max(done, full)
 
     def allocate_slots(self, request_id: int, num_computed: int, n: int) -> list[int] | None:
         """Grow the table so tokens [0, num_computed + n) have slots.
@@ -48,4 +117,5 @@ class KVCacheManager:
         return table
 
     def free(self, request_id: int) -> None:
+        self._registered.pop(request_id, None)
         self.pool.give_back(self._tables.pop(request_id, []))

@@ -30,6 +30,16 @@ def rows_to_pool(
     return lo - start, end - start
 
 
+def unread_prefix(method: PoolingMethod, num_prompt_tokens: int, excluded_prefix: int) -> int:
+    """How many leading positions' rows `method` never reads: a prefix whose K/V comes from the
+    prefix cache can go uncomputed (LAST: all but the last; MEAN: the excluded prompt; CLS: none)."""
+    if method is PoolingMethod.LAST:
+        return num_prompt_tokens - 1
+    if method is PoolingMethod.CLS:
+        return 0
+    return min(excluded_prefix, num_prompt_tokens - 1)
+
+
 def fold(method: PoolingMethod, acc: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
     """Fold selected rows ([k, hidden]) into the accumulator (float32, [hidden])."""
     if rows.shape[0] == 0:

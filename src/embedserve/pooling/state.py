@@ -8,7 +8,7 @@ import torch
 
 from embedserve.config import PoolingMethod
 from embedserve.errors import InternalEngineError
-from embedserve.pooling.methods import finalize, fold, rows_to_pool
+from embedserve.pooling.methods import finalize, fold, rows_to_pool, unread_prefix
 
 
 class PoolingState:
@@ -42,6 +42,22 @@ class PoolingState:
     def rows(self, start: int, n: int) -> tuple[int, int]:
         """Local row range the runner must hand over for chunk [start, start+n)."""
         return rows_to_pool(self.method, start, n, self.num_prompt_tokens, self.excluded_prefix)
+
+    @property
+    def skippable(self) -> int:
+        """Leading positions this pooling never reads (what a prefix-cache hit may cover); none
+        in deterministic mode (its MEAN blocks start at position 0)."""
+        if self.deterministic_chunk is not None:
+            return 0
+        return unread_prefix(self.method, self.num_prompt_tokens, self.excluded_prefix)
+
+    def skip(self, n: int) -> None:
+        """Positions [0, n) computed elsewhere (cached K/V): pooled, with no rows to fold."""
+        if self.num_pooled_tokens != 0 or n > self.skippable:
+            raise InternalEngineError(
+                f"cannot skip {n} positions: {self.num_pooled_tokens} pooled, {self.skippable} skippable"
+            )
+        self.num_pooled_tokens = n
 
     def update(self, start: int, n: int, rows: torch.Tensor) -> None:
         """Fold chunk [start, start+n); `rows` are its selected rows, [k, hidden]."""

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from embedserve.config import SchedulerConfig
 from embedserve.errors import InvalidInputError
-from embedserve.kv_cache.manager import KVCacheManager, blocks_for
+from embedserve.kv_cache.manager import KVCacheManager, block_hashes, blocks_for
 from embedserve.request import Request, RequestStatus
 from embedserve.scheduler.lane import RESPONSIVE_WINDOW_S, LaneQueue
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
@@ -84,6 +84,8 @@ class Scheduler:
         if self.lane is not None and self.lane.accepts(req.num_prompt_tokens):
             self.lane.add(req)
             return
+        if self.kv.prefix_caching and req.mm is None:  # image tokens: equal ids, other images
+            req.block_hashes = block_hashes(req.token_ids, self.kv.block_size)
         self.clock.stamp(req)
         self.waiting.append(req)
 
@@ -144,9 +146,14 @@ class Scheduler:
                 continue  # just lost its blocks to a more urgent request; retry next step
             if req.status is RequestStatus.WAITING and len(self.running) >= self.config.max_num_seqs:
                 continue
+            hit = self._attach_prefix(req)
             n = self._fit(req, min(budget, batch_left) if is_batch else budget, scheduled)
             if n == 0:
+                if hit:  # not this step: let go of the shared blocks while it waits
+                    self._detach_prefix(req)
                 continue
+            if req.block_hashes is not None and req.status is RequestStatus.WAITING:
+                self.kv.count_lookup(req.num_prompt_tokens, hit)
             preempted += self._make_room(req, n, scheduled)
             table = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n)
             assert table is not None, "_fit promised room that _make_room did not free"
@@ -174,6 +181,23 @@ class Scheduler:
                 batch_left -= n
         return chunks, preempted
 
+    def _attach_prefix(self, req: Request) -> int:
+        """A waiting request starts from the cached blocks of its prefix where its pooling never
+        reads those rows (always one token left to compute); returns the tokens hit."""
+        hashes = req.block_hashes
+        if hashes is None or req.status is not RequestStatus.WAITING or req.num_computed_tokens:
+            return 0
+        hit = self.kv.attach_prefix(req.request_id, hashes, req.pooling.skippable)
+        if hit:
+            req.num_computed_tokens = hit
+            req.pooling.skip(hit)
+        return hit
+
+    def _detach_prefix(self, req: Request) -> None:
+        self.kv.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.pooling.reset()
+
     def _victims(self, req: Request, scheduled: set[int]) -> list[Request]:
         """Requests `req` may preempt, cheapest loss first (largest key first)."""
         key = self._key(req)
@@ -185,7 +209,7 @@ class Scheduler:
     def _fit(self, req: Request, budget: int, scheduled: set[int]) -> int:
         """Largest chunk for `req` this step, counting blocks its victims would give up."""
         n = min(req.num_remaining_tokens, budget)
-        reclaimable = sum(len(self.kv.block_table(v.request_id)) for v in self._victims(req, scheduled))
+        reclaimable = self.kv.reclaimable([v.request_id for v in self._victims(req, scheduled)])
         room = self.kv.num_placeable_tokens(req.request_id, req.num_computed_tokens)
         n = min(n, room + reclaimable * self.kv.block_size)
         if not self.config.allow_chunking and n < req.num_remaining_tokens:
@@ -226,6 +250,8 @@ class Scheduler:
             if req is None or req.status is not RequestStatus.RUNNING:
                 continue  # aborted while its step ran
             req.num_computed_tokens += chunk.num_tokens
+            if req.block_hashes is not None:
+                self.kv.register(req.request_id, req.block_hashes, req.num_computed_tokens)
             if req.is_prefill_complete:
                 self.running.remove(req)
                 self.kv.free(req.request_id)

@@ -88,6 +88,21 @@ class _LiveCollector(Collector):
                 "Tokens run through the model (recomputation after preemption included)",
                 s["tokens_computed"],
             )
+            yield _counter(
+                "embedserve_prefix_cache_hit_tokens",
+                "Prompt tokens whose K/V came from the prefix cache (not computed)",
+                s["prefix_hit_tokens"],
+            )
+            yield _counter(
+                "embedserve_prefix_cache_query_tokens",
+                "Prompt tokens of the requests that looked for a cached prefix (hit rate: hit / query)",
+                s["prefix_query_tokens"],
+            )
+            yield _gauge(
+                "embedserve_prefix_cache_blocks",
+                "KV blocks whose content the prefix cache keeps (held by requests or not)",
+                s["prefix_cached_blocks"],
+            )
         if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             yield _gauge(
                 "embedserve_cuda_memory_allocated_bytes",
