@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from embedserve.cli import build_parser, main
+from embedserve.engine.engine import Engine
 from embedserve.errors import SettingsError
 from embedserve.tracing import GATEWAY_SERVICE, SERVER_SERVICE, TraceSettings, trace_settings
 from embedserve.tracing.otel import Tracing, http_traces_url
 from tests.helpers.inprocess import gateway_app, runtime_of, server_client
+from tests.helpers.reference import random_ids
 from tests.helpers.server_process import words
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -157,6 +160,19 @@ def test_a_server_request_is_the_child_of_the_callers_traceparent(
     (refused,) = spans(server, gateway_tracing, exporters)
     assert refused.parent is None and refused.attributes is not None
     assert refused.attributes["http.response.status_code"] == 404
+
+
+def test_outputs_record_their_steps_lane_slices_and_finish_time(qwen3_dir: Path) -> None:
+    """What the engine span reads: steps that ran a chunk (a 90-token prompt in 64-token
+    steps: 2), layer-major lane slices (a 300-token prompt over the 100-token threshold)."""
+    seqs = [random_ids(n, seed=n) for n in (5, 90, 300)]
+    with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=64, layer_major_tokens=100) as engine:
+        before = time.monotonic()
+        outputs = engine.embed_outputs(seqs)
+        after = time.monotonic()
+    assert [(o.num_steps, o.num_lane_slices > 0) for o in outputs] == [(1, False), (2, False), (0, True)]
+    for o in outputs:
+        assert before <= o.finish_time - o.inference_time - o.queue_time <= o.finish_time <= after
 
 
 def test_tracing_off_imports_no_opentelemetry(qwen3_dir: Path) -> None:
