@@ -45,6 +45,12 @@ def _line(cid: str, url: str, body: Any, method: str = "POST") -> str:
     return json.dumps({"custom_id": cid, "method": method, "url": url, "body": body})
 
 
+def _batch_line(text: str) -> BatchLine:
+    line = read_line(1, text.encode())
+    assert isinstance(line, BatchLine), line
+    return line
+
+
 def _write(path: Path, lines: list[str]) -> Path:
     path.write_text("".join(x + "\n" for x in lines))
     return path
@@ -201,10 +207,9 @@ def test_remote_waits_out_backpressure_and_sends_the_batch_class() -> None:
             return httpx.Response(429 if len(seen) == 1 else 503, headers={"Retry-After": "0"})
         return httpx.Response(200, json={"ok": True}, headers={"x-request-id": "abc"})
 
-    line = read_line(1, _line("a", "/v1/embeddings", {"input": "x"}).encode())
-    assert isinstance(line, BatchLine)
+    first = _batch_line(_line("a", "/v1/embeddings", {"input": "x"}))
 
-    async def go(retries: int) -> Result:
+    async def go(retries: int, line: BatchLine = first) -> Result:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
             return await Remote("http://h/", client, retries)(line)
 
@@ -214,6 +219,9 @@ def test_remote_waits_out_backpressure_and_sends_the_batch_class() -> None:
     assert all(r.headers["x-embedserve-priority"] == "batch" for r in seen)
     seen.clear()
     assert asyncio.run(go(0)).status == 429  # out of retries: the refusal is the answer
+    seen.clear()
+    asyncio.run(go(0, _batch_line(_line("b", "/v1/embeddings", {"input": "x", "priority": "online"}))))
+    assert "x-embedserve-priority" not in seen[0].headers  # the body's own class wins
 
 
 def test_lines_run_at_batch_priority_unless_the_body_says() -> None:
@@ -267,3 +275,20 @@ def test_a_stop_writes_what_was_answered_and_nothing_in_flight(tmp_path: Path) -
     outcome = asyncio.run(go())
     assert outcome.interrupted and outcome.ok == 9
     assert [r["custom_id"] for r in _records(tmp_path / "out.jsonl")] == [f"r{i}" for i in range(9)]
+
+
+def test_unusable_commands_exit_2_before_any_work(
+    qwen3_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inp = _write(tmp_path / "in.jsonl", [_line("a", "/v1/embeddings", {"input": "x"})])
+    out = str(tmp_path / "out.jsonl")
+    cases = [
+        (["-i", str(tmp_path / "none.jsonl"), "-o", out, "--url", "http://h"], "no input file"),
+        (["-i", str(inp), "-o", str(tmp_path / "no" / "out.jsonl"), "--url", "http://h"], "no folder"),
+        (["-i", str(inp), "-o", out, "--url", "http://h", "--model", str(qwen3_dir)], "do not go with --url"),
+        (["-i", str(inp), "-o", out, "--url", "http://h", "--deterministic"], "do not go with --url"),
+    ]
+    for args, message in cases:
+        assert main(["run-batch", *args]) == 2
+        assert message in capsys.readouterr().err
+    assert not Path(out).exists()

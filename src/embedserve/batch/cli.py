@@ -64,15 +64,17 @@ def errors_path(output: Path) -> Path:
 
 
 def _cmd_run_batch(args: argparse.Namespace) -> int:
-    if args.url is not None and (args.model is not None or EngineOptions.from_args(args) != EngineOptions()):
-        print("embedserve run-batch: error: --model and engine options do not go with --url", file=sys.stderr)
-        return 2
     errors = args.errors or errors_path(args.output)
-    if not args.input.is_file():
-        print(f"embedserve run-batch: error: no input file {args.input}", file=sys.stderr)
+    refusal = _refusal(args, errors)
+    if refusal is not None:
+        print(f"embedserve run-batch: error: {refusal}", file=sys.stderr)
         return 2
-    listed = scan(args.input)  # a duplicate custom_id: BatchFileError, exit 2 before any work
-    done = written_keys(args.output) | written_keys(errors)
+    try:
+        listed = scan(args.input)  # a duplicate custom_id: BatchFileError, exit 2 before any work
+        done = written_keys(args.output) | written_keys(errors)
+    except KeyboardInterrupt:
+        print("interrupted before any work", file=sys.stderr)
+        return INTERRUPTED
     left = len(listed.keys - done)
     if done:
         print(f"resuming: {len(listed.keys & done)} of {listed.lines} lines already written", file=sys.stderr)
@@ -80,6 +82,20 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
         print(f"nothing left to do: every line of {args.input} is written", file=sys.stderr)
         return _status(errors)
     return asyncio.run(_run(args, errors, left, done))
+
+
+def _refusal(args: argparse.Namespace, errors: Path) -> str | None:
+    """What makes the command unusable as given (exit 2), before anything is read or loaded."""
+    if args.url is not None and (args.model is not None or EngineOptions.from_args(args) != EngineOptions()):
+        return "--model and engine options do not go with --url"
+    if not args.input.is_file():
+        return f"no input file {args.input}"
+    folder = next((f.parent for f in (args.output, errors) if not f.parent.is_dir()), None)
+    if folder is not None:
+        return f"no folder {folder} for the output"
+    if args.retries < 0:
+        return "--retries must be >= 0"
+    return None
 
 
 def _status(errors: Path) -> int:
@@ -97,7 +113,8 @@ async def _run(args: argparse.Namespace, errors: Path, left: int, done: set[Any]
         stop.set()
         loop.remove_signal_handler(signal.SIGINT)
 
-    loop.add_signal_handler(signal.SIGINT, on_interrupt)
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # no handler off the main thread
+        loop.add_signal_handler(signal.SIGINT, on_interrupt)
     async with _executor(args) as execute:
         if stop.is_set():
             outcome = None

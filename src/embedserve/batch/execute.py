@@ -81,20 +81,21 @@ class InProcess:
 
 
 class Remote:
-    """Lines POSTed to `base` + their url, with the batch traffic class header (a gateway sends
-    them to its batch pools; a plain server reads the body's own priority)."""
+    """Lines POSTed to `base` + their url, with the batch traffic class header unless the body
+    names its own (a gateway sends them to its batch pools; a plain server reads only the body)."""
 
     def __init__(self, base: str, client: httpx.AsyncClient, retries: int) -> None:
         self.base = base.rstrip("/")
         self.client = client
         self.retries = retries
-        self.headers = {"content-type": "application/json", CLASS_HEADER: BATCH}
+        self.headers = {"content-type": "application/json"}
 
     async def __call__(self, line: BatchLine) -> Result:
         url = self.base + line.path
+        headers = self.headers if line.sets_priority else {**self.headers, CLASS_HEADER: BATCH}
         for attempt in range(self.retries + 1):
             try:
-                resp = await self.client.post(url, content=line.body, headers=self.headers)
+                resp = await self.client.post(url, content=line.body, headers=headers)
             except httpx.HTTPError as e:
                 if attempt < self.retries:
                     await asyncio.sleep(1.0)

@@ -35,6 +35,7 @@ class BatchLine:
     route: Route[Any]
     path: str
     body: bytes
+    sets_priority: bool = False  # the body names its own traffic class
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ def read_line(number: int, text: bytes) -> BatchLine | Result:
         return refuse(f"unknown url {clip(path)}; the POST routes are {describe()}")
     if not isinstance(obj["body"], dict):
         return refuse(f"body must be a JSON object, got {type(obj['body']).__name__}")
-    return BatchLine(number, cid, route, path, json.dumps(obj["body"]).encode())
+    body = obj["body"]
+    return BatchLine(number, cid, route, path, json.dumps(body).encode(), "priority" in body)
 
 
 def tokens_of(body: Any) -> int:
