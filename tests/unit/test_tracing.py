@@ -1,8 +1,8 @@
 """OpenTelemetry traces (tracing/): one trace from a client's traceparent through the gateway's
 request span and its upstream CLIENT spans to each pool server's request span and that span's
 tokenize / queue / engine / serialize children; attributes by the gen_ai conventions and no
-input text; settings from flags and the standard environment, refusals; with tracing off no
-OpenTelemetry module is imported."""
+input text; what the engine's outputs record for them; with tracing off no OpenTelemetry module
+is imported. Settings and export: test_tracing_export.py."""
 
 from __future__ import annotations
 
@@ -20,11 +20,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from embedserve.cli import build_parser, main
 from embedserve.engine.engine import Engine
-from embedserve.errors import SettingsError
-from embedserve.tracing import GATEWAY_SERVICE, SERVER_SERVICE, TraceSettings, trace_settings
-from embedserve.tracing.otel import Tracing, http_traces_url
+from embedserve.tracing import GATEWAY_SERVICE, SERVER_SERVICE, TraceSettings
+from embedserve.tracing.otel import Tracing
 from tests.helpers.inprocess import gateway_app, runtime_of, server_client
 from tests.helpers.reference import random_ids
 from tests.helpers.server_process import words
@@ -202,58 +200,3 @@ def test_tracing_off_imports_no_opentelemetry(qwen3_dir: Path) -> None:
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-
-
-@pytest.mark.parametrize("tool", [["serve", "--model", "m"], ["gateway", "--config", "pools.yaml"]])
-def test_a_bad_protocol_is_refused_naming_the_choices(
-    tool: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as e:
-        build_parser().parse_args([*tool, "--otlp-traces-protocol", "http/json"])
-    assert e.value.code == 2
-    assert "'http/json' is not one of grpc, http/protobuf" in capsys.readouterr().err
-
-
-def test_a_bad_protocol_from_the_environment_exits_2(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:4317")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift")
-    assert main(["serve", "--model", "/nonexistent"]) == 2
-    assert "$OTEL_EXPORTER_OTLP_PROTOCOL: OTLP traces protocol 'thrift'" in capsys.readouterr().err
-    assert main(["gateway", "--config", "/nonexistent.yaml"]) == 2
-    assert "$OTEL_EXPORTER_OTLP_PROTOCOL" in capsys.readouterr().err
-
-
-def test_settings_from_flags_and_the_standard_environment() -> None:
-    endpoint = "http://collector:4317"
-    assert trace_settings(None, None, {}) is None  # off by default
-    assert trace_settings(None, None, {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}) is None  # not alone
-    assert trace_settings(endpoint, None, {}) == TraceSettings(endpoint, "grpc")
-    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-    assert trace_settings(None, None, env) == TraceSettings(endpoint, "http/protobuf")
-    env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "grpc"  # the traces' own variable first
-    assert trace_settings(None, None, env) == TraceSettings(endpoint, "grpc")
-    assert trace_settings("http://other:4318", "http/protobuf", env) == TraceSettings(
-        "http://other:4318", "http/protobuf"
-    )  # flags over the environment
-    assert trace_settings(endpoint, None, {"OTEL_SDK_DISABLED": "true"}) is None
-    with pytest.raises(SettingsError, match="needs an OTLP traces endpoint"):
-        TraceSettings()
-    assert http_traces_url("http://c:4318") == "http://c:4318/v1/traces"
-    assert http_traces_url("http://c:4318/custom/traces") == "http://c:4318/custom/traces"
-
-
-@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_otlp_exporters_start_and_stop_without_a_collector(
-    protocol: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
-    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
-    tracing = Tracing.start(TraceSettings("http://127.0.0.1:9", protocol), SERVER_SERVICE)
-    assert tracing.provider.resource.attributes["service.name"] == SERVER_SERVICE
-    tracing.shutdown()  # nothing queued: returns at once
-    monkeypatch.setenv("OTEL_SERVICE_NAME", "embeddings-eu")
-    named = Tracing.start(TraceSettings("http://127.0.0.1:9", protocol), SERVER_SERVICE)
-    assert named.provider.resource.attributes["service.name"] == "embeddings-eu"
-    named.shutdown()
