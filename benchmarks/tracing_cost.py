@@ -119,33 +119,47 @@ def requests(
     return seen
 
 
-def span_work(n: int) -> tuple[float, float]:
-    """The tracing work of one server request alone, without the request: µs on the serving
-    thread (request span with an extracted traceparent, its four children, the end) and µs of
-    the export thread (OTLP/HTTP encoding and a POST to the dummy collector) per request."""
+def span_work(n: int = 400, repeats: int = 5) -> tuple[float, float, float]:
+    """The tracing work of one request alone, without requests (µs, medians of `repeats` runs of
+    `n`, within the batch processor's queue of 2,048 spans): a server request's on the serving
+    thread (request span with an extracted traceparent, its four children, the end), a gateway
+    request's (request span, one upstream CLIENT span with traceparent injected), and the export
+    thread's per server request (OTLP/HTTP encoding and a POST to the dummy collector)."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    memory = InMemorySpanExporter()
-    tracing = Tracing.start(TraceSettings(exporter=memory), SERVER_SERVICE)
     headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     out = [EmbeddingOutput(np.zeros(4, np.float32), 16, False, 0.001, 0.005, 0, 1, 0, time.monotonic())]
-    start = time.perf_counter()
-    for _ in range(n):
-        with tracing.request("embeddings", "/v1/embeddings", headers, {}) as trace:
-            t = time.perf_counter()
-            trace.answered(out, 16, t - 0.01, 0.001, 0.008, "model", "online")
-            trace.responded(200)
-    serving = (time.perf_counter() - start) / n * 1e6
-    tracing.flush()
-    spans = memory.get_finished_spans()
     exporter = OTLPSpanExporter(endpoint=dummy_collector())
-    start = time.perf_counter()
-    for i in range(0, len(spans), 512):  # the batch processor's default batch size
-        exporter.export(spans[i : i + 512])
-    exporting = (time.perf_counter() - start) / n * 1e6
-    tracing.shutdown()
-    return serving, exporting
+    server, gateway, export = [], [], []
+    for _ in range(repeats):
+        memory = InMemorySpanExporter()
+        tracing = Tracing.start(TraceSettings(exporter=memory), SERVER_SERVICE)
+        start = time.perf_counter()
+        for _ in range(n):
+            with tracing.request("embeddings", "/v1/embeddings", headers, {}) as trace:
+                t = time.perf_counter()
+                trace.answered(out, 16, t - 0.01, 0.001, 0.008, "model", "online")
+                trace.responded(200)
+        server.append((time.perf_counter() - start) / n * 1e6)
+        tracing.flush()
+        spans = memory.get_finished_spans()
+        start = time.perf_counter()
+        for i in range(0, len(spans), 512):  # the batch processor's default batch size
+            exporter.export(spans[i : i + 512])
+        export.append((time.perf_counter() - start) / len(spans) * 5 * 1e6)
+        start = time.perf_counter()
+        for _ in range(n // 2):
+            with tracing.request(
+                "embeddings", "/v1/embeddings", headers, {"embedserve.priority": "online"}
+            ) as g:
+                g.counted("model", [16])
+                with tracing.upstream("http://pool:1/v1/embeddings", "short", 1, 16, {}) as call:
+                    call.status = 200
+                g.set({"embedserve.pools": "short"})
+        gateway.append((time.perf_counter() - start) / (n // 2) * 1e6)
+        tracing.shutdown()
+    return statistics.median(server), statistics.median(gateway), statistics.median(export)
 
 
 def main() -> None:
@@ -199,10 +213,9 @@ def main() -> None:
     print(f"p50 ms  off {p50_off:.3f}  on {p50_on:.3f}  on - off {added:+.3f} (median of round differences "
           f"{statistics.median(diffs):+.3f})")  # fmt: skip
     print(f"CPU ms/request  off {cpu_off:.3f}  on {cpu_on:.3f}  on - off {cpu_on - cpu_off:+.3f}")
-    serving, exporting = span_work(2000)
-    print(
-        f"tracing work per request alone: {serving:.1f} µs serving thread, {exporting:.1f} µs export thread"
-    )
+    server_us, gateway_us, export_us = span_work()
+    print(f"tracing work per request alone, µs: server {server_us:.1f}, gateway {gateway_us:.1f} (serving "
+          f"thread); export thread {export_us:.1f} per server request")  # fmt: skip
     if _Collector.exports:
         print(f"dummy collector: {_Collector.exports} export requests, {_Collector.received} bytes")
 
