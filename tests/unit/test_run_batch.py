@@ -32,6 +32,7 @@ from tests.helpers.inprocess import server_client
 REPO = Path(__file__).resolve().parents[2]
 BODIES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/embeddings", {"input": "hello world"}),
+    ("/v1/embeddings", {"input": "naïve café, 東京"}),
     ("/v1/embeddings", {"input": ["a first text", "a second, longer text of words"], "dimensions": 16}),
     ("/v1/embeddings", {"input": "base64 please", "encoding_format": "base64"}),
     ("/v2/embed", {"texts": ["cohere's body"], "input_type": "search_query"}),

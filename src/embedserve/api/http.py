@@ -28,10 +28,15 @@ class ClientGone(Exception):
 BODY_TIMEOUT_S = 30.0
 
 
+def body_too_large(limit: int) -> ApiError:
+    """413 for a body over `limit` bytes (also run-batch's in-process lines)."""
+    return ApiError(413, f"request body exceeds the limit of {limit} bytes")
+
+
 async def read_body(request: Request, limit: int, timeout: float = BODY_TIMEOUT_S) -> bytes:
     """The body, refused before parsing when over `limit` bytes (413) or when it does not
     arrive whole within `timeout` seconds (408: a client sending one byte a second)."""
-    too_big = ApiError(413, f"request body exceeds the limit of {limit} bytes")
+    too_big = body_too_large(limit)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_big

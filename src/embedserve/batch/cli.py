@@ -176,6 +176,6 @@ async def _executor(args: argparse.Namespace) -> AsyncIterator[Any]:
         await runtime.start()
         if runtime.service is None:
             raise ModelLoadError(f"{model}: {runtime.error or 'the server did not start'}")
-        yield InProcess(runtime.service, args.retries)
+        yield InProcess(runtime.service, args.retries, settings.max_body_bytes)
     finally:
         await runtime.close()

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
+from embedserve.api.http import body_too_large
 from embedserve.api.keepalive import MAX_RETRY_AFTER_S
 from embedserve.api.protocol import ApiError, error_body
 from embedserve.batch.format import UNREACHABLE, BatchLine, Result, answered, failed
@@ -54,11 +55,13 @@ async def _never() -> None:
 
 
 class InProcess:
-    """Lines answered by `server/pipeline.py`'s `answer` on a started server's service."""
+    """Lines answered by `server/pipeline.py`'s `answer` on a started server's service; a body
+    over `max_body_bytes` gets the server's 413."""
 
-    def __init__(self, svc: EmbeddingService, retries: int) -> None:
+    def __init__(self, svc: EmbeddingService, retries: int, max_body_bytes: int) -> None:
         self.svc = svc
         self.retries = retries
+        self.max_body_bytes = max_body_bytes
         self.bound: dict[str, ServerRoute[Any]] = {
             b.route.name: ServerRoute(
                 dataclasses.replace(b.route, parse=at_batch_priority(b.route.parse)), b.job
@@ -70,6 +73,8 @@ class InProcess:
         bound = self.bound[line.route.name]
         for attempt in range(self.retries + 1):
             try:
+                if len(line.body) > self.max_body_bytes:
+                    raise body_too_large(self.max_body_bytes)
                 body, _ = await answer(self.svc, bound, line.body, _never)
             except ApiError as e:
                 if e.status in RETRY_STATUS and attempt < self.retries:

@@ -119,7 +119,8 @@ def read_line(number: int, text: bytes) -> BatchLine | Result:
     if not isinstance(obj["body"], dict):
         return refuse(f"body must be a JSON object, got {type(obj['body']).__name__}")
     body = obj["body"]
-    return BatchLine(number, cid, route, path, json.dumps(body).encode(), "priority" in body)
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()  # as a client sends it
+    return BatchLine(number, cid, route, path, text, "priority" in body)
 
 
 def tokens_of(body: Any) -> int:
