@@ -74,6 +74,8 @@ class Request:
         # The hash chain of its full blocks (kv_cache/manager.py), set by a scheduler that caches
         # prefixes; None: it neither looks up nor registers blocks.
         self.block_hashes: list[bytes] | None = None
+        # Its first `pin_prefix` tokens are a prompt the engine keeps cached for good (0: none).
+        self.pin_prefix = 0
         # Set by the scheduler on admission; orders requests for scheduling and preemption.
         self.arrival_seq = -1
         self.arrival_step = -1

@@ -82,12 +82,39 @@ def test_a_prefix_is_matched_block_by_block_and_counted_once_reclaimable() -> No
     hashes = block_hashes(ids, 2)
     assert kv.allocate_slots(0, 0, 7) is not None
     kv.register(0, hashes, 5)  # tokens < 5 computed: blocks 0 and 1 are full and known
-    assert kv.attach_prefix(1, hashes, most=6) == 4
+    assert kv.attach_prefix(1, ids, hashes, most=6) == (4, None)
     assert kv.block_table(1) == kv.block_table(0)[:2]
     assert kv.reclaimable([0]) == 2  # its two shared blocks stay with request 1
     assert kv.reclaimable([0, 1]) == 4
-    assert kv.attach_prefix(2, hashes, most=3) == 2  # `most`: what its pooling may skip
-    assert kv.attach_prefix(3, block_hashes([7, 7, 7, 7], 2), most=4) == 0
+    assert kv.attach_prefix(2, ids, hashes, most=3) == (2, None)  # `most`: what its pooling may skip
+    assert kv.attach_prefix(3, [7, 7, 7, 7], block_hashes([7, 7, 7, 7], 2), most=4) == (0, None)
+
+
+def test_a_pinned_prompt_tail_is_copied_into_a_block_of_the_requests_own() -> None:
+    kv = KVCacheManager(num_blocks=8, block_size=4, max_cached=2)
+    prompt = [1, 2, 3, 4, 5, 6, 7]  # one full block and a 3-token tail
+    ids = [*prompt, 50]
+    assert kv.allocate_slots(0, 0, len(ids)) is not None
+    kv.register(0, block_hashes(ids, 4), len(ids))
+    kv.pin_prompt(0, ids, block_hashes(ids, 4), len(prompt))
+    pinned = set(kv.block_table(0))
+    kv.free(0)
+    assert kv.pinned == pinned and kv.pool.num_used == 2  # held for good
+    query = [*prompt, 60, 61, 62]
+    hit, copy = kv.attach_prefix(1, query, block_hashes(query, 4), most=len(query) - 1)
+    assert hit == 7 and copy is not None and copy.rows == 3
+    assert copy is not None and copy.src in pinned and copy.dst not in pinned
+    assert kv.block_table(1) == [kv.block_table(1)[0], copy.dst] and kv.block_table(1)[0] in pinned
+    # A query that leaves the tail after two of its tokens (a merged boundary token): two rows.
+    other = [1, 2, 3, 4, 5, 6, 99, 98]
+    hit, copy = kv.attach_prefix(2, other, block_hashes(other, 4), most=len(other) - 1)
+    assert hit == 6 and copy is not None and copy.rows == 2
+    # Pinning the same prompt again holds nothing more.
+    used = kv.pool.num_used
+    assert kv.allocate_slots(3, 0, len(ids)) is not None
+    kv.pin_prompt(3, ids, block_hashes(ids, 4), len(prompt))
+    kv.free(3)
+    assert kv.pool.num_used == used
 
 
 # ---- the engine -------------------------------------------------------------------------
@@ -106,6 +133,26 @@ def test_hits_match_sentence_transformers_and_the_engine_without_cache(qwen3_dir
     assert prompt_blocks >= 1 and stats["prefix_hit_tokens"] >= len(QUERIES) * prompt_blocks * 16
     assert cosine(got, ref).min() >= FP32_MIN_COSINE
     assert np.abs(got - cold).max() < 1e-5 and np.abs(first[0] - cold[0]).max() < 1e-5
+
+
+def test_a_cached_prompt_is_reused_whole_tail_included(qwen3_dir: Path) -> None:
+    ref = st_embed(qwen3_dir, QUERIES, prompt_name="query")
+    with Engine.from_pretrained(qwen3_dir) as engine:
+        n = engine.cache_prompt(QUERY_PROMPT)
+        assert (
+            n == len(engine.tokenizer.backend.encode(QUERY_PROMPT, add_special_tokens=False).ids) and n % 16
+        )
+        got = np.stack(engine.embed(QUERIES, prompt_name="query"))
+        stats = _stats(engine)
+        pinned = len(engine._loop.core.scheduler.kv.pinned)
+    # Every query reuses the full block and the tail (all of it, or all but a boundary token
+    # that merges with the query's first characters).
+    assert stats["prefix_hit_tokens"] >= len(QUERIES) * (n - 1) and pinned == 2
+    assert cosine(got, ref).min() >= FP32_MIN_COSINE
+    with Engine.from_pretrained(qwen3_dir, enable_prefix_caching=False) as off:
+        assert off.cache_prompt(QUERY_PROMPT) == 0
+        cold = np.stack(off.embed(QUERIES, prompt_name="query"))
+    assert np.abs(got - cold).max() < 1e-5
 
 
 def test_a_hit_whose_suffix_runs_in_several_chunks(qwen3_dir: Path) -> None:

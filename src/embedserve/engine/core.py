@@ -172,12 +172,13 @@ class EngineCore:
         return lane | {
             "steps": self.num_steps,
             "preemptions": self.scheduler.num_preemptions,
-            "kv_blocks_used": kv.pool.num_used,
+            "kv_blocks_used": kv.pool.num_used - len(kv.pinned),  # by requests (not pinned prompts)
             "kv_blocks_total": kv.num_blocks,
             "tokens_computed": self.tokens_computed,
             "prefix_hit_tokens": kv.hit_tokens,
             "prefix_query_tokens": kv.query_tokens,
             "prefix_cached_blocks": kv.pool.num_cached,
+            "prefix_pinned_blocks": len(kv.pinned),
             # both paths: started layer-major inputs count as running
             "num_running": len(self.scheduler.running) + lane.get("layer_major_started", 0),
             "num_waiting": len(self.scheduler.waiting) + lane.get("layer_major_waiting", 0),

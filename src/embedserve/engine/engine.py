@@ -14,7 +14,7 @@ import numpy as np
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.classify import ClassifyMixin
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import EngineLoop, wait_all
+from embedserve.engine.loop import EngineLoop, gather_all, wait_all
 from embedserve.engine.multimodal import text_items, tokenize_multimodal
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of, parse_priority
@@ -157,6 +157,26 @@ class Engine(RerankMixin, ClassifyMixin):
         """Queue inputs that `tokenize()` already produced (a server counts tokens first);
         options as `submit`."""
         return self._loop.submit(self._requests(tokenized, dimensions, normalize, priority))
+
+    def cache_prompt(self, prompt: str) -> int:
+        """Keep `prompt`'s K/V in the prefix cache for good (its full blocks and its tail), so
+        every input embedded with it computes only its own tokens; returns the prompt's tokens
+        (0: prefix caching is off). The server does it for the model's prompts at warm-up."""
+        futures, n = self._pin(prompt)
+        wait_all(futures)
+        return n
+
+    async def cache_prompt_async(self, prompt: str) -> int:
+        futures, n = self._pin(prompt)
+        await gather_all(futures)
+        return n
+
+    def _pin(self, prompt: str) -> tuple[list[Future[Finished]], int]:
+        if not (self.config.cache.prefix_caching and prompt):
+            return [], 0
+        (req,) = self._requests(self.tokenize(["warm"], prompt), None, None, "online")
+        req.pin_prefix = self.tokenizer.count_prompt_tokens(prompt)
+        return self._loop.submit([req]), req.pin_prefix
 
     def embed_outputs(
         self,

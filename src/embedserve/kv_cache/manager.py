@@ -6,12 +6,20 @@ under the hash chain of its tokens (`block_hashes`: block i's digest covers toke
 K/V for one model). A request starting with registered blocks shares them read-only
 (`attach_prefix`) and computes only the rest; its later blocks are its own. One engine has one
 model, dtype and option set, and one KV cache: nothing is shared across them.
+
+A prompt the engine applies itself (an instruction) is pinned whole (`pin_prompt`): its full
+blocks stay held, and so does the block holding its tail (the tokens past the last full block:
+a 19-token instruction is one full 16-token block and a 3-token tail). A request whose tokens
+continue the full blocks with (part of) that tail gets a block of its own with the tail's rows
+copied in (`Copy`, done by the runner before the step's forward pass): the K/V of a position
+depends only on the tokens up to it, so the rows of any common prefix of the tail are valid.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,12 +41,24 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
     return out
 
 
+@dataclass(frozen=True)
+class Copy:
+    """Rows [0, rows) of block `src` into block `dst`, every layer (a pinned prompt's tail)."""
+
+    src: int
+    dst: int
+    rows: int
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_cached: int = 0) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks, max_cached)
         self._tables: dict[int, list[int]] = {}
         self._registered: dict[int, int] = {}  # request -> its leading blocks already registered
+        # Pinned prompt tails by the digest of the full blocks before them: (tokens, block).
+        self._tails: dict[bytes, list[tuple[tuple[int, ...], int]]] = {}
+        self.pinned: set[int] = set()  # blocks the pinned prompts hold
         self.hit_tokens = 0  # prompt tokens served from cached blocks
         self.query_tokens = 0  # prompt tokens of the requests that looked for a prefix
 
@@ -71,21 +91,65 @@ class KVCacheManager:
                 holders[block] = holders.get(block, 0) + 1
         return sum(1 for block, n in holders.items() if n == self.pool.refs(block))
 
-    def attach_prefix(self, request_id: int, hashes: Sequence[bytes], most: int) -> int:
-        """Give a request without blocks the cached blocks its first full blocks match (at most
-        `most` tokens' worth); returns the tokens they hold (0: no hit)."""
+    def attach_prefix(
+        self, request_id: int, token_ids: Sequence[int], hashes: Sequence[bytes], most: int
+    ) -> tuple[int, Copy | None]:
+        """Give a request without blocks the cached blocks its first full blocks match, then a
+        pinned prompt tail's rows (in a block of its own, with the copy to make), at most `most`
+        tokens' worth in all; returns (tokens hit, the copy or None)."""
         assert request_id not in self._tables, "a prefix is attached before any block"
+        bs = self.block_size
         blocks: list[int] = []
-        for digest in hashes[: most // self.block_size]:
+        for digest in hashes[: most // bs]:
             block = self.pool.by_hash.get(digest)
             if block is None:
                 break
             blocks.append(block)
+        hit = len(blocks) * bs
+        tail, src = self._tail(
+            token_ids[hit : min(most, hit + bs)], hashes[len(blocks) - 1] if blocks else b""
+        )
+        copy = None
+        if tail:
+            own = self.pool.take(1)
+            if own is not None:
+                copy = Copy(src, own[0], tail)
+                hit += tail
+                self._tables[request_id] = [*blocks, own[0]]
         if blocks:
             self.pool.share(blocks)
-            self._tables[request_id] = blocks
+            self._tables.setdefault(request_id, blocks)
             self._registered[request_id] = len(blocks)
-        return len(blocks) * self.block_size
+        return hit, copy
+
+    def _tail(self, tokens: Sequence[int], before: bytes) -> tuple[int, int]:
+        """(rows, block) of the pinned tail after `before` that `tokens` continue longest."""
+        best, src = 0, -1
+        for tail, block in self._tails.get(before, []):
+            n = next((i for i, (a, b) in enumerate(zip(tail, tokens, strict=False)) if a != b), None)
+            n = min(len(tail), len(tokens)) if n is None else n
+            if n > best:
+                best, src = n, block
+        return best, src
+
+    def pin_prompt(self, request_id: int, token_ids: Sequence[int], hashes: Sequence[bytes], n: int) -> None:
+        """Keep the K/V of the request's first `n` tokens (a prompt, computed) for good: its full
+        blocks held, its tail's block held and findable by `attach_prefix` (once per tail)."""
+        table = self._tables.get(request_id, [])
+        full = min(n // self.block_size, len(table))
+        # Its full blocks where they are the registered ones (another copy of the same content
+        # is not kept twice), and its tail's block once per distinct tail.
+        keep = [b for i, b in enumerate(table[:full]) if self.pool.hash_of.get(b) == hashes[i]]
+        keep = [b for b in keep if b not in self.pinned]
+        rows = n - full * self.block_size
+        if 0 < rows < self.block_size and len(table) > full:
+            tail = tuple(token_ids[full * self.block_size : n])
+            tails = self._tails.setdefault(hashes[full - 1] if full else b"", [])
+            if all(t != tail for t, _ in tails):
+                tails.append((tail, table[full]))
+                keep.append(table[full])
+        self.pool.share(keep)
+        self.pinned.update(keep)
 
     def count_lookup(self, num_prompt_tokens: int, hit: int) -> None:
         self.query_tokens += num_prompt_tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from embedserve.kv_cache.manager import Copy
 from embedserve.vision.state import MultimodalState
 
 
@@ -48,6 +49,9 @@ class SchedulerOutput:
     preempted_ids: list[int] = field(default_factory=list)
     lane: LaneSlice | None = None  # run after the chunks (and after answering what they finish)
     online: bool = False  # online work waited at this step (its time sizes the lane's units)
+    # KV rows to copy before the forward pass: pinned prompt tails into the blocks of the
+    # requests that start with them (kv_cache/manager.py).
+    copies: list[Copy] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

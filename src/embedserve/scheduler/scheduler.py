@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from embedserve.config import SchedulerConfig
 from embedserve.errors import InvalidInputError
-from embedserve.kv_cache.manager import KVCacheManager, block_hashes, blocks_for
+from embedserve.kv_cache.manager import Copy, KVCacheManager, block_hashes, blocks_for
 from embedserve.request import Request, RequestStatus
 from embedserve.scheduler.lane import RESPONSIVE_WINDOW_S, LaneQueue
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
@@ -43,6 +43,7 @@ class Scheduler:
             self.lane = LaneQueue(
                 config.layer_major_tokens, config.max_num_batched_tokens, num_layers, config.batch_aging_steps
             )
+        self._copies: dict[int, Copy] = {}  # this step's pinned-tail copies, by request
         self.last_online_s: float | None = None  # when online work last waited at a step
         self.online_step_s: float | None = None  # how long such steps took, moving average
 
@@ -115,13 +116,15 @@ class Scheduler:
         online = self.has_online_work()
         alone = not (self.waiting or self.running)
         self.clock.tick()
+        self._copies = {}
         chunks, preempted = self._schedule_chunks()
         lane = None
         if self.lane is not None:
             last = self.last_online_s
             recent = last is not None and time.monotonic() - last <= RESPONSIVE_WINDOW_S
             lane = self.lane.slice(online, recent, alone, self.config.max_num_batched_tokens)
-        return SchedulerOutput(self.step_count, chunks, preempted, lane, online)
+        copies = [self._copies[c.request_id] for c in chunks if c.request_id in self._copies]
+        return SchedulerOutput(self.step_count, chunks, preempted, lane, online, copies)
 
     def observe(self, output: SchedulerOutput, seconds: float) -> None:
         """The chunks of `output` took `seconds`: a step with online work sizes the lane's
@@ -187,13 +190,16 @@ class Scheduler:
         hashes = req.block_hashes
         if hashes is None or req.status is not RequestStatus.WAITING or req.num_computed_tokens:
             return 0
-        hit = self.kv.attach_prefix(req.request_id, hashes, req.pooling.skippable)
+        hit, copy = self.kv.attach_prefix(req.request_id, req.token_ids, hashes, req.pooling.skippable)
+        if copy is not None:
+            self._copies[req.request_id] = copy
         if hit:
             req.num_computed_tokens = hit
             req.pooling.skip(hit)
         return hit
 
     def _detach_prefix(self, req: Request) -> None:
+        self._copies.pop(req.request_id, None)
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0
         req.pooling.reset()
@@ -253,6 +259,8 @@ class Scheduler:
             if req.block_hashes is not None:
                 self.kv.register(req.request_id, req.block_hashes, req.num_computed_tokens)
             if req.is_prefill_complete:
+                if req.pin_prefix and req.block_hashes is not None:
+                    self.kv.pin_prompt(req.request_id, req.token_ids, req.block_hashes, req.pin_prefix)
                 self.running.remove(req)
                 self.kv.free(req.request_id)
                 if req.mm is not None:

@@ -103,6 +103,11 @@ class _LiveCollector(Collector):
                 "KV blocks whose content the prefix cache keeps (held by requests or not)",
                 s["prefix_cached_blocks"],
             )
+            yield _gauge(
+                "embedserve_prefix_cache_pinned_blocks",
+                "KV blocks holding the model's prompts for good (not counted in kv_blocks_used)",
+                s["prefix_pinned_blocks"],
+            )
         if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             yield _gauge(
                 "embedserve_cuda_memory_allocated_bytes",

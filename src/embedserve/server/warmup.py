@@ -69,12 +69,11 @@ async def warm_up(engine: Engine, lengths: tuple[int, ...] | None) -> float:
         outputs = await engine.embed_outputs_async([_ids(engine, n) for n in shape], prompt="")
         check_vectors(engine, outputs)
         log.info("warm-up: %d input(s), %d tokens in %.3f s", len(shape), sum(shape), time.perf_counter() - t)
-    if engine.config.cache.prefix_caching:  # the model's prompts' blocks, cached before any request
+    if engine.config.cache.prefix_caching:  # the model's prompts, whole, cached for good
         prompts = sorted({text for text in engine.config.prompts.values() if text})
+        tokens = [await engine.cache_prompt_async(text) for text in prompts]
         if prompts:
-            for text in prompts:
-                check_vectors(engine, await engine.embed_outputs_async(["warm"], prompt=text))
-            log.info("warm-up: %d prompt(s) in the prefix cache", len(prompts))
+            log.info("warm-up: %d prompt(s) of %s tokens kept in the prefix cache", len(prompts), tokens)
     if engine.multimodal:  # the vision tower too, on one small image
         image = Image.new("RGB", (64, 64), (128, 128, 128))
         check_vectors(engine, await engine.embed_outputs_async([["warm", image]], prompt=""))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from embedserve.config import ModelConfig
+from embedserve.kv_cache.manager import Copy
 from embedserve.models.build import EmbeddingModel
 from embedserve.scheduler.output import SchedulerOutput
 from embedserve.worker.input_batch import StepInputs, build_step_inputs
@@ -51,6 +52,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
         """Returns request_id -> the pooled rows of its chunk, [k, hidden]."""
+        if out.copies:
+            self.copy_rows(out.copies)
         inputs = build_step_inputs(
             out,
             self.block_size,
@@ -61,6 +64,14 @@ class ModelRunner:
         )
         hidden = self.forward(inputs).float().cpu()  # [R, hidden]
         return {rid: hidden[off : off + n] for rid, (off, n) in inputs.pooled.items()}
+
+    def copy_rows(self, copies: list[Copy]) -> None:
+        """Cached prompt rows into the blocks of the requests that start with them, every layer."""
+        assert self.kv_caches is not None, "an encoder keeps no KV cache to copy"
+        bs = self.block_size
+        for c in copies:
+            for cache in self.kv_caches:
+                cache[:, c.dst * bs : c.dst * bs + c.rows] = cache[:, c.src * bs : c.src * bs + c.rows]
 
     def forward(self, inputs: StepInputs) -> torch.Tensor:
         """The model on one step's packed inputs -> the pooled rows, [R, hidden]."""
