@@ -13,7 +13,8 @@ server's threads may keep spinning on both cores for a second or more after its 
 (vLLM's: 0.8 CPU-seconds in the 3 s after a cell), which slowed whichever target came next.
 
 Each query is a different `--tokens`-token text (words that are single tokens in the
-tokenizer). Reported per concurrency: requests/s, p50 / p99 latency, and with `--pid` the
+tokenizer), after `--prefix` if given (an instruction every query shares). Reported per
+concurrency: requests/s, p50 / p99 latency, and with `--pid` the
 server's CPU seconds per request (its process tree), which holds up on a shared machine.
 """
 
@@ -78,6 +79,12 @@ async def main() -> None:
     p.add_argument("--target", action="append", default=[], help="NAME=URL,MODEL[,PID]; repeatable")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--tokens", type=int, default=16)
+    p.add_argument(
+        "--prefix",
+        default="",
+        help="text put before every query, as a client sends an instruction (e.g. Qwen3-Embedding's "
+        "query instruction: the prefix caching case of issue #48)",
+    )
     p.add_argument("--concurrency", default="1,32")
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--rounds", type=int, default=1, help="alternate the targets this many times")
@@ -90,7 +97,7 @@ async def main() -> None:
         targets.insert(0, ("server", args.url, args.model or "", args.pid))
     if not targets:
         raise SystemExit("give --url and --model, or one or more --target")
-    texts = queries(args.tokenizer, args.tokens, args.requests + 10)
+    texts = [args.prefix + t for t in queries(args.tokenizer, args.tokens, args.requests + 10)]
     clients = {
         name: AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
         for name, url, _, _ in targets
