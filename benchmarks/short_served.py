@@ -97,20 +97,26 @@ async def main() -> None:
         targets.insert(0, ("server", args.url, args.model or "", args.pid))
     if not targets:
         raise SystemExit("give --url and --model, or one or more --target")
-    texts = [args.prefix + t for t in queries(args.tokenizer, args.tokens, args.requests + 10)]
+    concurrencies = [int(x) for x in args.concurrency.split(",")]
+    # Every cell gets texts no cell saw before: a server caching prefixes or results must not
+    # be measured on repeats of the last cell's queries.
+    cells = args.rounds * len(concurrencies) * len(targets)
+    pool = [args.prefix + t for t in queries(args.tokenizer, args.tokens, args.requests * cells + 10)]
+    texts, fresh = pool[-10:], iter(range(cells))
     clients = {
         name: AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
         for name, url, _, _ in targets
     }
     for name, _, model, _ in targets:
-        await cell(clients[name], model, texts[-10:], 1)  # warm-up
+        await cell(clients[name], model, texts, 1)  # warm-up
     rates: dict[tuple[str, int], list[float]] = {}
     for r in range(args.rounds):
-        for c in (int(x) for x in args.concurrency.split(",")):
+        for c in concurrencies:
             for name, _, model, pid in targets:
                 wait_quiet([t[3] for t in targets if t[3] is not None], args.settle)  # no request in flight
                 cpu, wall = server_cpu(pid), time.perf_counter()
-                lat = sorted(await cell(clients[name], model, texts[: args.requests], c))
+                first = next(fresh) * args.requests
+                lat = sorted(await cell(clients[name], model, pool[first : first + args.requests], c))
                 wall, cpu = time.perf_counter() - wall, server_cpu(pid) - cpu
                 rates.setdefault((name, c), []).append(len(lat) / wall)
                 p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
