@@ -312,3 +312,18 @@ def test_the_servers_warm_up_caches_the_models_prompts(qwen3_dir: Path) -> None:
         assert engine.stats()["prefix_hit_tokens"] - before >= 16  # the very first query hits
     ref = st_embed(qwen3_dir, QUERIES[:1], prompt_name="query")
     assert cosine(np.array([resp.json()["data"][0]["embedding"]]), ref).min() >= FP32_MIN_COSINE
+
+
+def test_many_equal_short_hits_take_the_grouped_attention(qwen3_dir: Path) -> None:
+    """Eight 36-token queries after a cached 16-token block: one step, their chunks grouped into
+    one attention call per layer (attention/cpu_batched.py), against transformers."""
+    prefix = random_ids(19, seed=8)
+    seqs = [[*prefix, *random_ids(17, seed=800 + i)] for i in range(8)]
+    ref = hf_embed_ids(qwen3_dir, seqs)
+    with Engine.from_pretrained(qwen3_dir) as engine:
+        engine.embed([[*prefix, 1]])
+        steps = _stats(engine)["steps"]
+        got = np.stack(engine.embed(seqs))
+        stats = _stats(engine)
+    assert stats["steps"] == steps + 1 and stats["prefix_hit_tokens"] == 8 * 16
+    assert cosine(got, ref).min() >= FP32_MIN_COSINE

@@ -20,6 +20,12 @@ from functools import cache
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from embedserve.attention.cpu_batched import (
+    SDPA_WHOLE_BELOW,
+    causal_mask,
+    short_cached_together,
+    short_whole_together,
+)
 from embedserve.attention.cpu_gemm import gemm_attention
 from embedserve.attention.metadata import AttentionMetadata, real_rows, write_kv
 from embedserve.kernels import flash_attention as native_flash
@@ -34,10 +40,6 @@ class CpuRoute(str, enum.Enum):
 # Queries from which the native kernel takes a chunk, per dtype: below, packing each KV head
 # (K^T; bf16 also V) costs more than it saves.
 NATIVE_MIN_ROWS = {torch.float32: 16, torch.bfloat16: 64}
-# A whole sequence shorter than this (a first chunk: its keys are its queries), e.g. a short
-# query, is one SDPA call: the tiled routes loop over KV heads or pack each head, which costs
-# more than the math at that size.
-SDPA_WHOLE_BELOW = 64
 
 
 def cpu_route(n: int, kv: int, dtype: torch.dtype, head_dim: int, native: bool) -> CpuRoute:
@@ -50,13 +52,6 @@ def cpu_route(n: int, kv: int, dtype: torch.dtype, head_dim: int, native: bool) 
     if native and least is not None and n >= least and paired:
         return CpuRoute.NATIVE
     return CpuRoute.BF16_GEMM if dtype == torch.bfloat16 else CpuRoute.PYTORCH
-
-
-def _causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-    # Bottom-right aligned: query i sits at position kv_len - q_len + i.
-    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-    k_pos = torch.arange(kv_len, device=device)[None, :]
-    return k_pos <= q_pos  # [q_len, kv_len]
 
 
 def _heads(x: torch.Tensor) -> torch.Tensor:
@@ -173,7 +168,7 @@ def _causal_attention(
             scale,
         )
     else:
-        mask = _causal_mask(n, kv, q.device)
+        mask = causal_mask(n, kv, q.device)
         o = scaled_dot_product_attention(_heads(q), k4, v4, attn_mask=mask, scale=scale, enable_gqa=True)
     return o.squeeze(0).transpose(0, 1).flatten(1)
 
@@ -197,7 +192,11 @@ def paged_attention(
         write_kv(kv_cache, meta.slot_mapping, k, v, n)
     out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
     out[n:] = 0
-    done = _short_whole_together(q, k, v, meta, scale, out) if route is None and meta.causal else set()
+    done: set[int] = set()
+    if route is None and meta.causal:
+        done = short_whole_together(q, k, v, meta, scale, out)
+        if kv_cache is not None:
+            done |= short_cached_together(q, kv_cache, meta, scale, out)
     for s in meta.seqs:
         if s.q_start in done:
             continue
@@ -216,45 +215,6 @@ def paged_attention(
             values = kv_cache[1].index_select(0, s.kv_slots).transpose(0, 1)
             causal_attention(q[rows], keys, values, scale, route, out[rows])
     return out
-
-
-def _short_whole_together(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    out: torch.Tensor,
-) -> set[int]:
-    """Whole sequences (no cached context) under SDPA_WHOLE_BELOW tokens, each one SDPA
-    call of its own (`cpu_route`), as one SDPA call per length over [B, heads, L, d]: a step
-    of 32 queries makes 28 calls per model instead of 896. Every row sees the same keys
-    through the same kernel blocking as alone, so the vectors are the same bits. Writes
-    their rows of `out`; returns their q_start."""
-    by_length: dict[int, list[int]] = {}
-    for s in meta.seqs:
-        if s.kv_slots is None and s.q_len < SDPA_WHOLE_BELOW:
-            by_length.setdefault(s.q_len, []).append(s.q_start)
-    done: set[int] = set()
-    for length, starts in by_length.items():
-        if len(starts) < 2:
-            continue
-        b, lo = len(starts), starts[0]
-        if starts == list(range(lo, lo + b * length, length)):  # one run of rows: views, no gather
-            rows: slice | torch.Tensor = slice(lo, lo + b * length)
-            qb, kb, vb = (x[rows].view(b, length, *x.shape[1:]) for x in (q, k, v))
-        else:
-            rows = (torch.tensor(starts)[:, None] + torch.arange(length)[None, :]).flatten().to(q.device)
-            qb, kb, vb = (x.index_select(0, rows).view(b, length, *x.shape[1:]) for x in (q, k, v))
-        qb, kb, vb = (x.transpose(1, 2) for x in (qb, kb, vb))  # [b, heads, length, d]
-        o = scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=True)
-        o = o.transpose(1, 2).reshape(b * length, -1)
-        if isinstance(rows, slice):
-            out[rows] = o
-        else:
-            out.index_copy_(0, rows, o)
-        done.update(starts)
-    return done
 
 
 def kv_expand(x: torch.Tensor, groups: int) -> torch.Tensor:
