@@ -54,10 +54,16 @@ def _response_schema(doc: dict[str, Any], path: str, method: str, status: int) -
     return schema
 
 
+def _readme_curls() -> list[tuple[str, dict[str, Any]]]:
+    """The README's one-line curl examples: (path, JSON body)."""
+    found = re.findall(r"curl -s (?:\$S|http://[^/\s]+)(/[\w/]+) [^\n]*?-d '(\{.*?\})'", README.read_text())
+    assert found, "the README's curl examples moved"
+    return [(path, json.loads(body)) for path, body in found]
+
+
 def _readme_examples() -> list[dict[str, Any]]:
-    """The README's request bodies: its curl `-d` JSON and its OpenAI-client calls."""
-    text = README.read_text()
-    bodies = [json.loads(m) for m in re.findall(r"-d '(\{.*?\})'", text)]
+    """The README's `/v1/embeddings` request bodies: its curl `-d` JSON and its OpenAI-client calls."""
+    bodies = [body for path, body in _readme_curls() if path == "/v1/embeddings"]
     assert bodies, "the README's curl example moved"
     return [
         *bodies,
@@ -67,6 +73,27 @@ def _readme_examples() -> list[dict[str, Any]]:
         {"input": [[1, 2, 3], [4, 5]], "encoding_format": "base64", "priority": "batch"},
         {"input": "x", "prompt_name": "query", "normalize": False, "user": "u1"},
     ]
+
+
+def test_every_readme_curl_example_is_documented_and_answered(
+    client: TestClient, doc: dict[str, Any]
+) -> None:
+    """Each body validates against its route's `/openapi.json` request schema; an embedding
+    model answers it 200 as documented, or 400 naming the route for a reranker / classifier."""
+    from embedserve.api.routes import route_at
+
+    paths = {path for path, _ in _readme_curls()}
+    assert {"/v2/embed", "/v1/score", "/tokenize", "/detokenize", "/embed", "/rerank", "/classify"} <= paths
+    for path, body in _readme_curls():
+        route = route_at(path)
+        assert route is not None, path
+        assert _validator(doc, _request_schema(doc, path)).is_valid(body), (path, body)
+        resp = client.post(path, json=body)
+        if "embed" in route.tasks:
+            assert resp.status_code == 200, (path, resp.text)
+            _validator(doc, _response_schema(doc, path, "post", 200)).validate(resp.json())
+        else:
+            assert resp.status_code == 400 and "is an embedding model" in resp.text, (path, resp.text)
 
 
 def test_the_request_body_is_documented_with_every_field(doc: dict[str, Any]) -> None:
