@@ -7,6 +7,7 @@
 #   benchmarks/peers/short_served.sh MODEL_DIR [DTYPE ...]      # default: float32 bfloat16
 #
 # Environment: TOKENS (default 16), CONCURRENCY (default 1,32), REQUESTS (default 200), ROUNDS (3),
+# PREFIX (text before every query, e.g. the Qwen3 query instruction, with VLLM_PREFIX_CACHING=1),
 # EMBEDSERVE (the embedserve console script), PYTHON (runs the client; needs `openai`),
 # plus vllm.sh's.
 set -euo pipefail
@@ -19,7 +20,7 @@ DTYPES=("$@"); [[ ${#DTYPES[@]} -gt 0 ]] || DTYPES=(float32 bfloat16)
 PYTHON="${PYTHON:-$(dirname "$EMBEDSERVE")/python}"
 CLIENT=("$PYTHON" "$REPO_ROOT/benchmarks/short_served.py" --tokenizer "$MODEL_DIR"
   --tokens "${TOKENS:-16}" --concurrency "${CONCURRENCY:-1,32}" --requests "${REQUESTS:-200}"
-  --rounds "${ROUNDS:-3}")
+  --rounds "${ROUNDS:-3}" --prefix "${PREFIX:-}")
 
 for port in 8021 8011; do  # a server left running there would answer for the new one
   if curl -s -o /dev/null "http://127.0.0.1:$port/"; then

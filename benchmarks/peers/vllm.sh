@@ -7,7 +7,8 @@
 # Sourced, it only defines start_vllm MODEL_DIR DTYPE PORT (sets VLLM_TARGET) for scripts that
 # run several workloads against one server (see benchmarks/cpu_baseline.sh).
 # Environment: VLLM_CPU_KVCACHE_SPACE (GiB, default 4), VLLM_CPU_OMP_THREADS_BIND (default all
-# cores, e.g. 0 for one thread), MAX_MODEL_LEN (default 16384), VENV.
+# cores, e.g. 0 for one thread), MAX_MODEL_LEN (default 16384), VENV, VLLM_PREFIX_CACHING (1: on,
+# for the prefix-caching comparison of issue #48; default off).
 #
 # Pitfalls handled (../shared/PEERS.md): `python -m` instead of the broken console script;
 # torchvision/torchaudio/torchcodec removed (they break `import vllm`); --dtype always passed
@@ -30,7 +31,8 @@ start_vllm() {
     VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-0-$(( $(nproc) - 1 ))}" \
     LD_PRELOAD="$VENV/lib/libiomp5.so" HF_HUB_OFFLINE=1 \
     "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$model_dir" --runner pooling \
-    --dtype "$dtype" --max-model-len "${MAX_MODEL_LEN:-16384}" --enforce-eager --no-enable-prefix-caching \
+    --dtype "$dtype" --max-model-len "${MAX_MODEL_LEN:-16384}" --enforce-eager \
+    "$([[ "${VLLM_PREFIX_CACHING:-0}" == 1 ]] && echo --enable-prefix-caching || echo --no-enable-prefix-caching)" \
     --host 127.0.0.1 --port "$port" --served-model-name peer
   wait_ready "http://127.0.0.1:$port/v1/models" "$logfile"
   VLLM_TARGET="http://127.0.0.1:$port/v1?model=peer&pid=$PEER_PID&name=vllm-cpu-$dtype"
