@@ -11,12 +11,11 @@
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from embedserve.api.protocol import listed
 from embedserve.api.tei import Direction, policy
 
 Input = str | tuple[str, str]  # a text, or a (text, text_pair) pair
@@ -34,6 +33,11 @@ class ClassifyRequest(BaseModel):
     @property
     def items(self) -> list[Input]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
+
+    @property
+    def policy(self) -> Literal["error", "end", "start"]:
+        """The over-long policy (TEI's body, `PredictRequest`, says it another way)."""
+        return self.truncate
 
 
 class PredictRequest(BaseModel):
@@ -86,14 +90,7 @@ def classify_body(
         {"index": i, "label": label, "probs": probs, "num_classes": len(probs)}
         for i, (label, probs) in enumerate(results)
     ]
-    return {
-        "id": f"classify-{uuid.uuid4().hex}",
-        "object": "list",
-        "created": int(time.time()),
-        "data": data,
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-        **metadata,
-    }
+    return listed("classify", data, n_tokens, metadata)
 
 
 def predict_body(req: PredictRequest, labels: tuple[str, ...], probs: list[list[float]]) -> Any:
@@ -106,24 +103,3 @@ def predict_body(req: PredictRequest, labels: tuple[str, ...], probs: list[list[
         for row in probs
     ]
     return answers if req.batch else answers[0]
-
-
-class ClassifyItem(BaseModel):
-    index: int = Field(ge=0)
-    label: str
-    probs: list[float]
-    num_classes: int
-
-
-class ClassifyUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class ClassifyResponse(BaseModel):
-    id: str
-    object: Literal["list"]
-    created: int
-    model: str
-    data: list[ClassifyItem]
-    usage: ClassifyUsage

@@ -11,11 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, RootModel
 
-from embedserve.api.classify import ClassifyRequest, ClassifyResponse, PredictRequest
+from embedserve.api.classify import ClassifyRequest, PredictRequest
 from embedserve.api.cohere import CohereEmbedRequest
-from embedserve.api.openapi import DEADLINE_NOTE, error_responses
+from embedserve.api.openapi import DEADLINE_NOTE, Usage, error_responses
 from embedserve.api.rerank import RerankRequest
-from embedserve.api.score import ScoreRequest, ScoreResponse
+from embedserve.api.score import ScoreRequest
 from embedserve.api.tei import TeiEmbedRequest, TeiRerankRequest
 from embedserve.api.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
@@ -43,16 +43,42 @@ class RerankResult(BaseModel):
     document: dict[str, str] | None = Field(default=None, description="with return_documents")
 
 
-class RerankUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
 class RerankResponse(BaseModel):
     id: str
     results: list[RerankResult] = Field(description="best first; top_n of them when set")
-    usage: RerankUsage
+    usage: Usage
     model: str
+
+
+class ScoreItem(BaseModel):
+    index: int = Field(ge=0, description="position of the pair")
+    object: Literal["score"]
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ScoreItem] = Field(description="one score per pair, in pair order")
+    usage: Usage
+
+
+class ClassifyItem(BaseModel):
+    index: int = Field(ge=0)
+    label: str
+    probs: list[float]
+    num_classes: int
+
+
+class ClassifyResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[ClassifyItem]
+    usage: Usage
 
 
 class TeiRerankResult(BaseModel):

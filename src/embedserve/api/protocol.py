@@ -7,6 +7,8 @@ body can be wrong maps to one clear status: bad JSON -> 400, wrong shape/type ->
 from __future__ import annotations
 
 import base64
+import time
+import uuid
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -45,6 +47,23 @@ class ApiError(Exception):
 
 def error_body(message: str, kind: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def usage(n_tokens: int) -> dict[str, int]:
+    """The `usage` object of every answer that bills input tokens."""
+    return {"prompt_tokens": n_tokens, "total_tokens": n_tokens}
+
+
+def listed(kind: str, data: list[dict[str, Any]], n_tokens: int, metadata: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's list answer (`/v1/score`, `/classify`): an id of `kind`, `data`, usage, metadata."""
+    return {
+        "id": f"{kind}-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "data": data,
+        "usage": usage(n_tokens),
+        **metadata,
+    }
 
 
 def clip(value: object, limit: int = 80) -> str:

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from embedserve.api.protocol import usage
+
 
 class RerankDocument(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -67,6 +69,6 @@ def rerank_body(
     return {
         "id": str(uuid.uuid4()),
         "results": results,
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        "usage": usage(n_tokens),
         **metadata,
     }

@@ -14,12 +14,12 @@ them (float64); a reranker (cross-encoder, Qwen3-Reranker) as `/v1/rerank` score
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from embedserve.api.protocol import listed
 
 
 class ScoreRequest(BaseModel):
@@ -71,31 +71,5 @@ def cosines(left: np.ndarray, right: np.ndarray, pairs: list[tuple[int, int]]) -
 
 
 def score_body(scores: list[float], n_tokens: int, metadata: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": f"score-{uuid.uuid4().hex}",
-        "object": "list",
-        "created": int(time.time()),
-        "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-        **metadata,
-    }
-
-
-class ScoreItem(BaseModel):
-    index: int = Field(ge=0, description="position of the pair")
-    object: Literal["score"]
-    score: float
-
-
-class ScoreUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class ScoreResponse(BaseModel):
-    id: str
-    object: Literal["list"]
-    created: int
-    model: str
-    data: list[ScoreItem] = Field(description="one score per pair, in pair order")
-    usage: ScoreUsage
+    data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
+    return listed("score", data, n_tokens, metadata)

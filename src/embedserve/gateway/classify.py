@@ -10,17 +10,10 @@ from embedserve.gateway.jobs import WholeJob
 from embedserve.gateway.pipeline import GatewayRoute, Pipeline
 
 
-class ClassifyJob(WholeJob[ClassifyRequest]):
-    def __init__(self, gw: Pipeline, req: ClassifyRequest) -> None:
-        super().__init__(req, req.model, len(req.items), req.truncate)
-        self.counter = gw.counter
+class ClassifyJob(WholeJob[ClassifyRequest | PredictRequest]):
+    """vLLM's body or TEI's: the same texts and pairs, the same over-long policy."""
 
-    def count(self) -> list[int]:
-        return self.counter.count_classify(self.req.items)
-
-
-class PredictJob(WholeJob[PredictRequest]):
-    def __init__(self, gw: Pipeline, req: PredictRequest) -> None:
+    def __init__(self, gw: Pipeline, req: ClassifyRequest | PredictRequest) -> None:
         super().__init__(req, req.model, len(req.items), req.policy)
         self.counter = gw.counter
 
@@ -29,4 +22,4 @@ class PredictJob(WholeJob[PredictRequest]):
 
 
 CLASSIFY_ROUTE = GatewayRoute(CLASSIFY, ClassifyJob)
-PREDICT_ROUTE = GatewayRoute(PREDICT, PredictJob)
+PREDICT_ROUTE = GatewayRoute(PREDICT, ClassifyJob)

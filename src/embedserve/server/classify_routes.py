@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from embedserve.api.classify import ClassifyRequest, Input, PredictRequest, classify_body, predict_body
+from embedserve.api.classify import ClassifyRequest, PredictRequest, classify_body, predict_body
 from embedserve.api.routes import CLASSIFY, PREDICT
 from embedserve.engine.classify import labelled
 from embedserve.engine.loop import gather_all
@@ -19,17 +19,13 @@ from embedserve.tokenizer import Tokenized
 
 
 class ClassifyJob(Job):
-    def __init__(
-        self, svc: EmbeddingService, req: ClassifyRequest | PredictRequest, items: list[Input], truncate: str
-    ) -> None:
-        super().__init__(req.model, len(items))
+    def __init__(self, svc: EmbeddingService, req: ClassifyRequest | PredictRequest) -> None:
+        super().__init__(req.model, len(req.items))
         self.svc = svc
         self.req = req
-        self.items = items
-        self.truncate = truncate
 
     def tokenize(self) -> list[Tokenized]:
-        return self.svc.engine.tokenize_classify(self.items, self.truncate)
+        return self.svc.engine.tokenize_classify(self.req.items, self.req.policy)
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
         engine = self.svc.engine
@@ -47,7 +43,7 @@ class ClassifyJob(Job):
 
 class PredictJob(ClassifyJob):
     def __init__(self, svc: EmbeddingService, req: PredictRequest) -> None:
-        super().__init__(svc, req, req.items, req.policy)
+        super().__init__(svc, req)
         self.predict = req
 
     def body(self, done: Computed) -> Any:
@@ -55,5 +51,5 @@ class PredictJob(ClassifyJob):
         return predict_body(self.predict, self.svc.engine.classifier().labels, probs)
 
 
-CLASSIFY_ROUTE = ServerRoute(CLASSIFY, lambda svc, req: ClassifyJob(svc, req, req.items, req.truncate))
+CLASSIFY_ROUTE = ServerRoute(CLASSIFY, ClassifyJob)
 PREDICT_ROUTE = ServerRoute(PREDICT, PredictJob)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from embedserve.api.multimodal import resolve_items
-from embedserve.api.protocol import EmbeddingRequest, encode_vector
+from embedserve.api.protocol import EmbeddingRequest, encode_vector, usage
 from embedserve.api.quantize import quantize, to_base64
 from embedserve.api.routes import EMBEDDINGS
 from embedserve.engine.outputs import EmbeddingOutput
@@ -67,7 +67,7 @@ class EmbeddingsJob(Job):
         return {
             "object": "list",
             "data": data,
-            "usage": {"prompt_tokens": n, "total_tokens": n},
+            "usage": usage(n),
             **svc.metadata.fields(req.dimensions, req.normalize, svc.schema_type(kind)),
         }
 
