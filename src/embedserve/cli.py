@@ -7,7 +7,6 @@ import json
 import sys
 from collections.abc import Sequence
 
-from embedserve.batch.cli import register as register_run_batch
 from embedserve.bench.cli import register as register_bench
 from embedserve.engine.options import EngineOptions, add_engine_options
 from embedserve.errors import EmbedServeError, InputTooLongError
@@ -16,6 +15,7 @@ from embedserve.index.cli import register as register_index
 from embedserve.parity.cli import register as register_parity
 from embedserve.scale.cli import register as register_scale
 from embedserve.server.cli import register as register_serve
+from embedserve.server.run_batch import register as register_run_batch
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:

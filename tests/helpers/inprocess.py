@@ -17,7 +17,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from embedserve.batch.settings import BatchSettings
 from embedserve.gateway.app import create_app as create_gateway_app
+from embedserve.gateway.batch_lines import gateway_batch_jobs
 from embedserve.gateway.config import parse_config
 from embedserve.gateway.counting import TokenCounter
 from embedserve.gateway.forward import Forwarder
@@ -53,10 +55,16 @@ def runtime_of(client: TestClient) -> ServerRuntime:
 
 
 def gateway_app(
-    server_app: Any, model_dir: Path, api_keys: tuple[str, ...] = (), tracing: Any = None, **config: Any
+    server_app: Any,
+    model_dir: Path,
+    api_keys: tuple[str, ...] = (),
+    tracing: Any = None,
+    batch_dir: Path | None = None,
+    **config: Any,
 ) -> FastAPI:
     """A gateway with a short and a long pool, both served by `server_app` (already started);
-    `api_keys`: the keys its own clients must send; `tracing`: its tracer (tracing/otel.py)."""
+    `api_keys`: the keys its own clients must send; `tracing`: its tracer (tracing/otel.py);
+    `batch_dir`: its online batch API's folder (running while the app's lifespan does)."""
     cfg = parse_config(
         {
             "pools": {
@@ -81,7 +89,8 @@ def gateway_app(
     metrics = GatewayMetrics(upstreams)
     forwarder = Forwarder(upstreams, metrics, cfg.balance, tracing)
     service = GatewayService(cfg, TokenCounter(model_dir), upstreams, metrics, forwarder, tracing)
-    return create_gateway_app(service, api_keys)
+    jobs = None if batch_dir is None else (gateway_batch_jobs(BatchSettings(batch_dir), service), 1 << 20)
+    return create_gateway_app(service, api_keys, jobs)
 
 
 @contextlib.contextmanager

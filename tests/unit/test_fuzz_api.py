@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from embedserve.batch.settings import BatchSettings
 from tests.helpers.fuzz import FuzzReport, fuzz_api, threaded_server
 from tests.helpers.inprocess import gateway_app, server_client
 
@@ -36,10 +37,12 @@ def _record(name: str, report: FuzzReport) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(qwen3_dir: Path) -> Iterator[tuple[TestClient, str]]:
-    # Small limits, so that generated requests reach them (413 / 400 / 429 paths included).
+def server(qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, str]]:
+    # Small limits, so that generated requests reach them (413 / 400 / 429 paths included); the
+    # batch API on, with a small upload limit.
+    batch = BatchSettings(tmp_path_factory.mktemp("batch"), max_file_bytes=1 << 14)
     with (
-        server_client(qwen3_dir, max_inputs_per_request=16, max_body_bytes=1 << 16) as client,
+        server_client(qwen3_dir, max_inputs_per_request=16, max_body_bytes=1 << 16, batch=batch) as client,
         threaded_server(client.app) as url,
     ):
         yield client, url
@@ -57,10 +60,12 @@ def test_fuzzing_the_server_finds_no_5xx_and_no_schema_violation(server: tuple[T
 
 
 def test_fuzzing_the_gateway_finds_no_5xx_and_no_schema_violation(
-    server: tuple[TestClient, str], qwen3_dir: Path
+    server: tuple[TestClient, str], qwen3_dir: Path, tmp_path: Path
 ) -> None:
     client, _ = server
-    gateway = gateway_app(client.app, qwen3_dir, max_inputs_per_request=16, max_body_bytes=1 << 16)
+    gateway = gateway_app(
+        client.app, qwen3_dir, max_inputs_per_request=16, max_body_bytes=1 << 16, batch_dir=tmp_path / "gw"
+    )
     with threaded_server(gateway) as url:
         report = fuzz_api(url, EXAMPLES)
         _record("gateway", report)

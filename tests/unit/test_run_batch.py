@@ -20,12 +20,12 @@ import pytest
 from embedserve.api.classify import ClassifyRequest
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.protocol import EmbeddingRequest
-from embedserve.batch.cli import errors_path
 from embedserve.batch.execute import Remote, at_batch_priority
 from embedserve.batch.format import BatchLine, Result, answered, read_line
 from embedserve.batch.runner import Progress, Sink, run
 from embedserve.cli import main
 from embedserve.engine.options import EngineOptions
+from embedserve.server.run_batch import errors_path
 from tests.helpers.fuzz import threaded_server
 from tests.helpers.inprocess import server_client
 

@@ -257,6 +257,10 @@ def too_many_inputs(n_inputs: int, limit: int) -> ApiError:
     return ApiError(400, f"{n_inputs} inputs in one request; the limit is {limit}")
 
 
+# Traffic class as a header, for clients that cannot add the `priority` body field (the gateway).
+CLASS_HEADER = "x-embedserve-priority"
+
+
 def body_priority(req: BaseModel) -> tuple[str, bool]:
     """(the body's traffic class, whether the body set it): a route without a `priority`
     field is online unless a header says otherwise."""

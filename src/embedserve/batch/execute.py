@@ -1,27 +1,32 @@
-"""How a line is answered: in-process on the server's own serving template (`InProcess`: exactly
-what `embedserve serve` would answer for the body), or over HTTP by a server or gateway (`Remote`).
-Both run the line at the batch priority and wait out backpressure (429 / 503) as Retry-After
-says, at most `retries` times; then the refusal is the line's answer.
+"""How a line is answered over HTTP by a server or gateway (`Remote`), and what every line
+executor shares (server/batch_lines.py answers lines in-process, gateway/batch_lines.py through
+the gateway's pools): the line runs at the batch priority and waits out backpressure (429 / 503)
+as Retry-After says, at most `retries` times; then the refusal is the line's answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from pydantic import BaseModel
 
-from embedserve.api.http import body_too_large
 from embedserve.api.keepalive import MAX_RETRY_AFTER_S
 from embedserve.api.protocol import ApiError, error_body
+from embedserve.api.routes import CLASS_HEADER
 from embedserve.batch.format import UNREACHABLE, BatchLine, Result, answered, failed
-from embedserve.gateway.app import CLASS_HEADER
-from embedserve.server.pipeline import ServerRoute, answer
-from embedserve.server.routes import server_routes
-from embedserve.server.serving import EmbeddingService
+
+
+class LineHost(Protocol):
+    """Who answers an online batch's lines and checks them first: the server's pipeline
+    (server/batch_lines.py) or the gateway's (gateway/batch_lines.py)."""
+
+    async def __call__(self, line: BatchLine) -> Result: ...
+
+    async def validate(self, line: BatchLine) -> ApiError | None: ...
+
 
 RETRY_STATUS = (429, 503)
 BATCH = "batch"
@@ -47,42 +52,6 @@ def at_batch_priority(parse: Callable[[bytes], BaseModel]) -> Callable[[bytes], 
         return req
 
     return parse_batch
-
-
-async def _never() -> None:
-    """A batch line has no client to go away."""
-    await asyncio.Event().wait()
-
-
-class InProcess:
-    """Lines answered by `server/pipeline.py`'s `answer` on a started server's service; a body
-    over `max_body_bytes` gets the server's 413."""
-
-    def __init__(self, svc: EmbeddingService, retries: int, max_body_bytes: int) -> None:
-        self.svc = svc
-        self.retries = retries
-        self.max_body_bytes = max_body_bytes
-        self.bound: dict[str, ServerRoute[Any]] = {
-            b.route.name: ServerRoute(
-                dataclasses.replace(b.route, parse=at_batch_priority(b.route.parse)), b.job
-            )
-            for b in server_routes()
-        }
-
-    async def __call__(self, line: BatchLine) -> Result:
-        bound = self.bound[line.route.name]
-        for attempt in range(self.retries + 1):
-            try:
-                if len(line.body) > self.max_body_bytes:
-                    raise body_too_large(self.max_body_bytes)
-                body, _ = await answer(self.svc, bound, line.body, _never)
-            except ApiError as e:
-                if e.status in RETRY_STATUS and attempt < self.retries:
-                    await asyncio.sleep(retry_after_s(e.headers))
-                    continue
-                return answered(line, e.status, e.body())
-            return answered(line, 200, body)
-        raise AssertionError("unreachable: the last attempt returns")
 
 
 class Remote:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedserve.api.protocol import clip
-from embedserve.batch.format import Key, custom_id_of
+from embedserve.batch.format import Key, custom_id_of, tokens_of
 from embedserve.errors import EmbedServeError
 
 _SHOWN_DUPLICATES = 5
@@ -96,3 +96,13 @@ def written_keys(path: Path) -> set[Key]:
             f.truncate(good_end)
             os.fsync(f.fileno())
     return keys
+
+
+def written_tokens(path: Path) -> int:
+    """The tokens the answers in an output file report (format.py `tokens_of`)."""
+    total = 0
+    with path.open("rb") as f:
+        for text in f:
+            rec = json.loads(text)
+            total += tokens_of((rec.get("response") or {}).get("body"))
+    return total

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from embedserve.api.protocol import error_body
 from embedserve.batch.format import BatchLine, Key, Result, answered, read_line
@@ -99,25 +99,33 @@ class Progress:
         self._show(time.monotonic(), "\n")
 
 
+class Observer(Protocol):
+    """What sees every written line (the CLI's Progress, an online batch's request_counts)."""
+
+    def add(self, result: Result) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class Outcome:
     ok: int  # lines written to the output file by this run
     failed: int  # lines written to the error file by this run
     interrupted: bool
     seconds: float
-    tokens: int
 
 
 async def run(
     items: Iterable[BatchLine | Result],
     execute: Execute,
     sink: Sink,
-    window: int,
+    window: int | Callable[[], int],
     stop: asyncio.Event,
-    progress: Progress,
+    progress: Observer,
 ) -> Outcome:
     """Every item answered (a Result is already one) and written in input order, at most `window`
-    lines in flight; stops early once `stop` is set."""
+    lines in flight (a callable: asked before each line); stops early once `stop` is set."""
+    width = window if callable(window) else (lambda: window)
     pending: deque[asyncio.Task[Result] | Result] = deque()
     stopping = asyncio.ensure_future(stop.wait())
     start = time.monotonic()
@@ -133,14 +141,14 @@ async def run(
             pending.append(
                 asyncio.ensure_future(_safely(execute, item)) if isinstance(item, BatchLine) else item
             )
-            await _drain(pending, write, window - 1, stopping)
+            await _drain(pending, write, width() - 1, stopping)
         if not stop.is_set():
             await _drain(pending, write, 0, stopping)
     finally:
         stopping.cancel()
         await _finish(pending, write)
         progress.close()
-    return Outcome(sink.ok, sink.failed, stop.is_set(), time.monotonic() - start, progress.tokens)
+    return Outcome(sink.ok, sink.failed, stop.is_set(), time.monotonic() - start)
 
 
 async def _drain(

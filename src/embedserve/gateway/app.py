@@ -4,9 +4,10 @@ error shapes and Bearer API keys (the gateway's own clients' keys, not the pools
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -27,9 +28,11 @@ from embedserve.api.http import (
 )
 from embedserve.api.openapi import Health, ModelCard, ModelList, error_responses, metrics_route
 from embedserve.api.protocol import ApiError, error_body
-from embedserve.api.routes import ROUTES, Route, body_priority, describe, model_not_found
+from embedserve.api.routes import CLASS_HEADER, ROUTES, Route, body_priority, describe, model_not_found
 from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
+from embedserve.batch.http import add_batch_routes
+from embedserve.batch.online import BatchJobs
 from embedserve.gateway.classify import CLASSIFY_ROUTE, PREDICT_ROUTE
 from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
 from embedserve.gateway.config import TRAFFIC_CLASSES
@@ -43,8 +46,6 @@ from embedserve.gateway.tokenize import DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 log = logging.getLogger(__name__)
 
-# Traffic class as a header, for clients that cannot add the `priority` body field.
-CLASS_HEADER = "x-embedserve-priority"
 Started = tuple[str, Awaitable[Answer]]
 # Each declared route bound to its Job (one module per route), all run on gateway/pipeline.py.
 _BOUND: dict[str, GatewayRoute[Any]] = {
@@ -65,10 +66,28 @@ _BOUND: dict[str, GatewayRoute[Any]] = {
 ROUTES_TEXT = f"POST {describe()}; GET /v1/models, /info, /health/live, /health/ready, /metrics"
 
 
-def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastAPI:
+def create_app(
+    service: GatewayService,
+    api_keys: tuple[str, ...] = (),
+    batch: tuple[BatchJobs, int] | None = None,
+) -> FastAPI:
+    """`batch`: the online batch API's jobs and upload limit (`--batch-dir`), else its routes 404;
+    the jobs run while the app's lifespan does."""
     upstreams = service.upstreams
     metrics = service.metrics
-    app = FastAPI(title="embedserve gateway")
+    jobs, max_file = batch if batch is not None else (None, 0)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if jobs is not None:
+            await jobs.start()
+        try:
+            yield
+        finally:
+            if jobs is not None:
+                await jobs.close()
+
+    app = FastAPI(title="embedserve gateway", lifespan=lifespan)
     app.add_exception_handler(ApiError, api_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     auth = [Depends(bearer_check(api_keys))]
@@ -164,7 +183,7 @@ def create_app(service: GatewayService, api_keys: tuple[str, ...] = ()) -> FastA
             app.add_api_route(
                 path, endpoint, methods=["POST"], dependencies=auth, **route.doc(limit, statuses)
             )
-
+    add_batch_routes(app, lambda: jobs, auth, bool(api_keys), max_file)
     return app
 
 

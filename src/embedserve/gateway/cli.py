@@ -18,6 +18,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from embedserve.api.keepalive import KEEP_ALIVE_S, MAX_RETRY_AFTER_S, UPSTREAM_KEEPALIVE_EXPIRY_S
+from embedserve.batch.settings import BatchSettings, add_batch_options
+from embedserve.batch.settings import from_args as batch_settings
 from embedserve.errors import EmbedServeError
 from embedserve.models.default import model_argument
 from embedserve.tracing import GATEWAY_SERVICE, TraceSettings, add_tracing_options
@@ -85,6 +87,7 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8080, help="TCP port to bind (default: 8080)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_tracing_options(p)
+    add_batch_options(p, share=False)
     p.set_defaults(func=_cmd_gateway)
 
 
@@ -112,7 +115,11 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         if model is None:
             raise EmbedServeError("no model to count tokens with: pass --model or set 'model:' in the config")
         counter = TokenCounter(model)
-        return asyncio.run(_serve(config, counter, keys, args, trace))
+        try:
+            batch = batch_settings(args)
+        except ValueError as e:
+            raise EmbedServeError(str(e)) from None
+        return asyncio.run(_serve(config, counter, keys, args, trace, batch))
     except EmbedServeError as e:
         print(f"embedserve gateway: error: {e}", file=sys.stderr)
         return 2
@@ -154,11 +161,13 @@ async def _serve(
     keys: tuple[str, ...],
     args: argparse.Namespace,
     trace: TraceSettings | None,
+    batch: BatchSettings | None = None,
 ) -> int:
     import httpx
     import uvicorn
 
     from embedserve.gateway.app import create_app
+    from embedserve.gateway.batch_lines import gateway_batch_jobs
     from embedserve.gateway.forward import Forwarder
     from embedserve.gateway.metrics import GatewayMetrics
     from embedserve.gateway.service import GatewayService
@@ -188,7 +197,9 @@ async def _serve(
             metrics = GatewayMetrics(upstreams)
             forwarder = Forwarder(upstreams, metrics, config.balance, tracing)
             service = GatewayService(config, counter, upstreams, metrics, forwarder, tracing)
-            server = uvicorn.Server(uvicorn_config(create_app(service, keys), args))
+            jobs = None if batch is None else (gateway_batch_jobs(batch, service), batch.max_file_bytes)
+            app = create_app(service, keys, jobs)
+            server = uvicorn.Server(uvicorn_config(app, args))
             # uvicorn re-raises SIGTERM after its graceful shutdown; this handler makes that exit 0.
             signal.signal(signal.SIGTERM, _stopped)
             await server.serve()

@@ -21,6 +21,8 @@ from embedserve.api.protocol import ApiError
 from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found
 from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
+from embedserve.batch.http import add_batch_routes
+from embedserve.server.batch_api import server_batch_jobs
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.routes import add_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
@@ -31,13 +33,21 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     """Build the app; the model loads in the background once the app's lifespan starts."""
     metrics = ServerMetrics()
     runtime = ServerRuntime(settings, metrics, on_fatal)
+    batch = settings.batch
+    jobs = None
+    if batch is not None:
+        jobs = server_batch_jobs(batch, runtime, lambda: _service(runtime), settings.max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         starting = asyncio.create_task(runtime.start())
+        if jobs is not None:
+            await jobs.start()
         try:
             yield
         finally:
+            if jobs is not None:
+                await jobs.close()
             runtime.begin_drain()
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -102,6 +112,8 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
 
     statuses = (400, *keyed, 404, 408, 413, 422, 429, 500, 503)
     add_routes(app, lambda: _service(runtime), settings, [auth], statuses)
+    max_file = batch.max_file_bytes if batch is not None else 0
+    add_batch_routes(app, lambda: jobs, [auth], bool(settings.api_keys), max_file)
     return app
 
 

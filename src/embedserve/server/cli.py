@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embedserve.api.keepalive import KEEP_ALIVE_S, MAX_RETRY_AFTER_S
+from embedserve.batch.settings import add_batch_options
+from embedserve.batch.settings import from_args as batch_settings
 from embedserve.engine.options import EngineOptions, add_engine_options, positive_int
 from embedserve.tracing import add_tracing_options
 from embedserve.tracing import from_args as tracing_settings
@@ -165,6 +167,7 @@ def register(sub: Any) -> None:
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
     )
     add_tracing_options(p.add_argument_group("tracing (OpenTelemetry; docs/tracing.md)"))
+    add_batch_options(p)
     p.set_defaults(func=_cmd_serve)
 
 
@@ -211,6 +214,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         int8_scale=args.int8_scale,
         tracing=tracing_settings(args),
         result_cache_entries=args.result_cache_entries,
+        batch=batch_settings(args),
     )
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from embedserve.api.keepalive import KEEP_ALIVE_S
 from embedserve.api.quantize import DEFAULT_INT8_SCALE, Calibration
+from embedserve.batch.settings import BatchSettings
 from embedserve.engine.engine import Engine
 from embedserve.engine.options import EngineOptions
 from embedserve.errors import ModelLoadError
@@ -63,6 +64,7 @@ class ServerSettings:
     int8_scale: float = DEFAULT_INT8_SCALE
     tracing: TraceSettings | None = None  # OpenTelemetry traces (None: off; tracing/__init__.py)
     result_cache_entries: int = 0  # repeated inputs answered from memory (server/result_cache.py)
+    batch: BatchSettings | None = None  # the online batch API (None: off; server/batch_api.py)
 
     def calibration(self) -> Calibration:
         if self.int8_calibration is not None:

@@ -120,9 +120,10 @@ async def _run(args: argparse.Namespace, errors: Path, left: int, done: set[Any]
             outcome = None
         else:
             sink = Sink(args.output, errors)
+            progress = Progress(left)
             try:
                 outcome = await run(
-                    lines_left(args.input, done), execute, sink, _window(args), stop, Progress(left)
+                    lines_left(args.input, done), execute, sink, _window(args), stop, progress
                 )
             finally:
                 sink.close()
@@ -137,7 +138,7 @@ async def _run(args: argparse.Namespace, errors: Path, left: int, done: set[Any]
     rate = (outcome.ok + outcome.failed) / max(outcome.seconds, 1e-9)
     print(
         f"{outcome.ok} lines to {args.output}, {outcome.failed} to {errors} in {outcome.seconds:.1f} s "
-        f"({rate:.1f} lines/s, {outcome.tokens / max(outcome.seconds, 1e-9):.0f} tok/s)",
+        f"({rate:.1f} lines/s, {progress.tokens / max(outcome.seconds, 1e-9):.0f} tok/s)",
         file=sys.stderr,
     )
     return _status(errors)
@@ -161,9 +162,9 @@ async def _executor(args: argparse.Namespace) -> AsyncIterator[Any]:
         async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as client:
             yield Remote(args.url, client, args.retries)
         return
-    from embedserve.batch.execute import InProcess
     from embedserve.errors import ModelLoadError
     from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
+    from embedserve.server.batch_lines import InProcess
     from embedserve.server.metrics import ServerMetrics
     from embedserve.server.runtime import ServerRuntime, ServerSettings
 
@@ -176,6 +177,7 @@ async def _executor(args: argparse.Namespace) -> AsyncIterator[Any]:
         await runtime.start()
         if runtime.service is None:
             raise ModelLoadError(f"{model}: {runtime.error or 'the server did not start'}")
-        yield InProcess(runtime.service, args.retries, settings.max_body_bytes)
+        svc = runtime.service
+        yield InProcess(lambda: svc, args.retries, settings.max_body_bytes)
     finally:
         await runtime.close()

@@ -1,0 +1,76 @@
+"""The online batch API on a gateway (`gateway --batch-dir`): each line runs through the gateway's
+own pipeline as `batch` traffic (its batch pools; the online pools never see it), as a client's
+request would, and waits out backpressure as Retry-After says (batch/execute.py). Validation
+counts each line's tokens and places it as the pipeline does, without sending anything."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from embedserve.api.http import body_too_large
+from embedserve.api.protocol import ApiError
+from embedserve.api.routes import body_priority
+from embedserve.batch.execute import BATCH, RETRY_STATUS, at_batch_priority, retry_after_s
+from embedserve.batch.format import BatchLine, Result, answered
+from embedserve.batch.online import BatchJobs
+from embedserve.batch.settings import BatchSettings
+from embedserve.batch.store import BatchStore
+from embedserve.gateway.app import handler_for
+from embedserve.gateway.service import GatewayService
+
+LINE_RETRIES = 1_000_000  # as the server's: the batch's completion window or a cancel ends the wait
+WINDOW = 8  # lines in flight: the batch pools' own admission and queues do the rest
+
+
+class GatewayLines:
+    def __init__(self, service: GatewayService, retries: int = LINE_RETRIES) -> None:
+        self.service = service
+        self.retries = retries
+
+    def _parse(self, line: BatchLine) -> tuple[Any, str]:
+        limit = self.service.config.max_body_bytes
+        if len(line.body) > limit:
+            raise body_too_large(limit)
+        req = at_batch_priority(line.route.parse)(line.body)
+        return req, body_priority(req)[0] if "priority" in req.model_fields_set else BATCH
+
+    async def __call__(self, line: BatchLine) -> Result:
+        bound = handler_for(line.route)
+        for attempt in range(self.retries + 1):
+            try:
+                req, traffic_class = self._parse(line)
+                body, headers = await self.service.serve(bound, req, traffic_class)
+            except ApiError as e:
+                if e.status in RETRY_STATUS and attempt < self.retries:
+                    await asyncio.sleep(retry_after_s(e.headers))
+                    continue
+                return answered(line, e.status, e.body())
+            return answered(line, 200, body, headers.get("x-request-id"))
+        raise AssertionError("unreachable: the last attempt returns")
+
+    async def validate(self, line: BatchLine) -> ApiError | None:
+        """The gateway's refusals of the line (body, model, class, input count, tokens), or None;
+        no pool ready (503) is waited out, not a refusal."""
+        svc = self.service
+        while True:
+            try:
+                req, traffic_class = self._parse(line)
+                job = handler_for(line.route).job(svc, req)
+                await svc.place(job, svc.route_for(traffic_class, job.model), traffic_class)
+            except ApiError as e:
+                if e.status == 503:
+                    await asyncio.sleep(retry_after_s(e.headers))
+                    continue
+                return e
+            return None
+
+
+def gateway_batch_jobs(settings: BatchSettings, service: GatewayService) -> BatchJobs:
+    async def ready() -> None:
+        route = service.config.route(BATCH)
+        while route is not None and not service.upstreams.available().intersection(route.order):
+            await asyncio.sleep(0.2)
+
+    store = BatchStore(settings.dir, settings.retention_s)
+    return BatchJobs(store, GatewayLines(service), lambda: WINDOW, ready)
