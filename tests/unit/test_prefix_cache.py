@@ -205,6 +205,7 @@ def test_preemption_of_requests_holding_shared_blocks_is_certain_and_harmless(qw
     core.add(warm)
     while core.has_work:
         core.step()
+    core.scheduler.allowance.last_online_s = None  # no online traffic lately: whole batch steps
     for i, ids in enumerate(batch):
         core.add(request(i, ids, Priority.BATCH))
     for _ in range(8):

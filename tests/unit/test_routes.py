@@ -25,6 +25,7 @@ from embedserve.api.routes import (
     route_at,
     wrong_task,
 )
+from embedserve.batch.http import POST_PATHS as BATCH_POSTS
 from embedserve.gateway.app import create_app as create_gateway_app
 from embedserve.gateway.app import handler_for
 from embedserve.gateway.forward import Part, answers_every_input
@@ -96,7 +97,7 @@ def test_every_declared_path_is_a_post_route_of_the_server_and_the_gateway(
 
 
 def test_the_apps_post_routes_are_the_declared_ones(server_app: FastAPI, gateway_app: FastAPI) -> None:
-    declared = {p for _, p in DECLARED}
+    declared = {p for _, p in DECLARED} | set(BATCH_POSTS)  # and the batch API's (batch/http.py)
     assert _posts(server_app) == declared and _posts(gateway_app) == declared
 
 

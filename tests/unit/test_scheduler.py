@@ -9,7 +9,8 @@ from embedserve.config import PoolingMethod, SchedulerConfig
 from embedserve.errors import InvalidInputError
 from embedserve.kv_cache.manager import KVCacheManager
 from embedserve.request import EmbedParams, Priority, Request, RequestStatus
-from embedserve.scheduler.output import SchedulerOutput
+from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
+from embedserve.scheduler.policy import RESPONSIVE_WINDOW_S
 from embedserve.scheduler.scheduler import Scheduler
 
 
@@ -166,3 +167,76 @@ def test_batch_shares_only_a_small_part_of_steps_that_carry_online_work() -> Non
     complete(s, out, reqs)
     out = s.schedule()  # online work done: full budget again
     assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, 64)]
+
+
+def _recent_online(s: Scheduler, reqs: dict[int, Request], batch_first: int) -> None:
+    """A batch step at 1,000 tokens/s, then an online query's step of 30 ms."""
+    out = s.schedule()
+    assert [c.num_tokens for c in out.chunks] == [batch_first]
+    s.observe(out, batch_first / 1000)
+    complete(s, out, reqs)
+    reqs[2] = req(2, 4)
+    s.add_request(reqs[2])
+    out = s.schedule()
+    assert out.online and out.chunks[0].request_id == 2
+    s.observe(out, 0.030)
+    complete(s, out, reqs)
+
+
+def test_batch_steps_stay_short_while_online_requests_come() -> None:
+    s = make(max_num_batched_tokens=64, max_model_len=256, batch_tokens_with_online=32)
+    reqs = {1: req(1, 200, Priority.BATCH)}
+    s.add_request(reqs[1])
+    _recent_online(s, reqs, 64)
+    # About half an online step at the measured rate (~1,000 tokens/s): 16 tokens, not 64.
+    out = s.schedule()
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, 16)]
+    complete(s, out, reqs)
+    s.allowance.last_online_s -= RESPONSIVE_WINDOW_S + 1  # no online request lately
+    out = s.schedule()
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, 64)]
+
+
+def test_an_encoders_batch_prompt_still_runs_whole_between_online_queries() -> None:
+    s = make(max_num_batched_tokens=64, max_model_len=64, batch_tokens_with_online=32, allow_chunking=False)
+    reqs = {1: req(1, 40, Priority.BATCH), 3: req(3, 40, Priority.BATCH)}
+    s.add_request(reqs[1])
+    s.add_request(reqs[3])
+    _recent_online(s, reqs, 40)
+    out = s.schedule()  # 16 tokens allowed, and it cannot be cut: it runs alone, whole
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(3, 40)]
+
+
+def test_deterministic_batch_chunks_never_go_below_their_unit() -> None:
+    s = make(
+        max_num_batched_tokens=64, max_model_len=256, batch_tokens_with_online=32, deterministic_chunk=32
+    )
+    reqs = {1: req(1, 200, Priority.BATCH)}
+    s.add_request(reqs[1])
+    _recent_online(s, reqs, 64)
+    out = s.schedule()  # 16 tokens allowed: one 32-token chunk rather than none
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, 32)]
+
+
+def test_a_batch_request_ages_while_it_waits_not_while_it_advances() -> None:
+    s = make(num_blocks=512, max_num_batched_tokens=64, max_model_len=2048, batch_aging_steps=4)
+    reqs = {1: req(1, 1000, Priority.BATCH)}
+    s.add_request(reqs[1])
+    for _ in range(10):  # short steps, many more than batch_aging_steps: still batch work
+        out = s.schedule()
+        assert [c.request_id for c in out.chunks] == [1]
+        complete(s, out, reqs)
+        assert not s.clock.is_online(reqs[1])
+    for i in range(2, 12):  # online queries that fill every step's budget from now on
+        reqs[i] = req(i, 64)
+        s.add_request(reqs[i])
+    steps = [[c.request_id for c in complete_step(s, reqs)] for _ in range(8)]
+    # Three steps without work, then it ran as online work (aged: the 4th tick), and its age
+    # started again from there: three more without work, then again.
+    assert steps == [[2], [3], [4], [1], [5], [6], [7], [1]]
+
+
+def complete_step(s: Scheduler, reqs: dict[int, Request]) -> list[ScheduledChunk]:
+    out = s.schedule()
+    complete(s, out, reqs)
+    return out.chunks

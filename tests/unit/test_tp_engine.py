@@ -158,9 +158,6 @@ def test_serve_takes_the_option() -> None:
 
     args = build_parser().parse_args(["serve", "--model", "/m", "--tensor-parallel-size", "2"])
     assert _settings(args).engine.tensor_parallel_size == 2
-    assert (
-        _settings(build_parser().parse_args(["serve", "--model", "/m"])).engine.tensor_parallel_size
-        == 1
-    )
+    assert _settings(build_parser().parse_args(["serve", "--model", "/m"])).engine.tensor_parallel_size == 1
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--tensor-parallel-size", "0"])

@@ -40,6 +40,8 @@ from embedserve.batch.openapi import (
 )
 from embedserve.batch.store import Record, new_id, owner_of, public
 
+# The POST paths these routes add beside api/routes.py's (the routes' own test lists them).
+POST_PATHS = ("/v1/files", "/v1/batches", "/v1/batches/{batch_id}/cancel")
 OFF = "the batch API is off: start with --batch-dir DIR to enable /v1/files and /v1/batches"
 _LIST_MAX = 100
 

@@ -129,8 +129,9 @@ class EngineCore:
             req.first_scheduled_time = time.monotonic()
         try:
             token_layers = part.token_layers
-            if part.timed and self.scheduler.online_step_s is not None:
-                token_layers = self.lane.rows_within(req, self.scheduler.online_step_s)
+            online_step_s = self.scheduler.allowance.online_step_s
+            if part.timed and online_step_s is not None:
+                token_layers = self.lane.rows_within(req, online_step_s)
             if not self.lane.run(req, token_layers):
                 return []
             self._fold((req, start, n, rows) for start, n, rows in self.lane.pooled_rows(req.request_id))

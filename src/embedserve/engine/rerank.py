@@ -49,7 +49,6 @@ class HeadMixin:
 
 
 class RerankMixin(HeadMixin):
-
     def _head(self) -> ScoreHead:
         if self.score_head is None:
             raise InvalidInputError("this model is an embedding model: it cannot rerank")

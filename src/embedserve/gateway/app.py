@@ -63,7 +63,10 @@ _BOUND: dict[str, GatewayRoute[Any]] = {
     )
 }
 # What an unknown path's 404 says the gateway routes.
-ROUTES_TEXT = f"POST {describe()}; GET /v1/models, /info, /health/live, /health/ready, /metrics"
+ROUTES_TEXT = (
+    f"POST {describe()}; GET /v1/models, /info, /health/live, /health/ready, /metrics; "
+    "/v1/files and /v1/batches with --batch-dir"
+)
 
 
 def create_app(

@@ -8,9 +8,9 @@ after its batch, counted in token-layers (one token through one layer):
 
 - online work waits and the lane's next prompt is batch work: nothing. The clock ticks, so
   passed-over prompts age toward the online class.
-- online work waits, or came in the last `RESPONSIVE_WINDOW_S`: one unit cut to about the
-  time an online step took. Online requests the step finished are answered before it runs,
-  and one arriving meanwhile waits for at most that unit.
+- online work waits, or came in the last `RESPONSIVE_WINDOW_S` (scheduler/policy.py): one
+  unit cut to about the time an online step took. Online requests the step finished are
+  answered before it runs, and one arriving meanwhile waits for at most that unit.
 - the scheduler had nothing: one (layer, chunk) unit.
 - otherwise: the step's token budget, counted per layer.
 """
@@ -20,8 +20,6 @@ from __future__ import annotations
 from embedserve.request import Request, RequestStatus
 from embedserve.scheduler.output import LaneSlice
 from embedserve.scheduler.policy import PriorityClock
-
-RESPONSIVE_WINDOW_S = 10.0  # online requests this recent keep the lane's units short
 
 
 class LaneQueue:

@@ -1,10 +1,12 @@
 """Continuous batching for embeddings under a per-step token budget.
 
 Every request orders by the shared key (scheduler/policy.py): `online` before `batch` (a
-batch request that waited `batch_aging_steps` steps counts as online), then first come, first
+batch request that waited `batch_aging_steps` steps without work counts as online), then first come, first
 served. Each step walks requests in key order and gives each the largest chunk that the budget and
 the KV cache allow; while online work is queued, batch requests share only a small part of
-the step (`batch_tokens_with_online`), so an online query never rides in a long step.
+the step (`batch_tokens_with_online`), so an online query never rides in a long step, and while
+online work comes, batch steps stay short (scheduler/policy.py BatchAllowance), so one never
+waits long for the step in progress.
 A request may take blocks from requests with a *larger* key (preemption by recompute).
 The smallest key can take every block and admission guaranteed its prompt fits the whole
 cache, so it always advances: nothing livelocks and nothing starves.
@@ -17,16 +19,15 @@ scheduler holds no tensors: the engine folds the rows a step pooled, then calls
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 
 from embedserve.config import SchedulerConfig
 from embedserve.errors import InvalidInputError
 from embedserve.kv_cache.manager import Copy, KVCacheManager, block_hashes, blocks_for
-from embedserve.request import Request, RequestStatus
-from embedserve.scheduler.lane import RESPONSIVE_WINDOW_S, LaneQueue
+from embedserve.request import Priority, Request, RequestStatus
+from embedserve.scheduler.lane import LaneQueue
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
-from embedserve.scheduler.policy import PriorityClock, moving_average
+from embedserve.scheduler.policy import BatchAllowance, PriorityClock
 
 
 class Scheduler:
@@ -44,8 +45,8 @@ class Scheduler:
                 config.layer_major_tokens, config.max_num_batched_tokens, num_layers, config.batch_aging_steps
             )
         self._copies: dict[int, Copy] = {}  # this step's pinned-tail copies, by request
-        self.last_online_s: float | None = None  # when online work last waited at a step
-        self.online_step_s: float | None = None  # how long such steps took, moving average
+        # Batch work's share of each step, from when online work came and how long steps took.
+        self.allowance = BatchAllowance(config.max_num_batched_tokens, config.batch_cap_with_online)
 
     @property
     def step_count(self) -> int:
@@ -120,18 +121,16 @@ class Scheduler:
         chunks, preempted = self._schedule_chunks()
         lane = None
         if self.lane is not None:
-            last = self.last_online_s
-            recent = last is not None and time.monotonic() - last <= RESPONSIVE_WINDOW_S
+            recent = self.allowance.recent()
             lane = self.lane.slice(online, recent, alone, self.config.max_num_batched_tokens)
         copies = [self._copies[c.request_id] for c in chunks if c.request_id in self._copies]
         return SchedulerOutput(self.step_count, chunks, preempted, lane, online, copies)
 
     def observe(self, output: SchedulerOutput, seconds: float) -> None:
         """The chunks of `output` took `seconds`: a step with online work sizes the lane's
-        timed units."""
-        if output.online:
-            self.last_online_s = time.monotonic()
-            self.online_step_s = moving_average(self.online_step_s, seconds)
+        timed units and batch work's share of the next steps."""
+        tokens = sum(len(c.token_ids) for c in output.chunks)
+        self.allowance.observe(output.online, tokens, seconds)
 
     def _schedule_chunks(self) -> tuple[list[ScheduledChunk], list[int]]:
         budget = self.config.max_num_batched_tokens
@@ -140,7 +139,7 @@ class Scheduler:
         scheduled: set[int] = set()
         candidates = sorted(self.running + self.waiting, key=self._key)
         online_queued = any(self._key(r)[0] == 0 for r in candidates)
-        batch_left = self.config.batch_cap_with_online if online_queued else budget
+        batch_left = self.allowance.tokens(online_queued)
         for req in candidates:
             if budget == 0:
                 break
@@ -151,6 +150,8 @@ class Scheduler:
                 continue
             hit = self._attach_prefix(req)
             n = self._fit(req, min(budget, batch_left) if is_batch else budget, scheduled)
+            if n == 0 and is_batch and not chunks and not online_queued:
+                n = self._fit_alone(req, budget, scheduled)
             if n == 0:
                 if hit:  # not this step: let go of the shared blocks while it waits
                     self._detach_prefix(req)
@@ -182,6 +183,8 @@ class Scheduler:
             budget -= n
             if is_batch:
                 batch_left -= n
+            if req.priority is Priority.BATCH:
+                self.clock.progressed(req)
         return chunks, preempted
 
     def _attach_prefix(self, req: Request) -> int:
@@ -226,6 +229,16 @@ class Scheduler:
         if req.mm is not None and n < req.num_remaining_tokens:
             n = req.mm.cut(req.num_computed_tokens, n)  # never inside an image: before it
         return max(n, 0)
+
+    def _fit_alone(self, req: Request, budget: int, scheduled: set[int]) -> int:
+        """A batch request in a step that holds nothing else: its smallest chunk that can run (a
+        deterministic chunk; the whole prompt of an encoder or up to an image), rather than none."""
+        chunk = self.config.deterministic_chunk
+        for limit in (budget if chunk is None else min(budget, chunk), budget):
+            n = self._fit(req, limit, scheduled)
+            if n:
+                return n
+        return 0
 
     def _make_room(self, req: Request, n: int, scheduled: set[int]) -> list[int]:
         preempted: list[int] = []
