@@ -25,6 +25,7 @@ class PoolingMethod(str, enum.Enum):
     LAST = "lasttoken"
     MEAN = "mean"
     CLS = "cls"
+    SPLADE = "splade"  # every token's masked-LM term weights, folded (models/sparse_head.py)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class PoolingConfig:
     method: PoolingMethod
     normalize: bool
     include_prompt: bool = True
+    # SPLADE (sentence-transformers' SpladePooling): the activation ("relu" | "log1p_relu") and
+    # how token weights fold ("max" | "sum"); None for dense poolings.
+    splade: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,14 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from embedserve.config import PoolingMethod
 from embedserve.pooling.state import PoolingState
 from embedserve.vision.state import MultimodalState
+
+if TYPE_CHECKING:
+    from embedserve.models.sparse_head import SparseHead
 
 
 class Priority(str, enum.Enum):
@@ -55,6 +59,7 @@ class Request:
         token_type_ids: list[int] | None = None,
         deterministic_chunk: int | None = None,
         multimodal: MultimodalState | None = None,
+        sparse_head: SparseHead | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = token_ids
@@ -70,7 +75,9 @@ class Request:
         self.num_preemptions = 0
         self.num_steps = 0  # steps that ran a chunk of it; lane slices that ran it (tracing reads them)
         self.num_lane_slices = 0
-        self.pooling = PoolingState(pooling, len(token_ids), excluded_prefix, deterministic_chunk)
+        self.pooling = PoolingState(
+            pooling, len(token_ids), excluded_prefix, deterministic_chunk, sparse_head
+        )
         # The hash chain of its full blocks (kv_cache/manager.py), set by a scheduler that caches
         # prefixes; None: it neither looks up nor registers blocks.
         self.block_hashes: list[bytes] | None = None

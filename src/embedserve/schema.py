@@ -94,6 +94,7 @@ class ModelMetadata:
                 "weights": fingerprint,
                 "pooling": pool.method.value,
                 "pool_prompt": pool.include_prompt,
+                **({"splade": list(pool.splade)} if pool.splade is not None else {}),
                 "prompts": config.prompts,
                 "default_prompt": config.default_prompt_name,
             },
@@ -106,7 +107,9 @@ class ModelMetadata:
             backend_profile=backend_profile(
                 config.device, config.dtype, config.deterministic, config.tensor_parallel_size
             ),
-            hidden_size=config.model.hidden_size,
+            # A SPLADE vector has a weight per vocabulary id (its indices are the tokenizer's ids,
+            # whose file the fingerprint covers).
+            hidden_size=config.model.vocab_size if pool.splade is not None else config.model.hidden_size,
             max_model_len=config.scheduler.max_model_len,
             default_normalize=pool.normalize,
             space_key=space,

@@ -41,11 +41,20 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class SparseEmbedding(BaseModel):
+    """A SPLADE model's vector (`embedding_type: sparse`): its non-zero term weights."""
+
+    indices: list[int] = Field(description="vocabulary ids, ascending and unique")
+    values: list[float] = Field(description="the weight of each id")
+    tokens: list[str] | None = Field(default=None, description="each id's token (return_tokens)")
+
+
 class EmbeddingItem(BaseModel):
     object: Literal["embedding"]
     index: int = Field(ge=0, description="position of the input in the request")
-    embedding: list[float] | str = Field(
-        description="float list, or base64 of little-endian float32 with encoding_format=base64"
+    embedding: list[float] | str | SparseEmbedding = Field(
+        description="float list, or base64 of little-endian float32 with encoding_format=base64; "
+        "a SPLADE model's sparse vector (embedding_type sparse) as indices and values"
     )
     num_tokens: int = Field(ge=1, description="tokens embedded (prompt included, after truncation)")
     truncated: bool = Field(default=False, description="the input was cut to the model's limit")

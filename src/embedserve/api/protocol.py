@@ -125,7 +125,9 @@ class EmbeddingRequest(BaseModel):
     normalize: bool | None = None
     priority: Literal["online", "batch"] = "online"
     truncate: Literal["error", "end", "start"] = "error"
-    embedding_type: EmbeddingType = "float"  # compressed vectors (api/quantize.py)
+    embedding_type: EmbeddingType | Literal["sparse"] = "float"  # compressed (api/quantize.py) or sparse
+    sparse_top_k: int | None = Field(default=None, ge=1)  # sparse: only the k largest weights
+    return_tokens: bool = False  # sparse: the token of each index too
 
     _validate_input = field_validator("input", mode="plain")(_check_input)
 

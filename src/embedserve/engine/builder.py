@@ -20,6 +20,7 @@ from embedserve.models.build import open_model
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head
 from embedserve.models.source import ModelSource, override_pooling
+from embedserve.models.sparse_head import SparseHead, load_sparse_head
 from embedserve.parallel.runner import TensorParallelRunner
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.tokenizer import Tokenizer
@@ -35,6 +36,7 @@ class EngineParts:
     core: EngineCore  # synchronous; `Engine` runs it in a background thread
     tokenizer: Tokenizer
     score_head: ScoreHead | None = None  # rerankers and classifiers only
+    sparse_head: SparseHead | None = None  # SPLADE models only (their pooling folds through it)
     workers: TensorParallelRunner | None = None  # tensor_parallel_size > 1: the ranks to watch and stop
     prompter: MultimodalPrompter | None = None  # multimodal models: parts -> tokens + images
 
@@ -69,9 +71,11 @@ def build_engine(
     prompter = None
     if config.multimodal:
         prompter = multimodal_prompter(files, config.max_image_pixels, config.max_images_per_input)
-    return EngineParts(
-        config, core, tokenizer, _score_head(config, files, tokenizer), loaded.workers, prompter
-    )
+    sparse = None
+    if config.pooling.splade is not None:
+        sparse = load_sparse_head(files.weights(), config.model, *config.pooling.splade)
+    score = _score_head(config, files, tokenizer)
+    return EngineParts(config, core, tokenizer, score, sparse, loaded.workers, prompter)
 
 
 def pick_runner(loaded: Loaded) -> ModelRunner:

@@ -39,6 +39,7 @@ class Engine(RerankMixin, ClassifyMixin):
         self.config = self._loop.parts.config
         self.tokenizer = self._loop.parts.tokenizer
         self.score_head = self._loop.parts.score_head  # rerankers, classifiers (rerank.py, classify.py)
+        self.sparse_head = self._loop.parts.sparse_head  # SPLADE: term weights over the vocabulary
         self.multimodal = self._loop.parts.prompter is not None  # takes image parts
         # What errors call the model: its directory's name, or the name a server serves it as.
         self.name = Path(self.config.model_path).name
@@ -61,6 +62,8 @@ class Engine(RerankMixin, ClassifyMixin):
         return resolve_prompt(self.config.prompts, self.config.default_prompt_name, prompt_name, prompt)
 
     def check_dimensions(self, dimensions: int | None) -> None:
+        if dimensions is not None and self.sparse_head is not None:
+            raise InvalidInputError("dimensions does not apply to a SPLADE model's sparse vectors")
         hidden = self.config.model.hidden_size
         if dimensions is not None and (
             isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= hidden
@@ -106,6 +109,7 @@ class Engine(RerankMixin, ClassifyMixin):
                 token_type_ids=t.token_type_ids,
                 multimodal=t.multimodal,
                 deterministic_chunk=self.config.scheduler.deterministic_chunk,
+                sparse_head=self.sparse_head,
             )
             for t in tokenized
         ]

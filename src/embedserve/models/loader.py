@@ -29,7 +29,9 @@ from embedserve.models.source import ModelSource, default_pooling, override_pool
 if TYPE_CHECKING:
     from embedserve.models.qwen3_vl.spec import Qwen3VLSpec
 
-_ST_MODULES = ("Transformer", "Pooling", "Normalize")
+# SparseEncoder directories (SPLADE): MLMTransformer, or Transformer with transformer_task
+# "fill-mask", then SpladePooling.
+_ST_MODULES = ("Transformer", "Pooling", "Normalize", "MLMTransformer", "SpladePooling")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,7 +61,7 @@ def _pooling_from_st(root: Path, default: PoolingMethod) -> PoolingConfig | None
     modules_file = root / "modules.json"
     if not modules_file.exists():
         return None
-    method, include_prompt, normalize = default, True, False
+    method, include_prompt, normalize, splade = default, True, False, None
     for module in _read_json(modules_file):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         if kind not in _ST_MODULES:
@@ -73,7 +75,11 @@ def _pooling_from_st(root: Path, default: PoolingMethod) -> PoolingConfig | None
             cfg = _read_json(root / module.get("path", "1_Pooling") / "config.json")
             method = _pooling_mode(cfg)
             include_prompt = bool(cfg.get("include_prompt", True))
-    return PoolingConfig(method=method, normalize=normalize, include_prompt=include_prompt)
+        elif kind == "SpladePooling":
+            cfg = _read_json(root / module.get("path", "1_SpladePooling") / "config.json")
+            method = PoolingMethod.SPLADE
+            splade = (str(cfg.get("activation_function", "relu")), str(cfg.get("pooling_strategy", "max")))
+    return PoolingConfig(method=method, normalize=normalize, include_prompt=include_prompt, splade=splade)
 
 
 def _pooling_mode(cfg: dict[str, Any]) -> PoolingMethod:

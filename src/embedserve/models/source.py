@@ -56,4 +56,11 @@ def override_pooling(base: PoolingConfig, pooling: str | None, normalize: bool |
         except ValueError:
             choices = ", ".join(m.value for m in PoolingMethod)
             raise ModelLoadError(f"unknown pooling {pooling!r}; choose one of {choices}") from None
-    return PoolingConfig(method, base.normalize if normalize is None else normalize, base.include_prompt)
+    if (method is PoolingMethod.SPLADE) != (base.method is PoolingMethod.SPLADE):
+        raise ModelLoadError(
+            "SPLADE pooling is a SparseEncoder directory's own (its SpladePooling module): it is "
+            f"neither chosen for nor replaced on another model (pooling {method.value!r} asked, the "
+            f"model's is {base.method.value!r})"
+        )
+    norm = base.normalize if normalize is None else normalize
+    return PoolingConfig(method, norm, base.include_prompt, base.splade)

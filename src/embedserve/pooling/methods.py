@@ -7,6 +7,7 @@ model runner, so LAST pooling over a 16K prompt moves one row, not 16K.
     CLS:      ^ (position 0 only)
     MEAN:              [E, P) -- every position after the excluded prefix (a prompt)
     LAST:                                                         ^ (P-1 only)
+    SPLADE:   [0, P) -- every position, folded through the model's sparse head (pooling/state.py)
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def rows_to_pool(
         return (last - start, last - start + 1) if start <= last < end else (0, 0)
     if method is PoolingMethod.CLS:
         return (0, 1) if start == 0 else (0, 0)
+    if method is PoolingMethod.SPLADE:
+        return 0, n  # every token, the prompt's included (sentence-transformers' SpladePooling)
     lo = min(max(excluded_prefix, start), end)
     return lo - start, end - start
 
@@ -35,7 +38,7 @@ def unread_prefix(method: PoolingMethod, num_prompt_tokens: int, excluded_prefix
     prefix cache can go uncomputed (LAST: all but the last; MEAN: the excluded prompt; CLS: none)."""
     if method is PoolingMethod.LAST:
         return num_prompt_tokens - 1
-    if method is PoolingMethod.CLS:
+    if method in (PoolingMethod.CLS, PoolingMethod.SPLADE):
         return 0
     return min(excluded_prefix, num_prompt_tokens - 1)
 
@@ -54,6 +57,7 @@ def fold(method: PoolingMethod, acc: torch.Tensor | None, rows: torch.Tensor) ->
 
 
 def finalize(method: PoolingMethod, acc: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """The pooled vector (MEAN divides; LAST, CLS and SPLADE's term weights are as folded)."""
     if method is PoolingMethod.MEAN:
         return acc / max(num_rows, 1)
     return acc

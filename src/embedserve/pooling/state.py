@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING
 
 import torch
 
 from embedserve.config import PoolingMethod
 from embedserve.errors import InternalEngineError
 from embedserve.pooling.methods import finalize, fold, rows_to_pool, unread_prefix
+
+if TYPE_CHECKING:
+    from embedserve.models.sparse_head import SparseHead
 
 
 class PoolingState:
@@ -24,8 +28,14 @@ class PoolingState:
         num_prompt_tokens: int,
         excluded_prefix: int = 0,
         deterministic_chunk: int | None = None,
+        sparse_head: SparseHead | None = None,
     ) -> None:
+        if (method is PoolingMethod.SPLADE) != (sparse_head is not None):
+            raise InternalEngineError("SPLADE pooling needs the model's sparse head, and only it uses one")
         self.method = method
+        # SPLADE: each block of rows becomes term weights [vocab] (max or sum over its tokens)
+        # and folds into the accumulator the same way; rows are never kept.
+        self.sparse_head = sparse_head
         self.num_prompt_tokens = num_prompt_tokens
         # MEAN pooling of a model with `include_prompt: false` leaves out the prompt's tokens.
         self.excluded_prefix = excluded_prefix
@@ -72,8 +82,13 @@ class PoolingState:
         lo, hi = self.rows(start, n)
         if rows.shape[0] != hi - lo:
             raise InternalEngineError(f"pooling expected {hi - lo} rows, got {rows.shape[0]}")
+        head = self.sparse_head
         for part in self._blocks(start + lo, rows):
-            self._acc = fold(self.method, self._acc, part)
+            if head is None:
+                self._acc = fold(self.method, self._acc, part)
+            elif part.shape[0]:
+                weights = head.weights(part)
+                self._acc = weights if self._acc is None else head.combine(self._acc, weights)
         self.num_rows += rows.shape[0]
         self.num_pooled_tokens = start + n
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from embedserve.api.multimodal import resolve_items
-from embedserve.api.protocol import EmbeddingRequest, encode_vector, usage
+from embedserve.api.protocol import ApiError, EmbeddingRequest, encode_vector, usage
 from embedserve.api.quantize import quantize, to_base64
 from embedserve.api.routes import EMBEDDINGS
+from embedserve.api.sparse import sparse_item
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
@@ -24,6 +25,7 @@ class EmbeddingsJob(Job):
 
     def tokenize(self) -> list[Tokenized]:
         svc, req = self.svc, self.req
+        check_sparse_options(req)
         svc.engine.check_dimensions(req.dimensions)
         svc.check_types([req.embedding_type], req.dimensions)
         prompt = svc.engine.resolve_prompt(req.prompt_name, req.prompt)
@@ -48,7 +50,10 @@ class EmbeddingsJob(Job):
         req, svc = self.req, self.svc
         kind = req.embedding_type
         vectors: list[Any]
-        if kind == "float":
+        if kind == "sparse":
+            token = svc.engine.tokenizer.backend.id_to_token if req.return_tokens else None
+            vectors = [sparse_item(o.embedding, req.sparse_top_k, token) for o in done.outputs]
+        elif kind == "float":
             vectors = [encode_vector(o.embedding, req.encoding_format) for o in done.outputs]
         else:  # compressed (extension): ints, or their raw bytes in base64
             q = quantize(done.matrix(), kind, svc.calibration)
@@ -70,6 +75,17 @@ class EmbeddingsJob(Job):
             "usage": usage(n),
             **svc.metadata.fields(req.dimensions, req.normalize, svc.schema_type(kind)),
         }
+
+
+def check_sparse_options(req: EmbeddingRequest) -> None:
+    """The sparse options go with `embedding_type: sparse` only. A sparse vector is JSON (indices
+    and values) whatever `encoding_format` says: the openai client asks for base64 by default and
+    passes an answer that is not a base64 string through unchanged."""
+    if req.embedding_type == "sparse":
+        return
+    given = [f for f in ("sparse_top_k", "return_tokens") if f in req.model_fields_set]
+    if given:
+        raise ApiError(400, f"{', '.join(given)} applies to embedding_type 'sparse' only")
 
 
 EMBEDDINGS_ROUTE = ServerRoute(EMBEDDINGS, EmbeddingsJob)

@@ -75,7 +75,23 @@ class EmbeddingService:
             ) from None
 
     def check_types(self, kinds: list[str], dimensions: int | None) -> None:
-        """Refuse (400) a compressed type this server cannot produce at that width."""
+        """Refuse (400) a type the model does not produce (sparse vs dense) or a compressed type
+        this server cannot produce at that width."""
+        sparse = self.engine.sparse_head is not None
+        wrong = next((k for k in kinds if (k == "sparse") != sparse), None)
+        if wrong is not None:
+            name = self.metadata.model
+            if sparse:
+                raise ApiError(
+                    400,
+                    f"model {name} produces sparse vectors (SPLADE term weights over its vocabulary), "
+                    f"not {wrong!r}: ask for embedding_type 'sparse'",
+                )
+            raise ApiError(
+                400,
+                f"model {name} produces dense vectors: sparse vectors come from a SPLADE model "
+                "(a sentence-transformers SparseEncoder directory)",
+            )
         dim = dimensions or self.metadata.hidden_size
         if any(k in ("int8", "uint8") for k in kinds):
             try:

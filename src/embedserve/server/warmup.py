@@ -49,10 +49,11 @@ def _ids(engine: Engine, n: int) -> list[int]:
 
 
 def check_vectors(engine: Engine, outputs: list[EmbeddingOutput]) -> None:
-    hidden = engine.config.model.hidden_size
+    model = engine.config.model
+    width = model.vocab_size if engine.sparse_head is not None else model.hidden_size  # SPLADE: a vocab
     for out in outputs:
         v = out.embedding
-        if v.shape != (hidden,) or not np.isfinite(v).all():
+        if v.shape != (width,) or not np.isfinite(v).all():
             raise InternalEngineError(
                 f"forward pass produced a bad vector (shape {v.shape}, non-finite values)"
             )
