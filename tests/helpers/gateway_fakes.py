@@ -60,12 +60,15 @@ class FakeUpstream:
             return _OTHERS[path](self, sent)
         texts = sent["input"]
         self.inputs.append(texts)
+        sparse = sent.get("embedding_type") == "sparse"  # as a SPLADE model's: indices and values
         data = [
             # The vector encodes the text and the server, so order and origin are checkable.
             {
                 "object": "embedding",
                 "index": i,
-                "embedding": [len(t), float(self.url[-1])],
+                "embedding": {"indices": [len(t)], "values": [float(self.url[-1])]}
+                if sparse
+                else [len(t), float(self.url[-1])],
                 "num_tokens": len(t.split()) + 1,
             }
             for i, t in enumerate(texts)

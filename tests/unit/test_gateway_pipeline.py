@@ -71,6 +71,11 @@ CASES = {
         whole=lambda b, texts: [d["score"] for d in b["data"]] == [len(t) for t in texts],
     ),
     "tei_embed": Case(lambda texts: {"inputs": texts}, {"truncate": False}, lambda b: b),
+    "tei_embed_sparse": Case(
+        lambda texts: {"inputs": texts},
+        {"truncate": False},
+        lambda b: [[w["index"], w["value"]] for (w,) in b],  # the fake's one weight per input
+    ),
     "tokenize": Case(
         lambda texts: {"inputs": texts},
         None,

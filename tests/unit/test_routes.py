@@ -64,6 +64,7 @@ def test_the_declarations() -> None:
         "predict",
         "score",
         "tei_embed",
+        "tei_embed_sparse",
         "tokenize",
         "detokenize",
     ]
@@ -76,6 +77,7 @@ def test_the_declarations() -> None:
         "predict": "whole",
         "score": "whole",
         "tei_embed": "split",
+        "tei_embed_sparse": "split",
         "tokenize": "whole",
         "detokenize": "whole",
     }

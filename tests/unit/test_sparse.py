@@ -167,3 +167,23 @@ def test_the_gateway_splits_and_reassembles_sparse_requests(splade_dirs: dict[st
             resp = g.post("/v1/embeddings", json=body).json()
     assert [x["embedding"] for x in resp["data"]] == direct
     assert {x["pool"] for x in resp["data"]} == {"short", "long"}  # placed per input by its tokens
+
+
+def test_tei_embed_sparse_answers_in_teis_shape(splade_dirs: dict[str, Path]) -> None:
+    path = splade_dirs["max"]
+    with server_client(path) as c:
+        ours = c.post("/v1/embeddings", json={"input": TEXTS[:2], "embedding_type": "sparse"}).json()
+        tei = c.post("/embed_sparse", json={"inputs": TEXTS[:2]})
+        assert tei.status_code == 200
+        for weights, item in zip(tei.json(), ours["data"], strict=True):
+            assert [w["index"] for w in weights] == item["embedding"]["indices"]
+            assert [w["value"] for w in weights] == item["embedding"]["values"]
+        one = c.post("/embed_sparse", json={"inputs": "hello world"}).json()
+        assert len(one) == 1 and one[0]
+        long = c.post("/embed_sparse", json={"inputs": "word " * 600})  # TEI's truncate: false
+        assert long.status_code == 400 and "tokens" in long.json()["error"]["message"]
+        cut = c.post("/embed_sparse", json={"inputs": "word " * 600, "truncate": True})
+        assert cut.status_code == 200
+    with server_client(minilm_dir()) as c:
+        r = c.post("/embed_sparse", json={"inputs": "x"})
+        assert r.status_code == 400 and "produces dense vectors" in r.json()["error"]["message"]

@@ -16,7 +16,7 @@ from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.openapi import DEADLINE_NOTE, Usage, error_responses
 from embedserve.api.rerank import RerankRequest
 from embedserve.api.score import ScoreRequest
-from embedserve.api.tei import TeiEmbedRequest, TeiRerankRequest
+from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, TeiRerankRequest
 from embedserve.api.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 
@@ -116,6 +116,15 @@ class Vectors(RootModel[list[list[float]]]):
     """TEI's `/embed` answer: one vector per input, in input order."""
 
 
+class SparseValue(BaseModel):
+    index: int = Field(ge=0, description="a vocabulary id")
+    value: float
+
+
+class SparseVectors(RootModel[list[list[SparseValue]]]):
+    """TEI's `/embed_sparse` answer: per input, its non-zero term weights, indices ascending."""
+
+
 def _inlined(model: type[BaseModel], max_items: int, field: str | None) -> dict[str, Any]:
     """The model's JSON schema with its `$defs` inlined (the document has no `#/$defs`) and the
     server's per-request limit on `field`."""
@@ -181,6 +190,12 @@ def tei_embed_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any
     """Keyword arguments of `POST /embed` (TEI's embed API)."""
     request = _inlined(TeiEmbedRequest, max_inputs, "inputs")
     return _route("Embed texts (Text Embeddings Inference's API)", request, Vectors, statuses)
+
+
+def tei_embed_sparse_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of `POST /embed_sparse` (TEI's sparse embed API; SPLADE models)."""
+    request = _inlined(TeiEmbedSparseRequest, max_inputs, "inputs")
+    return _route("Sparse term weights of texts (SPLADE; TEI's API)", request, SparseVectors, statuses)
 
 
 def tokenize_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:

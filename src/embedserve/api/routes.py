@@ -11,6 +11,7 @@ holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serv
     predict        /predict (TEI's)                   classify, rerank  whole
     score          /v1/score, /score                  embed, rerank  whole: the pool of the longest pair
     tei_embed      /embed                             embed          split (as /v1/embeddings)
+    tei_embed_sparse /embed_sparse (SPLADE)           embed          split (as /v1/embeddings)
     tokenize       /tokenize                          any            whole
     detokenize     /detokenize                        any            whole
 
@@ -46,12 +47,13 @@ from embedserve.api.openapi_routes import (
     rerank_route,
     score_route,
     tei_embed_route,
+    tei_embed_sparse_route,
     tokenize_route,
 )
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, parse_body
 from embedserve.api.rerank import RerankRequest
 from embedserve.api.score import ScoreRequest
-from embedserve.api.tei import TeiEmbedRequest, parse_rerank
+from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, parse_rerank
 from embedserve.api.tokenize import DetokenizeRequest, TokenizeRequest
 
 Req = TypeVar("Req", bound=BaseModel)
@@ -183,6 +185,15 @@ TEI_EMBED: Route[TeiEmbedRequest] = Route(
     doc=tei_embed_route,
     answers=_one_vector_each,
 )
+TEI_EMBED_SPARSE: Route[TeiEmbedSparseRequest] = Route(
+    name="tei_embed_sparse",
+    path="/embed_sparse",
+    parse=partial(parse_body, TeiEmbedSparseRequest),
+    tasks=("embed",),
+    placement="split",
+    doc=tei_embed_sparse_route,
+    answers=_one_vector_each,
+)
 TOKENIZE: Route[TokenizeRequest] = Route(
     name="tokenize",
     path="/tokenize",
@@ -210,6 +221,7 @@ ROUTES: tuple[Route[Any], ...] = (
     PREDICT,
     SCORE,
     TEI_EMBED,
+    TEI_EMBED_SPARSE,
     TOKENIZE,
     DETOKENIZE,
 )

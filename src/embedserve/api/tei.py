@@ -55,6 +55,36 @@ class TeiEmbedRequest(BaseModel):
         )
 
 
+class TeiEmbedSparseRequest(BaseModel):
+    """TEI's `/embed_sparse`: a SPLADE model's term weights per input."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    inputs: str | Annotated[list[str], Field(min_length=1)]
+    model: str | None = None
+    truncate: bool | None = False
+    truncation_direction: Direction = "Right"
+    prompt_name: str | None = None
+
+    def to_embedding_request(self) -> EmbeddingRequest:
+        return EmbeddingRequest(
+            input=self.inputs,
+            model=self.model,
+            truncate=policy(self.truncate, self.truncation_direction),
+            prompt_name=self.prompt_name,
+            embedding_type="sparse",
+        )
+
+
+def sparse_vectors(body: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """A sparse `/v1/embeddings` answer as TEI's `/embed_sparse`: per input, `{index, value}`
+    for each non-zero weight, indices ascending."""
+    return [
+        [{"index": i, "value": v} for i, v in zip(e["indices"], e["values"], strict=True)]
+        for e in embed_vectors(body)
+    ]
+
+
 class TeiRerankRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 

@@ -41,7 +41,7 @@ from embedserve.gateway.pipeline import Answer, GatewayRoute
 from embedserve.gateway.rerank import RERANK_ROUTE
 from embedserve.gateway.score import SCORE_ROUTE
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.tei import TEI_EMBED_ROUTE
+from embedserve.gateway.tei import TEI_EMBED_ROUTE, TEI_EMBED_SPARSE_ROUTE
 from embedserve.gateway.tokenize import DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ _BOUND: dict[str, GatewayRoute[Any]] = {
         PREDICT_ROUTE,
         SCORE_ROUTE,
         TEI_EMBED_ROUTE,
+        TEI_EMBED_SPARSE_ROUTE,
         TOKENIZE_ROUTE,
         DETOKENIZE_ROUTE,
     )

@@ -1,14 +1,15 @@
-"""TEI's `POST /embed` through the gateway: the work of `/v1/embeddings` (split per input, parts
-sent to the pools' `/v1/embeddings`, so the embedding-schema check and the count check apply),
-answered as TEI does: the vectors in input order."""
+"""TEI's `POST /embed` and `/embed_sparse` (the same with a SPLADE model's sparse vectors)
+through the gateway: the work of `/v1/embeddings` (split per input, parts sent to the pools'
+`/v1/embeddings`, so the embedding-schema check and the count check apply), answered as TEI
+does: the vectors in input order."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from embedserve.api.routes import EMBEDDINGS, TEI_EMBED
-from embedserve.api.tei import TeiEmbedRequest, embed_vectors
+from embedserve.api.routes import EMBEDDINGS, TEI_EMBED, TEI_EMBED_SPARSE
+from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, embed_vectors, sparse_vectors
 from embedserve.gateway.embeddings import EmbeddingsJob
 from embedserve.gateway.forward import PartResult
 from embedserve.gateway.pipeline import GatewayRoute, Pipeline
@@ -22,4 +23,13 @@ class TeiEmbedJob(EmbeddingsJob):
         return embed_vectors(super().body(results, counts, name))
 
 
+class TeiEmbedSparseJob(EmbeddingsJob):
+    def __init__(self, gw: Pipeline, req: TeiEmbedSparseRequest) -> None:
+        super().__init__(gw, req.to_embedding_request())
+
+    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> Any:
+        return sparse_vectors(super().body(results, counts, name))
+
+
 TEI_EMBED_ROUTE = GatewayRoute(TEI_EMBED, TeiEmbedJob, upstream=EMBEDDINGS)
+TEI_EMBED_SPARSE_ROUTE = GatewayRoute(TEI_EMBED_SPARSE, TeiEmbedSparseJob, upstream=EMBEDDINGS)

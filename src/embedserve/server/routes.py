@@ -21,7 +21,7 @@ from embedserve.server.rerank_routes import RERANK_ROUTE
 from embedserve.server.runtime import ServerSettings
 from embedserve.server.score_routes import SCORE_ROUTE
 from embedserve.server.serving import EmbeddingService
-from embedserve.server.tei_routes import TEI_EMBED_ROUTE
+from embedserve.server.tei_routes import TEI_EMBED_ROUTE, TEI_EMBED_SPARSE_ROUTE
 from embedserve.server.tokenize_routes import DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ _BOUND: dict[str, ServerRoute[Any]] = {
         PREDICT_ROUTE,
         SCORE_ROUTE,
         TEI_EMBED_ROUTE,
+        TEI_EMBED_SPARSE_ROUTE,
         TOKENIZE_ROUTE,
         DETOKENIZE_ROUTE,
     )

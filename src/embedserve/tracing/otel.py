@@ -35,7 +35,12 @@ from embedserve.tracing import TraceSettings
 
 _PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent / tracestate only
 # gen_ai.operation.name per route (api/routes.py); a route not listed is named as it is.
-_OPERATIONS = {"embeddings": "embeddings", "cohere_embed": "embeddings", "tei_embed": "embeddings"}
+_OPERATIONS = {
+    "embeddings": "embeddings",
+    "cohere_embed": "embeddings",
+    "tei_embed": "embeddings",
+    "tei_embed_sparse": "embeddings",
+}
 AttrValue = str | int | float | bool
 Attributes = Mapping[str, AttrValue]
 
