@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +285,19 @@ class BatchJobs:
             removed = await asyncio.to_thread(self.store.sweep)
             if removed:
                 log.info("batch retention: removed %d records", removed)
+
+
+@contextlib.asynccontextmanager
+async def running(jobs: BatchJobs | None) -> AsyncIterator[None]:
+    """`jobs` started for the body's duration (an app's lifespan), closed after; None: nothing."""
+    if jobs is None:
+        yield
+        return
+    await jobs.start()
+    try:
+        yield
+    finally:
+        await jobs.close()
 
 
 def _resume_point(out: Path, err: Path) -> tuple[set[Key], set[Key], int]:

@@ -4,10 +4,9 @@ error shapes and Bearer API keys (the gateway's own clients' keys, not the pools
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -32,7 +31,7 @@ from embedserve.api.routes import CLASS_HEADER, ROUTES, Route, body_priority, de
 from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
 from embedserve.batch.http import add_batch_routes
-from embedserve.batch.online import BatchJobs
+from embedserve.batch.online import BatchJobs, running
 from embedserve.gateway.classify import CLASSIFY_ROUTE, PREDICT_ROUTE
 from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
 from embedserve.gateway.config import TRAFFIC_CLASSES
@@ -81,17 +80,7 @@ def create_app(
     metrics = service.metrics
     jobs, max_file = batch if batch is not None else (None, 0)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if jobs is not None:
-            await jobs.start()
-        try:
-            yield
-        finally:
-            if jobs is not None:
-                await jobs.close()
-
-    app = FastAPI(title="embedserve gateway", lifespan=lifespan)
+    app = FastAPI(title="embedserve gateway", lifespan=lambda _: running(jobs))
     app.add_exception_handler(ApiError, api_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     auth = [Depends(bearer_check(api_keys))]

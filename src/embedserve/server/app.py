@@ -22,6 +22,7 @@ from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found
 from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
 from embedserve.batch.http import add_batch_routes
+from embedserve.batch.online import running
 from embedserve.server.batch_api import server_batch_jobs
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.routes import add_routes
@@ -41,13 +42,10 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         starting = asyncio.create_task(runtime.start())
-        if jobs is not None:
-            await jobs.start()
         try:
-            yield
+            async with running(jobs):
+                yield
         finally:
-            if jobs is not None:
-                await jobs.close()
             runtime.begin_drain()
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
