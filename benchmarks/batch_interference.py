@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shlex
 import statistics
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 
@@ -106,12 +108,14 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=5000, help="job lines (more than a phase answers)")
     p.add_argument("--port", type=int, default=8191)
     p.add_argument("--serve-args", default="", help="more `embedserve serve` options")
+    p.add_argument("--src", default=None, help="serve from this source tree's src/ (an A/B run)")
     a = p.parse_args()
     base = f"http://127.0.0.1:{a.port}"
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-m", "embedserve", "serve", "--port", str(a.port), "--batch-dir", d]
         cmd += (["--model", a.model] if a.model else []) + shlex.split(a.serve_args)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = {**os.environ, **({"PYTHONPATH": str(Path(a.src) / "src")} if a.src else {})}
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         try:
             with httpx.Client(base_url=base, timeout=120) as client:
                 deadline = time.monotonic() + 300
