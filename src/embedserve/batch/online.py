@@ -242,6 +242,8 @@ class BatchJobs:
         rec["request_counts"].update(completed=len(done_ok), failed=len(done_failed))
         rec["_tokens"] = tokens
         stop = self._stops[rec["id"]] = asyncio.Event()
+        if rec["status"] == "cancelling":  # cancelled while its files were read
+            stop.set()
         expiry = asyncio.get_running_loop().call_later(max(rec["expires_at"] - time.time(), 0), stop.set)
         counts = Counts(rec, self.store.save_batch, self.on_result)
         sink = Sink(out, err)
