@@ -59,10 +59,10 @@ class BatchAllowance:
     """How many tokens of a step batch work may take (the scheduler's rule, measured here):
 
     - no online work waits and none came in the last RESPONSIVE_WINDOW_S: the whole budget;
-    - online work waits: `cap` (batch_tokens_with_online) beside it;
-    - online work came lately: about RESPONSIVE_SHARE of an online step's time, in tokens at the
-      rate steps ran at lately (at least MIN_RESPONSIVE_TOKENS, at most `cap`), so the step an
-      online request arrives during is short.
+    - online work waits or came lately: about RESPONSIVE_SHARE of an online step's time, in
+      tokens at the rate steps ran at lately (at least MIN_RESPONSIVE_TOKENS, at most `cap`:
+      batch_tokens_with_online; `cap` itself until steps were timed), so an online request's own
+      step stays short and so does the step it arrives during.
 
     A step that would otherwise hold nothing still runs the first batch request (whole, for a
     model that cannot cut a prompt into chunks): batch work never stops while online is idle."""
@@ -86,9 +86,7 @@ class BatchAllowance:
         return last is not None and time.monotonic() - last <= RESPONSIVE_WINDOW_S
 
     def tokens(self, online_queued: bool) -> int:
-        if online_queued:
-            return self.cap
-        if not self.recent():
+        if not online_queued and not self.recent():
             return self.budget
         if self.online_step_s is None or self.tokens_per_s is None:
             return self.cap
