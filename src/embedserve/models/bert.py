@@ -60,7 +60,10 @@ class EncoderLayer(nn.Module):
         q, k, v = self.qkv(x).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
         attn = paged_attention(q, k, v, None, meta, self.scale)  # [T, hidden]
         x = self.attn_norm(x + self.attn_out(attn))
-        return self.ffn_norm(x + self.ffn_out(nn.functional.gelu(self.ffn_in(x))))
+        # GELU at the projection's padded row count (models/linear.py `padded`): torch runs it on
+        # oneDNN, which builds a primitive per row count as for the projections
+        h = nn.functional.gelu(self.ffn_in.padded(x))
+        return self.ffn_norm(x + self.ffn_out(h)[: x.shape[0]])
 
 
 # Hugging Face layer sub-module -> (ours, shard in the fused qkv). `attention.output.*` must be

@@ -40,11 +40,42 @@ _DTYPES = (torch.float32, torch.bfloat16)
 # The row count oneDNN chooses the packed layout for. Layouts chosen for other counts ran no
 # step size faster (docs/performance.md, 'Weights packed once'), so one hint serves all steps.
 PACK_ROWS = 512
+# Row counts up to this run oneDNN as they are; above it, padded (`padded_rows`).
+PAD_ABOVE = 32
 
 
-def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def padded_rows(rows: int) -> int:
+    """The row count oneDNN is called with for `rows`: above `PAD_ABOVE`, rounded up to a
+    multiple of 1/16 to 1/32 of it (a power of two: 16 per octave). oneDNN builds a primitive
+    for each row count it meets and keeps the last 1,024 (and ideep as many), about 0.4 MB each
+    whatever the shape; batched steps of ever-different sizes built new ones at every step (a few
+    ms each) and their churn among the activations fragmented the heap without end."""
+    if rows <= PAD_ABOVE:
+        return rows
+    granule = 1 << (rows.bit_length() - 5)
+    return -(-rows // granule) * granule
+
+
+def _rows_padded(x: torch.Tensor) -> torch.Tensor:
+    """x with zero rows appended up to `padded_rows` (a copy), or x itself."""
+    rows = x.shape[0] if x.dim() == 2 else 0
+    target = padded_rows(rows)
+    if target == rows:
+        return x
+    out = x.new_empty(target, x.shape[1])
+    out[:rows] = x
+    out[rows:].zero_()
+    return out
+
+
+def _onednn_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, keep_padding: bool = False
+) -> torch.Tensor:
+    """oneDNN's linear at a padded row count (`padded_rows`: rows are computed independently,
+    so the real rows' bits are those of an exact call); `keep_padding`: the padding rows left on."""
     assert _POINTWISE is not None
-    return _POINTWISE(x, weight, bias, "none", [], "")
+    out = _POINTWISE(_rows_padded(x), weight, bias, "none", [], "")
+    return out if keep_padding else out[: x.shape[0]]
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -94,7 +125,8 @@ def onednn_gated_available(dtype: torch.dtype) -> bool:
 
 def _silu_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     assert _POINTWISE is not None and _BINARY is not None
-    return _BINARY(x, _POINTWISE(x, gate, None, "swish", [], ""), up, None, "mul")
+    rows, x = x.shape[0], _rows_padded(x)  # as `_onednn_linear`
+    return _BINARY(x, _POINTWISE(x, gate, None, "swish", [], ""), up, None, "mul")[:rows]
 
 
 def _short_reads(plain: torch.Tensor, *packed: torch.Tensor) -> list[short_linear.Packed] | None:
@@ -118,14 +150,23 @@ class Linear(nn.Linear):
     short: list[short_linear.Packed] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x, keep_padding=False)
+
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward(x)` with the padding rows of a oneDNN call left on (`padded_rows`; rows of
+        no input), so that an elementwise op oneDNN runs after it (torch's CPU GELU) meets the
+        same few row counts; the caller keeps rows [:len(x)] in the end."""
+        return self._run(x, keep_padding=True)
+
+    def _run(self, x: torch.Tensor, keep_padding: bool) -> torch.Tensor:
         if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN (or a short-rows kernel) reads it
             if self.short is not None and self.short[0].tensor is self.weight and _few_rows(x):
                 return short_linear.linear(x, self.short[0], self.bias)
-            return _onednn_linear(x, self.weight, self.bias)
+            return _onednn_linear(x, self.weight, self.bias, keep_padding)
         if self.aten_when_compiled and torch.compiler.is_compiling():
             return functional.linear(x, self.weight, self.bias)
         if x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and onednn_available(x.dtype):
-            return _onednn_linear(x, self.weight, self.bias)
+            return _onednn_linear(x, self.weight, self.bias, keep_padding)
         return functional.linear(x, self.weight, self.bias)
 
     def packable(self) -> bool:
