@@ -5,14 +5,16 @@ texts (both minus their one-text run: model load and warm-up apart).
     python benchmarks/run_batch.py --lines 100000 --compare 2000 [--model DIR]
 
 Measured (2 CPU cores shared with other work, so rates are rough; one text per line):
-- all-MiniLM-L6-v2, 100,000 lines: 385 s (260 lines/s with load); RSS 1156 MB at 10% of the
-  output, 1582 at 50%, 1805 at 95%. run-batch's Python heap stays flat (tracemalloc: ~0.9 MB
-  over 16,000 lines); the growth is the engine's native memory: `Engine.embed_async` alone, 64
-  at a time, grows 542 -> 898 MB over 12,000 requests (499 -> 864 with EMBEDSERVE_HEAP_REUSE=0),
-  levelling off.
+- all-MiniLM-L6-v2, 100,000 lines (2026-12-05, since models/linear.py `padded_rows`): 303 s
+  (330 lines/s with load), peak RSS 747 MB; RSS 624 / 649 / 730 / 730 / 738 MB at 10 / 25 / 50 /
+  75 / 95% of the output: flat. Before it: 385 s, RSS 1156 MB at 10%, 1582 at 50%, 1805 at 95%,
+  still growing: oneDNN built a primitive for every step's row count and their churn fragmented
+  the C heap (benchmarks/engine_rss.py); run-batch's Python heap was flat (tracemalloc: ~0.9 MB
+  over 16,000 lines).
 - tiny Qwen3 (tests' qwen3_dir), 100,000 lines: 294 s; RSS 997 / 1156 / 1166 / 1165 MB at
   10 / 25 / 75 / 95% of the output.
-- 2,000 texts, load apart: run-batch 308-333 texts/s, `embed` 333-363 texts/s (MiniLM).
+- 2,000 texts, load apart: run-batch 308-333 texts/s, `embed` 333-363 texts/s (MiniLM); 2026-12-05
+  in one run: 363 and 363 texts/s.
 """
 
 from __future__ import annotations
