@@ -10,6 +10,9 @@ alternated over rounds:
         [--serve-args "--max-num-batched-tokens 1024"]
 
 Each online query is a fresh text (no cache hits); job lines are 60-160 words. Medians over rounds.
+Online load under the job starts after the job ran alone (no online work for `--seconds`): the
+first `--settle` seconds of it are reported apart (their slowest query: the step a lull allows,
+scheduler/policy.py LULL_STEP_S), the percentiles are the steady state after them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -37,10 +41,12 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
-async def online_load(base: str, rate: float, seconds: float, seed: int) -> list[float]:
-    """Latencies (ms) of Poisson arrivals at `rate`/s for `seconds`; every query a new text."""
+async def online_load(base: str, rate: float, seconds: float, seed: int) -> list[tuple[float, float]]:
+    """(seconds since the load began, latency in ms) of Poisson arrivals at `rate`/s for
+    `seconds`; every query a new text."""
     rng = random.Random(seed)
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
+    began = time.perf_counter()
     async with httpx.AsyncClient(base_url=base, timeout=120) as client:
 
         async def one(i: int) -> None:
@@ -48,7 +54,7 @@ async def online_load(base: str, rate: float, seconds: float, seed: int) -> list
             start = time.perf_counter()
             r = await client.post("/v1/embeddings", json={"input": text})
             r.raise_for_status()
-            latencies.append((time.perf_counter() - start) * 1000)
+            latencies.append((start - began, (time.perf_counter() - start) * 1000))
 
         tasks = []
         end = time.monotonic() + seconds
@@ -87,7 +93,7 @@ class Job:
             time.sleep(0.1)
         assert self.get()["status"] == "in_progress", self.get()
 
-    def get(self) -> dict:
+    def get(self) -> dict[str, Any]:
         return dict(self.client.get(f"/v1/batches/{self.id}").json())
 
     def done(self) -> int:
@@ -109,6 +115,9 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8191)
     p.add_argument("--serve-args", default="", help="more `embedserve serve` options")
     p.add_argument("--src", default=None, help="serve from this source tree's src/ (an A/B run)")
+    p.add_argument(
+        "--settle", type=float, default=2.0, help="seconds of online load under the job reported apart"
+    )
     a = p.parse_args()
     base = f"http://127.0.0.1:{a.port}"
     with tempfile.TemporaryDirectory() as d:
@@ -128,16 +137,18 @@ def main() -> None:
                     assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
                     time.sleep(0.5)
                 results: dict[str, list[float]] = {
-                    k: [] for k in ("p50", "p99", "p50_job", "p99_job", "job", "both")
+                    k: [] for k in ("p50", "p99", "p50_job", "p99_job", "job", "both", "lull")
                 }
                 for r in range(a.rounds):
-                    alone = asyncio.run(online_load(base, a.rate, a.seconds, seed=2 * r))
+                    alone = [ms for _, ms in asyncio.run(online_load(base, a.rate, a.seconds, seed=2 * r))]
                     job = Job(client, a.lines, seed=r)
                     before, t0 = job.done(), time.monotonic()
                     time.sleep(a.seconds)
                     results["job"].append((job.done() - before) / (time.monotonic() - t0))
                     before, t0 = job.done(), time.monotonic()
-                    mixed = asyncio.run(online_load(base, a.rate, a.seconds, seed=2 * r + 1))
+                    timed = asyncio.run(online_load(base, a.rate, a.seconds + a.settle, seed=2 * r + 1))
+                    mixed = [ms for at, ms in timed if at >= a.settle]
+                    results["lull"].append(max([ms for at, ms in timed if at < a.settle], default=0.0))
                     results["both"].append((job.done() - before) / (time.monotonic() - t0))
                     job.cancel()
                     results["p50"].append(pct(alone, 0.5))
@@ -147,7 +158,8 @@ def main() -> None:
                     print(
                         f"round {r}: online alone p50 {pct(alone, 0.5):.1f} / p99 {pct(alone, 0.99):.1f} ms; "
                         f"under the job p50 {pct(mixed, 0.5):.1f} / p99 {pct(mixed, 0.99):.1f} ms; "
-                        f"job {results['job'][-1]:.1f} lines/s alone, {results['both'][-1]:.1f} with online",
+                        f"job {results['job'][-1]:.1f} lines/s alone, {results['both'][-1]:.1f} with online; "
+                        f"first {a.settle:g} s after the lull: slowest {results['lull'][-1]:.0f} ms",
                         flush=True,
                     )
         finally:
@@ -158,7 +170,8 @@ def main() -> None:
         f"\nmedians over {a.rounds} rounds ({a.rate:g} online queries/s, {a.seconds:g} s phases):\n"
         f"  online p50 {m['p50']:.1f} -> {m['p50_job']:.1f} ms ({m['p50_job'] / m['p50']:.2f}x), "
         f"p99 {m['p99']:.1f} -> {m['p99_job']:.1f} ms ({m['p99_job'] / m['p99']:.2f}x)\n"
-        f"  job {m['job']:.1f} lines/s alone, {m['both']:.1f} with online ({m['both'] / m['job']:.2f}x)"
+        f"  job {m['job']:.1f} lines/s alone, {m['both']:.1f} with online ({m['both'] / m['job']:.2f}x)\n"
+        f"  first {a.settle:g} s of online load after the job ran alone, slowest: {m['lull']:.0f} ms"
     )
 
 

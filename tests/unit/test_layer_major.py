@@ -15,7 +15,7 @@ from embedserve.errors import InternalEngineError, InvalidInputError, ModelLoadE
 from embedserve.models.decoder import DecoderModel
 from embedserve.pooling.head import apply_head
 from embedserve.request import EmbedParams, Priority, Request
-from embedserve.scheduler.policy import RESPONSIVE_WINDOW_S
+from embedserve.scheduler.policy import RESPONSIVE_WINDOW_S, BatchAllowance
 from embedserve.worker.layer_major import GRANULE, LayerMajorJob, ladder_floor
 from embedserve.worker.model_runner import kv_bytes_per_block
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
@@ -92,6 +92,12 @@ def test_online_prompt_overtakes_a_started_batch_prompt(qwen3_dir: Path) -> None
     assert finished == [1, 0]  # the online prompt ran first; the paused document resumed after
 
 
+def _online_step_took(allowance: BatchAllowance, seconds: float) -> None:
+    """Online steps lately took `seconds` (the allowance's history of them replaced)."""
+    allowance._online_steps.clear()
+    allowance.observe(online=True, tokens=0, seconds=seconds)
+
+
 def test_batch_prompt_waits_while_online_work_waits(qwen3_dir: Path) -> None:
     core = build_engine(qwen3_dir, max_num_batched_tokens=256, layer_major_tokens=1000).core
     lane, runner = core.scheduler.lane, core.lane
@@ -103,7 +109,9 @@ def test_batch_prompt_waits_while_online_work_waits(qwen3_dir: Path) -> None:
     assert not lane.started and lane.clock.ticks == 3  # untouched, but aging
     (fin,) = core.step()  # the online prompt's last chunk: answered without a lane slice
     assert fin.request.request_id == 1 and not lane.started
-    core.scheduler.allowance.online_step_s = 1e9  # a slow online step: the lane's unit may be a whole chunk
+    _online_step_took(
+        core.scheduler.allowance, 1e9
+    )  # a slow online step: the lane's unit may be a whole chunk
     core.step()
     job = runner.jobs[0]
     assert job.tokens_left == lane.num_layers * 2000 - 256  # alone: one 256-token unit
@@ -153,13 +161,13 @@ def test_lane_units_shrink_to_the_online_step_time(qwen3_dir: Path) -> None:
     core.add(_request(1, random_ids(20, seed=8)))
     (fin,) = core.step()
     assert fin.request.request_id == 1 and sched.allowance.online_step_s is not None
-    sched.allowance.online_step_s = 1e-9  # queries answered in no time: units of one row
+    _online_step_took(sched.allowance, 1e-9)  # queries answered in no time: units of one row
     core.step()
     assert job.pos == 257
-    sched.allowance.online_step_s = 1e9  # all the time in the world: up to the chunk boundary, no further
+    _online_step_took(sched.allowance, 1e9)  # all the time in the world: up to the chunk boundary, no further
     core.step()
     assert job.pos == 512
-    sched.allowance.online_step_s = 1e-9
+    _online_step_took(sched.allowance, 1e-9)
     assert sched.allowance.last_online_s is not None
     sched.allowance.last_online_s -= RESPONSIVE_WINDOW_S + 1  # no online request lately: whole chunks again
     core.step()

@@ -10,7 +10,7 @@ from embedserve.errors import InvalidInputError
 from embedserve.kv_cache.manager import KVCacheManager
 from embedserve.request import EmbedParams, Priority, Request, RequestStatus
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
-from embedserve.scheduler.policy import RESPONSIVE_WINDOW_S
+from embedserve.scheduler.policy import LULL_STEP_S, RESPONSIVE_WINDOW_S
 from embedserve.scheduler.scheduler import Scheduler
 
 
@@ -188,13 +188,42 @@ def test_batch_steps_stay_short_while_online_requests_come() -> None:
     reqs = {1: req(1, 200, Priority.BATCH)}
     s.add_request(reqs[1])
     _recent_online(s, reqs, 64)
-    # About half an online step at the measured rate (~1,000 tokens/s): 16 tokens, not 64.
+    # About half an online step at the measured rate (~1,000 tokens/s): 15 tokens, not 64.
+    rate = s.allowance.tokens_per_s
+    assert rate is not None and 900 < rate < 1100
     out = s.schedule()
-    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, 16)]
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, int(0.5 * 0.030 * rate))]
     complete(s, out, reqs)
     s.allowance.last_online_s -= RESPONSIVE_WINDOW_S + 1  # no online request lately
     out = s.schedule()
     assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(1, 64)]
+
+
+def test_after_a_lull_a_batch_step_is_bounded_in_time_not_only_by_the_budget() -> None:
+    """No online request lately: batch steps take the budget, but no more than LULL_STEP_S at the
+    rate steps ran at, so the first online request after a lull waits that long at most."""
+    s = make(num_blocks=1024, max_num_batched_tokens=2048, max_model_len=4096)
+    reqs = {1: req(1, 4000, Priority.BATCH)}
+    s.add_request(reqs[1])
+    out = s.schedule()  # nothing timed yet: the budget
+    assert [c.num_tokens for c in out.chunks] == [2048]
+    s.observe(out, 2048 / 400)  # 400 tokens/s: a slow model on a small CPU
+    complete(s, out, reqs)
+    out = s.schedule()
+    assert [c.num_tokens for c in out.chunks] == [int(LULL_STEP_S * 400)]
+
+
+def test_an_online_step_carries_a_tenth_of_its_time_in_batch_tokens() -> None:
+    s = make(max_num_batched_tokens=64, max_model_len=256, batch_tokens_with_online=32)
+    reqs = {1: req(1, 200, Priority.BATCH)}
+    s.add_request(reqs[1])
+    _recent_online(s, reqs, 64)
+    reqs[5] = req(5, 4)
+    s.add_request(reqs[5])
+    rate = s.allowance.tokens_per_s
+    assert rate is not None
+    out = s.schedule()  # 10% of a 30 ms online step at ~1,000 tokens/s: 3 batch tokens beside it
+    assert [(c.request_id, c.num_tokens) for c in out.chunks] == [(5, 4), (1, int(0.1 * 0.030 * rate))]
 
 
 def test_an_encoders_batch_prompt_still_runs_whole_between_online_queries() -> None:
