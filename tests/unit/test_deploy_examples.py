@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from embedserve.gateway.config import GatewayConfig, load_config
+from embedserve.gateway.fleet_config import load_fleet
 from embedserve.gateway.routing import place_inputs
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -33,3 +34,13 @@ def test_local_example_routes_queries_short_and_indexing_long() -> None:
 def test_kubernetes_example_loads(name: str) -> None:
     config = load_config(DEPLOY / name)
     assert _route(config, "online", [20, 5000]) == ["short", "long"]
+
+
+def test_two_model_example_serves_both_and_the_alias_means_the_new_one() -> None:
+    fleet = load_fleet(DEPLOY / "pools.models.yaml")
+    assert [m.served_model_name for m in fleet.models] == ["minilm-v1", "minilm-v2"]
+    assert fleet.aliases == {"embed-latest": "minilm-v2"}
+    old, new = fleet.models
+    assert _route(old, "online", [12, 256]) == ["all", "all"]
+    assert _route(new, "online", [12, 65]) == ["short", "long"] and _route(new, "batch", [12]) == ["long"]
+    assert all(m.model == "all-MiniLM-L6-v2" and m.timeout_s == 600 for m in fleet.models)

@@ -36,6 +36,7 @@ from embedserve.gateway.classify import CLASSIFY_ROUTE, PREDICT_ROUTE
 from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
 from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
+from embedserve.gateway.fleet import Fleet, cards
 from embedserve.gateway.pipeline import Answer, GatewayRoute
 from embedserve.gateway.rerank import RERANK_ROUTE
 from embedserve.gateway.score import SCORE_ROUTE
@@ -45,7 +46,7 @@ from embedserve.gateway.tokenize import DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 log = logging.getLogger(__name__)
 
-Started = tuple[str, Awaitable[Answer]]
+Started = tuple[GatewayService, str, Awaitable[Answer]]
 # Each declared route bound to its Job (one module per route), all run on gateway/pipeline.py.
 _BOUND: dict[str, GatewayRoute[Any]] = {
     b.route.name: b
@@ -70,14 +71,15 @@ ROUTES_TEXT = (
 
 
 def create_app(
-    service: GatewayService,
+    served: GatewayService | Fleet,
     api_keys: tuple[str, ...] = (),
     batch: tuple[BatchJobs, int] | None = None,
 ) -> FastAPI:
-    """`batch`: the online batch API's jobs and upload limit (`--batch-dir`), else its routes 404;
-    the jobs run while the app's lifespan does."""
-    upstreams = service.upstreams
-    metrics = service.metrics
+    """`served`: one model's service, or many (gateway/fleet.py: each request's `model` picks
+    one); `batch`: the online batch API's jobs and upload limit (`--batch-dir`), else its routes
+    404; the jobs run while the app's lifespan does."""
+    fleet = served if isinstance(served, Fleet) else Fleet([served])
+    service = fleet.default  # the settings every model shares (limits, body size) and TEI's /info
     jobs, max_file = batch if batch is not None else (None, 0)
 
     app = FastAPI(title="embedserve gateway", lifespan=lambda _: running(jobs))
@@ -92,20 +94,23 @@ def create_app(
 
     @app.get("/health/ready", response_model=None, responses=_READY)
     async def ready() -> JSONResponse:
-        available = upstreams.available()
-        # Ready when every traffic class it routes has at least one pool that can take work.
-        missing = [r.traffic_class for r in service.config.routes if not available.intersection(r.order)]
+        # Ready when every traffic class of every model has at least one pool that can take work.
+        missing = []
+        for s in fleet.services:
+            available = s.upstreams.available()
+            name = "" if fleet.single else f"{s.config.served_model_name} "
+            missing += [name + r.traffic_class for r in s.config.routes if not available & set(r.order)]
         detail = f"no ready pool for {missing}" if missing else "ready"
-        body = {
-            "status": "not_ready" if missing else "ready",
-            "detail": detail,
-            "pools": upstreams.describe(),
-        }
+        body: dict[str, Any] = {"status": "not_ready" if missing else "ready", "detail": detail}
+        if fleet.single:
+            body["pools"] = service.upstreams.describe()
+        else:
+            body["models"] = {name: {"pools": s.upstreams.describe()} for name, s in fleet.by_name.items()}
         return JSONResponse(body, 503 if missing else 200)
 
     @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse, **metrics_route(*keyed))
     async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(fleet.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get(
         "/v1/models",
@@ -114,7 +119,7 @@ def create_app(
         responses={200: {"model": ModelList}, **error_responses(*keyed, 503)},
     )
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model_card(service)]}
+        return {"object": "list", "data": cards(fleet, _model_card)}
 
     @app.get(
         "/v1/models/{model_id:path}",
@@ -123,10 +128,11 @@ def create_app(
         responses={200: {"model": ModelCard}, **error_responses(*keyed, 404, 503)},
     )
     async def model(model_id: str) -> dict[str, Any]:
-        card = _model_card(service)
-        if model_id != card["id"]:
+        served, _ = fleet.resolve(model_id)
+        card = _model_card(served)
+        if fleet.single and model_id != card["id"]:
             raise model_not_found(model_id, card["id"], "gateway")
-        return card
+        return {**card, "aliases": fleet.aliases_of(str(card["id"]))} if not fleet.single else card
 
     @app.get(
         "/info",
@@ -152,10 +158,12 @@ def create_app(
         """Read the body, start the work (its traffic class first) with the client's
         X-Request-Timeout, answer it; metrics count every outcome per class."""
         traffic_class = "unknown"
+        metrics = service.metrics  # the request's model's, once its body named it
         try:
             body = await read_body(request, service.config.max_body_bytes)
             timeout = header_timeout(request.headers.get(TIMEOUT_HEADER))
-            traffic_class, work = start(body, timeout)
+            served, traffic_class, work = start(body, timeout)
+            metrics = served.metrics
             data, headers = await unless_disconnected(work, disconnect_waiter(request))
         except ClientGone:
             metrics.requests.labels(traffic_class, str(CLIENT_CLOSED)).inc()
@@ -171,7 +179,7 @@ def create_app(
         return JSONResponse(data, headers=headers)
 
     for route in ROUTES:
-        endpoint = _endpoint(route, handler_for(route), service, answer)
+        endpoint = _endpoint(route, handler_for(route), fleet, answer)
         for path in route.paths:
             app.add_api_route(
                 path, endpoint, methods=["POST"], dependencies=auth, **route.doc(limit, statuses)
@@ -208,14 +216,14 @@ def handler_for(route: Route[Any]) -> GatewayRoute[Any]:
 def _endpoint(
     route: Route[Any],
     bound: GatewayRoute[Any],
-    service: GatewayService,
+    fleet: Fleet,
     answer: Callable[[Request, Callable[[bytes, float | None], Started]], Awaitable[Response]],
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         def start(body: bytes, timeout: float | None) -> Started:
-            req = route.parse(body)
+            service, req = fleet.for_request(route.parse(body))
             traffic_class = _traffic_class(request, *body_priority(req))
-            return traffic_class, service.serve(bound, req, traffic_class, timeout, request.headers)
+            return service, traffic_class, service.serve(bound, req, traffic_class, timeout, request.headers)
 
         return await answer(request, start)
 

@@ -1,7 +1,8 @@
 """The online batch API on a gateway (`gateway --batch-dir`): each line runs through the gateway's
 own pipeline as `batch` traffic (its batch pools; the online pools never see it), as a client's
 request would, and waits out backpressure as Retry-After says (batch/execute.py). Validation
-counts each line's tokens and places it as the pipeline does, without sending anything."""
+counts each line's tokens and places it as the pipeline does, without sending anything. With many
+models (gateway/fleet.py) each line's `model` picks its model's pipeline."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from embedserve.batch.online import BatchJobs
 from embedserve.batch.settings import BatchSettings
 from embedserve.batch.store import BatchStore
 from embedserve.gateway.app import handler_for
+from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.service import GatewayService
 
 LINE_RETRIES = 1_000_000  # as the server's: the batch's completion window or a cancel ends the wait
@@ -24,23 +26,23 @@ WINDOW = 8  # lines in flight: the batch pools' own admission and queues do the 
 
 
 class GatewayLines:
-    def __init__(self, service: GatewayService, retries: int = LINE_RETRIES) -> None:
-        self.service = service
+    def __init__(self, models: GatewayService | Fleet, retries: int = LINE_RETRIES) -> None:
+        self.fleet = models if isinstance(models, Fleet) else Fleet([models])
         self.retries = retries
 
-    def _parse(self, line: BatchLine) -> tuple[Any, str]:
-        limit = self.service.config.max_body_bytes
+    def _parse(self, line: BatchLine) -> tuple[GatewayService, Any, str]:
+        limit = self.fleet.default.config.max_body_bytes
         if len(line.body) > limit:
             raise body_too_large(limit)
-        req = at_batch_priority(line.route.parse)(line.body)
-        return req, body_priority(req)[0] if "priority" in req.model_fields_set else BATCH
+        service, req = self.fleet.for_request(at_batch_priority(line.route.parse)(line.body))
+        return service, req, body_priority(req)[0] if "priority" in req.model_fields_set else BATCH
 
     async def __call__(self, line: BatchLine) -> Result:
         bound = handler_for(line.route)
         for attempt in range(self.retries + 1):
             try:
-                req, traffic_class = self._parse(line)
-                body, headers = await self.service.serve(bound, req, traffic_class)
+                service, req, traffic_class = self._parse(line)
+                body, headers = await service.serve(bound, req, traffic_class)
             except ApiError as e:
                 if e.status in RETRY_STATUS and attempt < self.retries:
                     await asyncio.sleep(retry_after_s(e.headers))
@@ -52,10 +54,9 @@ class GatewayLines:
     async def validate(self, line: BatchLine) -> ApiError | None:
         """The gateway's refusals of the line (body, model, class, input count, tokens), or None;
         no pool ready (503) is waited out, not a refusal."""
-        svc = self.service
         while True:
             try:
-                req, traffic_class = self._parse(line)
+                svc, req, traffic_class = self._parse(line)
                 job = handler_for(line.route).job(svc, req)
                 await svc.place(job, svc.route_for(traffic_class, job.model), traffic_class)
             except ApiError as e:
@@ -66,11 +67,15 @@ class GatewayLines:
             return None
 
 
-def gateway_batch_jobs(settings: BatchSettings, service: GatewayService) -> BatchJobs:
+def gateway_batch_jobs(settings: BatchSettings, models: GatewayService | Fleet) -> BatchJobs:
+    lines = GatewayLines(models)
+
     async def ready() -> None:
-        route = service.config.route(BATCH)
-        while route is not None and not service.upstreams.available().intersection(route.order):
-            await asyncio.sleep(0.2)
+        """Every model's batch route has a pool that can take work."""
+        for service in lines.fleet.services:
+            route = service.config.route(BATCH)
+            while route is not None and not service.upstreams.available().intersection(route.order):
+                await asyncio.sleep(0.2)
 
     store = BatchStore(settings.dir, settings.retention_s)
-    return BatchJobs(store, GatewayLines(service), lambda: WINDOW, ready)
+    return BatchJobs(store, lines, lambda: WINDOW, ready)

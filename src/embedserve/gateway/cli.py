@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
-    from embedserve.gateway.config import GatewayConfig
     from embedserve.gateway.counting import TokenCounter
+    from embedserve.gateway.fleet_config import FleetConfig
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,8 @@ def register(sub: Any) -> None:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
-    from embedserve.gateway.config import load_config
     from embedserve.gateway.counting import TokenCounter
+    from embedserve.gateway.fleet_config import load_fleet
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -102,24 +102,32 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         trace = tracing_settings(args)
-        config = load_config(args.config)
+        fleet = load_fleet(args.config)
+        config = fleet.first()
         if args.request_timeout is not None:
             if args.request_timeout > config.timeout_s:
                 raise EmbedServeError(
                     f"--request-timeout {args.request_timeout:g} is over the config's timeout_s "
                     f"({config.timeout_s:g} s, one upstream call)"
                 )
-            config = dataclasses.replace(config, request_timeout_s=args.request_timeout)
+            timed = [dataclasses.replace(m, request_timeout_s=args.request_timeout) for m in fleet.models]
+            fleet = dataclasses.replace(fleet, models=tuple(timed))
         keys = client_api_keys(args.api_key, config.api_keys_env)
-        model = args.model or (_resolve_model(config.model) if config.model else None)
-        if model is None:
-            raise EmbedServeError("no model to count tokens with: pass --model or set 'model:' in the config")
-        counter = TokenCounter(model)
+        if args.model is not None and not fleet.single:
+            raise EmbedServeError("--model: with a 'models:' map, each model sets its own 'model:'")
+        counters = []
+        for m in fleet.models:
+            model = args.model or (_resolve_model(m.model) if m.model else None)
+            if model is None:
+                raise EmbedServeError(
+                    "no model to count tokens with: pass --model or set 'model:' in the config"
+                )
+            counters.append(TokenCounter(model))
         try:
             batch = batch_settings(args)
         except ValueError as e:
             raise EmbedServeError(str(e)) from None
-        return asyncio.run(_serve(config, counter, keys, args, trace, batch))
+        return asyncio.run(_serve(fleet, counters, keys, args, trace, batch))
     except EmbedServeError as e:
         print(f"embedserve gateway: error: {e}", file=sys.stderr)
         return 2
@@ -156,8 +164,8 @@ def _seconds(value: str) -> float:
 
 
 async def _serve(
-    config: GatewayConfig,
-    counter: TokenCounter,
+    fleet_config: FleetConfig,
+    counters: list[TokenCounter],
     keys: tuple[str, ...],
     args: argparse.Namespace,
     trace: TraceSettings | None,
@@ -168,11 +176,13 @@ async def _serve(
 
     from embedserve.gateway.app import create_app
     from embedserve.gateway.batch_lines import gateway_batch_jobs
+    from embedserve.gateway.fleet import Fleet
     from embedserve.gateway.forward import Forwarder
     from embedserve.gateway.metrics import GatewayMetrics
     from embedserve.gateway.service import GatewayService
     from embedserve.gateway.upstreams import UpstreamSet
 
+    config = fleet_config.first()  # the keys every model shares
     headers: dict[str, str] = {}
     if config.upstream_api_key_env:
         key = os.environ.get(config.upstream_api_key_env)
@@ -191,20 +201,26 @@ async def _serve(
 
         tracing = Tracing.start(trace, GATEWAY_SERVICE)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
-        upstreams = UpstreamSet(config, client)
-        await upstreams.start()  # refuses to start on mixed schemas
+        sets: list[UpstreamSet] = []
         try:
-            metrics = GatewayMetrics(upstreams)
-            forwarder = Forwarder(upstreams, metrics, config.balance, tracing)
-            service = GatewayService(config, counter, upstreams, metrics, forwarder, tracing)
-            jobs = None if batch is None else (gateway_batch_jobs(batch, service), batch.max_file_bytes)
-            app = create_app(service, keys, jobs)
+            services = []
+            for model_config, counter in zip(fleet_config.models, counters, strict=True):
+                upstreams = UpstreamSet(model_config, client)
+                sets.append(upstreams)
+                await upstreams.start()  # refuses to start on mixed schemas (per model)
+                metrics = GatewayMetrics(upstreams)
+                forwarder = Forwarder(upstreams, metrics, model_config.balance, tracing)
+                services.append(GatewayService(model_config, counter, upstreams, metrics, forwarder, tracing))
+            fleet = Fleet(services, fleet_config.aliases)
+            jobs = None if batch is None else (gateway_batch_jobs(batch, fleet), batch.max_file_bytes)
+            app = create_app(fleet, keys, jobs)
             server = uvicorn.Server(uvicorn_config(app, args))
             # uvicorn re-raises SIGTERM after its graceful shutdown; this handler makes that exit 0.
             signal.signal(signal.SIGTERM, _stopped)
             await server.serve()
         finally:
-            await upstreams.close()
+            for upstreams in sets:
+                await upstreams.close()
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)  # the spans not yet exported
     return 0
