@@ -50,7 +50,7 @@ def server_app() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def gateway_app() -> FastAPI:
-    config = SimpleNamespace(max_inputs_per_request=4, max_body_bytes=1 << 20)
+    config = SimpleNamespace(max_inputs_per_request=4, max_body_bytes=1 << 20, served_model_name=None)
     service: Any = SimpleNamespace(config=config, upstreams=None, metrics=None)
     return create_gateway_app(service)
 

@@ -28,7 +28,12 @@ class Fleet:
         self.single = len(self.services) == 1 and not self.by_name
         if not self.single and len(self.by_name) != len(self.services):
             raise ValueError("every model of a many-model gateway has its served name")
-        self.registry = services[0].metrics.registry if self.single else _merged(self.by_name)
+        self._merged = None if self.single else _merged(self.by_name)
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """What /metrics exports: the one model's registry, or every model's, labelled."""
+        return self.services[0].metrics.registry if self._merged is None else self._merged
 
     @property
     def default(self) -> GatewayService:
