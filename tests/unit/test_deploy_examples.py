@@ -44,3 +44,6 @@ def test_two_model_example_serves_both_and_the_alias_means_the_new_one() -> None
     assert _route(old, "online", [12, 256]) == ["all", "all"]
     assert _route(new, "online", [12, 65]) == ["short", "long"] and _route(new, "batch", [12]) == ["long"]
     assert all(m.model == "all-MiniLM-L6-v2" and m.timeout_s == 600 for m in fleet.models)
+    search, indexer = fleet.tenants
+    assert (search.name, search.classes, search.models, search.weight) == ("search", {"online"}, None, 3)
+    assert (indexer.classes, indexer.models) == ({"batch"}, {"minilm-v2", "embed-latest"})

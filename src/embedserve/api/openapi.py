@@ -112,12 +112,13 @@ _WHY = {
     "not a PNG / JPEG / WebP data URI, cannot be decoded, comes in more than --max-images-per-input "
     "per input, or goes to a text-only model",
     401: "missing or wrong API key (only when the server has keys)",
+    403: "gateway with tenants: the key's tenant may not use this model or traffic class",
     404: "the model named is not the one served",
     408: "the request body did not arrive in time",
     413: "body over the byte limit, more inputs / tokens than the server ever queues, or an image "
     "of more pixels than --max-image-pixels",
     422: "the body does not have the request's shape or types",
-    429: "at capacity: retry after Retry-After seconds",
+    429: "at capacity, or (gateway with tenants) the tenant is over a quota: retry after Retry-After seconds",
     500: "internal error (e.g. a forward pass failed); other requests are unaffected",
     502: "gateway: an upstream answered something invalid",
     503: "not ready (loading, draining, engine stopped) or no pool available (type "

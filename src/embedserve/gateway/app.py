@@ -32,6 +32,7 @@ from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
 from embedserve.batch.http import add_batch_routes
 from embedserve.batch.online import BatchJobs, running
+from embedserve.batch.store import owner_of
 from embedserve.gateway.classify import CLASSIFY_ROUTE, PREDICT_ROUTE
 from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
 from embedserve.gateway.config import TRAFFIC_CLASSES
@@ -42,6 +43,7 @@ from embedserve.gateway.rerank import RERANK_ROUTE
 from embedserve.gateway.score import SCORE_ROUTE
 from embedserve.gateway.service import GatewayService
 from embedserve.gateway.tei import TEI_EMBED_ROUTE, TEI_EMBED_SPARSE_ROUTE
+from embedserve.gateway.tenants import Tenants
 from embedserve.gateway.tokenize import DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 log = logging.getLogger(__name__)
@@ -74,10 +76,12 @@ def create_app(
     served: GatewayService | Fleet,
     api_keys: tuple[str, ...] = (),
     batch: tuple[BatchJobs, int] | None = None,
+    tenants: Tenants | None = None,
 ) -> FastAPI:
     """`served`: one model's service, or many (gateway/fleet.py: each request's `model` picks
     one); `batch`: the online batch API's jobs and upload limit (`--batch-dir`), else its routes
-    404; the jobs run while the app's lifespan does."""
+    404; the jobs run while the app's lifespan does; `tenants`: their keys are accepted too, and
+    each request runs under its tenant's permissions and quotas (gateway/tenants.py)."""
     fleet = served if isinstance(served, Fleet) else Fleet([served])
     service = fleet.default  # the settings every model shares (limits, body size) and TEI's /info
     jobs, max_file = batch if batch is not None else (None, 0)
@@ -85,6 +89,8 @@ def create_app(
     app = FastAPI(title="embedserve gateway", lifespan=lambda _: running(jobs))
     app.add_exception_handler(ApiError, api_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    if tenants is not None:
+        api_keys = (*api_keys, *tenants.keys())
     auth = [Depends(bearer_check(api_keys))]
     keyed = (401,) if api_keys else ()
 
@@ -151,7 +157,8 @@ def create_app(
         limit = service.config.max_inputs_per_request
         return tei_info(card, kind, budget, limit, service.config.max_inputs_per_request)
 
-    statuses = (400, *keyed, 404, 408, 413, 422, 429, 500, 502, 503, 504)
+    refused = (*keyed, *((403,) if tenants is not None else ()))
+    statuses = (400, *refused, 404, 408, 413, 422, 429, 500, 502, 503, 504)
     limit = service.config.max_inputs_per_request
 
     async def answer(request: Request, start: Callable[[bytes, float | None], Started]) -> Response:
@@ -179,12 +186,13 @@ def create_app(
         return JSONResponse(data, headers=headers)
 
     for route in ROUTES:
-        endpoint = _endpoint(route, handler_for(route), fleet, answer)
+        endpoint = _endpoint(route, handler_for(route), fleet, answer, tenants)
         for path in route.paths:
             app.add_api_route(
                 path, endpoint, methods=["POST"], dependencies=auth, **route.doc(limit, statuses)
             )
-    add_batch_routes(app, lambda: jobs, auth, bool(api_keys), max_file)
+    owner = owner_of if tenants is None else tenants.owner_of_key
+    add_batch_routes(app, lambda: jobs, auth, bool(api_keys), max_file, owner)
     return app
 
 
@@ -218,12 +226,23 @@ def _endpoint(
     bound: GatewayRoute[Any],
     fleet: Fleet,
     answer: Callable[[Request, Callable[[bytes, float | None], Started]], Awaitable[Response]],
+    tenants: Tenants | None,
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         def start(body: bytes, timeout: float | None) -> Started:
-            service, req = fleet.for_request(route.parse(body))
+            parsed = route.parse(body)
+            service, req = fleet.for_request(parsed)
             traffic_class = _traffic_class(request, *body_priority(req))
-            return service, traffic_class, service.serve(bound, req, traffic_class, timeout, request.headers)
+            tenant = None if tenants is None else tenants.of_request(request.headers)
+            if tenant is None:
+                work = service.serve(bound, req, traffic_class, timeout, request.headers)
+                return service, traffic_class, work
+            names = (getattr(parsed, "model", None), getattr(req, "model", None) or service.model_name or "")
+
+            def run(charge: Callable[[int], None]) -> Awaitable[Answer]:
+                return service.serve(bound, req, traffic_class, timeout, request.headers, charge)
+
+            return service, traffic_class, tenant.serve(names, traffic_class, run)
 
         return await answer(request, start)
 

@@ -180,6 +180,7 @@ async def _serve(
     from embedserve.gateway.forward import Forwarder
     from embedserve.gateway.metrics import GatewayMetrics
     from embedserve.gateway.service import GatewayService
+    from embedserve.gateway.tenants import Tenants
     from embedserve.gateway.upstreams import UpstreamSet
 
     config = fleet_config.first()  # the keys every model shares
@@ -212,8 +213,9 @@ async def _serve(
                 forwarder = Forwarder(upstreams, metrics, model_config.balance, tracing)
                 services.append(GatewayService(model_config, counter, upstreams, metrics, forwarder, tracing))
             fleet = Fleet(services, fleet_config.aliases)
+            tenants = Tenants(fleet_config.tenants, fleet.registry) if fleet_config.tenants else None
             jobs = None if batch is None else (gateway_batch_jobs(batch, fleet), batch.max_file_bytes)
-            app = create_app(fleet, keys, jobs)
+            app = create_app(fleet, keys, jobs, tenants)
             server = uvicorn.Server(uvicorn_config(app, args))
             # uvicorn re-raises SIGTERM after its graceful shutdown; this handler makes that exit 0.
             signal.signal(signal.SIGTERM, _stopped)

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_config
+from embedserve.gateway.tenant_config import TenantConfig, parse_tenants
 
 # What a `models:` entry may set; every other gateway key is set once, at the top.
 _MODEL_KEYS = ("model", "pools", "routes")
@@ -46,6 +47,7 @@ class FleetConfig:
 
     models: tuple[GatewayConfig, ...]
     aliases: dict[str, str]
+    tenants: tuple[TenantConfig, ...] = ()  # none: no tenants, the gateway's own keys (if any)
 
     @property
     def single(self) -> bool:
@@ -69,6 +71,16 @@ def load_fleet(path: str | Path) -> FleetConfig:
 
 
 def parse_fleet(raw: object) -> FleetConfig:
+    fleet = _models(raw)
+    if not isinstance(raw, dict) or "tenants" not in raw:
+        return fleet
+    names = {m.served_model_name for m in fleet.models if m.served_model_name} | set(fleet.aliases)
+    return FleetConfig(fleet.models, fleet.aliases, parse_tenants(raw["tenants"], names))
+
+
+def _models(raw: object) -> FleetConfig:
+    if isinstance(raw, dict):
+        raw = {k: v for k, v in raw.items() if k != "tenants"}
     if not isinstance(raw, dict) or "models" not in raw:
         if isinstance(raw, dict) and "aliases" in raw:
             raise GatewayConfigError("aliases: name models of a 'models:' map (none is defined)")

@@ -131,16 +131,18 @@ class Pipeline:
         traffic_class: str,
         timeout_s: float | None = None,
         headers: Mapping[str, str] | None = None,
+        charge: Callable[[int], None] | None = None,
     ) -> Answer:
         """One parsed request of a route, as the gateway answers it; `timeout_s`: the client's
         X-Request-Timeout (it shortens the gateway's deadline); `headers`: the client's (its
-        traceparent, when tracing is on)."""
+        traceparent, when tracing is on); `charge(tokens)`: called once its tokens are counted,
+        before any pool sees it (a tenant's quota: gateway/tenants.py), may refuse it."""
         if self.tracing is None:
-            return await self._serve(bound, req, traffic_class, timeout_s, None)
+            return await self._serve(bound, req, traffic_class, timeout_s, None, charge)
         # The request's span, current while it runs: each upstream call's span is its child.
         attributes = {"embedserve.priority": traffic_class}
         with self.tracing.request(bound.route.name, bound.route.path, headers, attributes) as trace:
-            answer = await self._serve(bound, req, traffic_class, timeout_s, trace)
+            answer = await self._serve(bound, req, traffic_class, timeout_s, trace, charge)
             trace.set({"embedserve.pools": answer[1].get(POOLS_HEADER, "")})
             return answer
 
@@ -151,6 +153,7 @@ class Pipeline:
         traffic_class: str,
         timeout_s: float | None,
         trace: RequestSpan | None,
+        charge: Callable[[int], None] | None = None,
     ) -> Answer:
         start = time.perf_counter()
         deadline = self.deadline(timeout_s)
@@ -158,6 +161,8 @@ class Pipeline:
         pools = self.route_for(traffic_class, job.model)
         name = self.model_name
         counts, placements = await self.place(job, pools, traffic_class)
+        if charge is not None:
+            charge(sum(counts))
         if trace is not None:
             trace.counted(job.model or name or "", counts)
         if bound.route.placement == "whole":

@@ -1,0 +1,219 @@
+"""The gateway's tenants (gateway/tenant_config.py) at run time: who a request's key belongs to,
+what it may use, and its quotas.
+
+- the key: compared in constant time against every tenant's keys (never logged); none or an
+  unknown one is a 401 (the gateway's own `--api-key` keys belong to no tenant: no limits);
+- a model or traffic class the tenant may not use: 403 naming it;
+- `requests_per_minute`, `max_concurrent_requests` before any work, `tokens_per_minute` once the
+  request's tokens are counted (before any pool sees it): 429 with Retry-After from the quota's
+  refill. Each tenant has its own buckets: one over its quota never slows another.
+
+Metrics per tenant and model: requests by status, tokens, rejections by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter
+
+from embedserve.api.protocol import ApiError
+from embedserve.batch.store import owner_of
+from embedserve.gateway.config import GatewayConfigError
+from embedserve.gateway.tenant_config import TenantConfig
+
+Clock = Callable[[], float]
+T = TypeVar("T")
+
+
+class Bucket:
+    """Refilled continuously at `per_minute` a minute, holding at most a minute's worth. A take
+    larger than that waits for a full bucket and leaves it in debt (it is never refused forever)."""
+
+    def __init__(self, per_minute: int, clock: Clock = time.monotonic) -> None:
+        self.rate = per_minute / 60.0
+        self.capacity = float(per_minute)
+        self.level = self.capacity
+        self.clock = clock
+        self._at = clock()
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self.level = min(self.capacity, self.level + (now - self._at) * self.rate)
+        self._at = now
+
+    def wait_s(self, n: int) -> float:
+        """0 when `n` may be taken now, else the seconds until it may."""
+        self._refill()
+        need = min(float(n), self.capacity)
+        return 0.0 if self.level >= need else (need - self.level) / self.rate
+
+    def take(self, n: int) -> None:
+        self._refill()
+        self.level -= n
+
+
+class Tenant:
+    def __init__(self, config: TenantConfig, metrics: TenantMetrics, clock: Clock = time.monotonic) -> None:
+        self.config = config
+        self.name = config.name
+        self.metrics = metrics
+        tpm, rpm = config.tokens_per_minute, config.requests_per_minute
+        self.tokens = None if tpm is None else Bucket(tpm, clock)
+        self.requests = None if rpm is None else Bucket(rpm, clock)
+        self.active = 0
+
+    def allow(self, names: tuple[str | None, str], traffic_class: str) -> None:
+        """403 unless the tenant may use the model (any of `names`: as asked, as served) and class."""
+        models = self.config.models
+        if models is not None and not models.intersection(n for n in names if n):
+            self._refuse("model")
+            asked = next((n for n in names if n), None)
+            message = f"tenant {self.name!r} may not use model {asked!r}; it may use {sorted(models)}"
+            raise ApiError(403, message, "permission_error")
+        if traffic_class not in self.config.classes:
+            self._refuse("class")
+            classes = sorted(self.config.classes)
+            message = f"tenant {self.name!r} may not send {traffic_class!r} traffic; it may send {classes}"
+            raise ApiError(403, message, "permission_error")
+
+    def begin(self) -> None:
+        """A request starts: its requests_per_minute and max_concurrent_requests, or 429."""
+        limit = self.config.max_concurrent_requests
+        if limit is not None and self.active >= limit:
+            self._refuse("concurrency")
+            raise self._over(f"{limit} concurrent requests", 1.0)
+        if self.requests is not None:
+            wait = self.requests.wait_s(1)
+            if wait > 0:
+                self._refuse("requests_per_minute")
+                raise self._over(f"{self.config.requests_per_minute} requests per minute", wait)
+            self.requests.take(1)
+        self.active += 1
+
+    def end(self) -> None:
+        self.active -= 1
+
+    def charge(self, tokens: int) -> None:
+        """The request's counted tokens against tokens_per_minute, or 429."""
+        if self.tokens is None:
+            return
+        wait = self.tokens.wait_s(tokens)
+        if wait > 0:
+            self._refuse("tokens_per_minute")
+            raise self._over(f"{self.config.tokens_per_minute} tokens per minute ({tokens} asked)", wait)
+        self.tokens.take(tokens)
+
+    async def serve(
+        self,
+        names: tuple[str | None, str],
+        traffic_class: str,
+        run: Callable[[Callable[[int], None]], Awaitable[T]],
+    ) -> T:
+        """`run(charge)`: the request's work, which calls `charge(tokens)` once it counted them;
+        `names`: its model as asked and as served. Checked (`allow`), begun (429 over a quota),
+        ended however it ends, counted by status."""
+        model = names[1]
+        status, begun, charged = "500", False, 0
+
+        def charge(tokens: int) -> None:
+            nonlocal charged
+            self.charge(tokens)
+            charged = tokens
+
+        try:
+            self.allow(names, traffic_class)
+            self.begin()
+            begun = True
+            answer = await run(charge)
+            status = "200"
+            return answer
+        except ApiError as e:
+            status = str(e.status)
+            raise
+        except asyncio.CancelledError:
+            status = "499"
+            raise
+        finally:
+            if begun:
+                self.end()
+            self.metrics.requests.labels(self.name, model, traffic_class, status).inc()
+            if status == "200":
+                self.metrics.tokens.labels(self.name, model, traffic_class).inc(charged)
+
+    def _refuse(self, reason: str) -> None:
+        self.metrics.rejections.labels(self.name, reason).inc()
+
+    def _over(self, quota: str, wait_s: float) -> ApiError:
+        retry = max(1, math.ceil(wait_s))
+        return ApiError(
+            429,
+            f"tenant {self.name!r} is over its quota of {quota}; retry in {retry} s",
+            "rate_limit_error",
+            {"Retry-After": str(retry)},
+        )
+
+
+class TenantMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "embedserve_gateway_tenant_requests",
+            "Client requests by tenant, model, traffic class and HTTP status",
+            ("tenant", "model", "traffic_class", "status"),
+            registry=registry,
+        )
+        self.tokens = Counter(
+            "embedserve_gateway_tenant_tokens",
+            "Input tokens of a tenant's answered requests, by model and traffic class",
+            ("tenant", "model", "traffic_class"),
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "embedserve_gateway_tenant_rejections",
+            "A tenant's requests refused before any pool (model, class, requests_per_minute, "
+            "max_concurrent_requests, tokens_per_minute)",
+            ("tenant", "reason"),
+            registry=registry,
+        )
+
+
+class Tenants:
+    def __init__(
+        self, configs: tuple[TenantConfig, ...], registry: CollectorRegistry, clock: Clock = time.monotonic
+    ) -> None:
+        self.metrics = TenantMetrics(registry)
+        self.by_name = {c.name: Tenant(c, self.metrics, clock) for c in configs}
+        self._keys = [(key.encode(), self.by_name[c.name]) for c in configs for key in c.api_keys()]
+        owners: dict[bytes, str] = {}
+        for key, tenant in self._keys:
+            if owners.setdefault(key, tenant.name) != tenant.name:
+                raise GatewayConfigError(f"tenants {owners[key]!r} and {tenant.name!r} share a key")
+
+    def keys(self) -> tuple[str, ...]:
+        return tuple(k.decode() for k, _ in self._keys)
+
+    def of_key(self, key: str) -> Tenant | None:
+        """The tenant holding `key` (constant time over every key), or None."""
+        given = key.encode()
+        found = None
+        for k, tenant in self._keys:
+            if hmac.compare_digest(given, k):
+                found = tenant
+        return found
+
+    def owner_of_key(self, key: str) -> str | None:
+        """Who owns the batch API's files and batches made with `key`: its tenant (every key of
+        a tenant sees the same ones), else the key itself (batch/store.py `owner_of`)."""
+        tenant = self.of_key(key)
+        return owner_of(key) if tenant is None else owner_of(f"tenant:{tenant.name}")
+
+    def of_request(self, headers: Mapping[str, str]) -> Tenant | None:
+        """The tenant of a request whose key the app already checked (None: one of the gateway's
+        own keys)."""
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        return self.of_key(token.strip()) if scheme.lower() == "bearer" else None
