@@ -7,6 +7,8 @@ pools:
   long:  {max_tokens: 16384, upstreams: ["http://127.0.0.1:8002"], classes: [online, batch]}
   batch-long: {max_tokens: 16384, upstreams: ["http://127.0.0.1:8003"], classes: [batch],
                schema: es1-0123456789abcdef}  # optional pin; else the first upstream's schema
+# a pool's optional max_inflight_tokens: tokens in flight to it at most; more wait, shared fairly
+# by tenants' weights (gateway/fair.py)
 routes:
   - {class: online, order: [short, long]}
   - {class: batch,  order: [batch-long, long]}
@@ -48,7 +50,7 @@ _TOP_KEYS = {
     "max_body_bytes",
     "upstream_api_key_env",
 }
-_POOL_KEYS = {"max_tokens", "upstreams", "classes", "schema"}
+_POOL_KEYS = {"max_tokens", "upstreams", "classes", "schema", "max_inflight_tokens"}
 _ROUTE_KEYS = {"class", "order"}
 
 
@@ -63,6 +65,8 @@ class PoolConfig:
     upstreams: tuple[str, ...]  # base URLs without a trailing "/" or "/v1"
     classes: frozenset[str]
     schema: str | None = None  # pinned embedding_schema
+    # Tokens the gateway keeps in flight to the pool; more wait, in fair order (gateway/fair.py).
+    max_inflight_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -187,6 +191,9 @@ def _pool(name: str, raw: object) -> PoolConfig:
         upstreams=urls,
         classes=frozenset(classes),
         schema=schema,
+        max_inflight_tokens=None
+        if body.get("max_inflight_tokens") is None
+        else _positive_int(body["max_inflight_tokens"], f"{where}.max_inflight_tokens"),
     )
 
 

@@ -18,9 +18,10 @@ trying another pool would only make the client wait a second time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,14 +92,15 @@ class Forwarder:
         refusals: list[Refusal] = []
         for name in part.candidates:
             pool = self.upstreams.pools[name]
-            reason = "unavailable"
-            for up in pool.choose(self.policy):
-                check_deadline(part, name)
-                result = await self._attempt(part, pool, up, traffic_class)
-                if isinstance(result, PartResult):
-                    return result
-                refusals.append(result)
-                reason = result.reason
+            async with self._allowance(part, pool, traffic_class):
+                reason = "unavailable"
+                for up in pool.choose(self.policy):
+                    check_deadline(part, name)
+                    result = await self._attempt(part, pool, up, traffic_class)
+                    if isinstance(result, PartResult):
+                        return result
+                    refusals.append(result)
+                    reason = result.reason
             if name != part.candidates[-1]:
                 self.metrics.fallbacks.labels(name, traffic_class, reason).inc()
         # Every candidate refused or was unreachable: the client may retry later.
@@ -111,6 +113,17 @@ class Forwarder:
             kind,
             {"Retry-After": wait},
         )
+
+    @contextlib.asynccontextmanager
+    async def _allowance(self, part: Part, pool: Pool, traffic_class: str) -> AsyncIterator[None]:
+        """The pool's allowance of tokens in flight for the part, if it has one (gateway/fair.py:
+        parts beyond it wait, online first, then tenants by weight)."""
+        if pool.gate is None:
+            yield
+            return
+        async with pool.gate.slot(part.tokens, traffic_class) as waited:
+            self.metrics.pool_queue.labels(pool.name, traffic_class).observe(waited)
+            yield
 
     async def _attempt(
         self, part: Part, pool: Pool, up: Upstream, traffic_class: str

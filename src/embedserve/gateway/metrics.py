@@ -57,6 +57,11 @@ class GatewayMetrics:
             "Latency of successful upstream calls",
             ("pool", "traffic_class"),
         )
+        self.pool_queue = seconds(
+            "embedserve_gateway_pool_queue_seconds",
+            "Time a part waited for its pool's max_inflight_tokens allowance",
+            ("pool", "traffic_class"),
+        )
         self.fallbacks = counter(
             "embedserve_gateway_fallbacks",
             "Parts moved past a pool (no upstream ready, 429/503, connection error)",

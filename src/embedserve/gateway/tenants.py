@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter
 from embedserve.api.protocol import ApiError
 from embedserve.batch.store import owner_of
 from embedserve.gateway.config import GatewayConfigError
+from embedserve.gateway.fair import CURRENT_TENANT
 from embedserve.gateway.tenant_config import TenantConfig
 
 Clock = Callable[[], float]
@@ -126,6 +127,7 @@ class Tenant:
             self.charge(tokens)
             charged = tokens
 
+        scope = CURRENT_TENANT.set((self.name, self.config.weight))  # its parts' fair share
         try:
             self.allow(names, traffic_class)
             self.begin()
@@ -140,6 +142,7 @@ class Tenant:
             status = "499"
             raise
         finally:
+            CURRENT_TENANT.reset(scope)
             if begun:
                 self.end()
             self.metrics.requests.labels(self.name, model, traffic_class, status).inc()

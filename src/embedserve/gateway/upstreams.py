@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from embedserve.gateway.config import GatewayConfig, GatewayConfigError, PoolConfig
+from embedserve.gateway.fair import FairGate
 from embedserve.gateway.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class Pool:
         # Why each member is out of rotation (None: in rotation).
         self.reasons: dict[str, str | None] = {u.url: _NOT_POLLED.error for u in members}
         self._turn = itertools.count()
+        limit = config.max_inflight_tokens
+        self.gate = None if limit is None else FairGate(limit)  # parts beyond it wait, fairly
 
     @property
     def name(self) -> str:

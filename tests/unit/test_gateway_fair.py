@@ -1,0 +1,168 @@
+"""Fair share by tokens at a saturated pool (gateway/fair.py): tenants with work waiting are
+served tokens in proportion to their weights whatever their request sizes; online parts never
+wait behind batch ones; through the gateway, each request's tenant reaches its parts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from embedserve.gateway.app import create_app
+from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.fair import CURRENT_TENANT, FairGate
+from embedserve.gateway.fleet import Fleet
+from embedserve.gateway.tenant_config import TenantConfig
+from embedserve.gateway.tenants import Tenants
+from tests.helpers.gateway_fakes import LONG, SHORT, SHORT2, fake_gateway
+from tests.helpers.server_process import words
+
+
+async def _client(
+    gate: FairGate,
+    tenant: tuple[str, float],
+    tokens: int,
+    s_per_token: float,
+    until: float,
+    got: Counter[str],
+) -> None:
+    """A closed loop of `tokens`-token batch parts, each held for its tokens' service time;
+    `got`: the tokens granted to each tenant (the order of service is what fairness decides)."""
+    CURRENT_TENANT.set(tenant)
+    while time.monotonic() < until:
+        async with gate.slot(tokens, "batch"):
+            if time.monotonic() < until:  # parts still waiting at the end go after the others stop
+                got[tenant[0]] += tokens
+            await asyncio.sleep(tokens * s_per_token)
+
+
+def _contend(
+    tenants: list[tuple[str, float, int]], capacity: int, s_per_token: float, seconds: float = 1.5
+) -> Counter[str]:
+    """Tokens served per tenant while every tenant keeps 4 parts of its size waiting."""
+    served: Counter[str] = Counter()
+
+    async def go() -> None:
+        gate = FairGate(capacity)
+        until = time.monotonic() + seconds
+        clients = [
+            _client(gate, (n, w), t, s_per_token, until, served) for n, w, t in tenants for _ in range(4)
+        ]
+        await asyncio.gather(*clients)
+        assert gate.inflight == 0 and gate.waiting == 0
+
+    asyncio.run(go())
+    return served
+
+
+def test_tenants_weighted_3_to_1_are_served_tokens_3_to_1() -> None:
+    served = _contend([("a", 3.0, 50), ("b", 1.0, 50)], capacity=200, s_per_token=5e-4)
+    assert 2.4 <= served["a"] / served["b"] <= 3.6, served
+
+
+def test_shares_are_by_tokens_not_requests() -> None:
+    """8K-token documents against 64-token queries, equal weights: equal tokens served (by
+    requests, the document tenant would get 128 times the share)."""
+    served = _contend(
+        [("docs", 1.0, 8192), ("queries", 1.0, 64)], capacity=8192, s_per_token=1e-5, seconds=2.0
+    )
+    assert 0.8 <= served["docs"] / served["queries"] <= 1.25, served
+
+
+def test_a_tenant_under_its_share_does_not_wait_behind_a_backlog() -> None:
+    async def go() -> None:
+        gate = FairGate(100)
+        order: list[str] = []
+
+        async def part(tenant: str, tokens: int) -> None:
+            CURRENT_TENANT.set((tenant, 1.0))
+            async with gate.slot(tokens, "batch"):
+                order.append(tenant)
+                await asyncio.sleep(0.01)
+
+        backlog = [asyncio.ensure_future(part("big", 100)) for _ in range(6)]
+        await asyncio.sleep(0.005)  # the first runs, five wait
+        late = asyncio.ensure_future(part("small", 10))
+        await asyncio.gather(*backlog, late)
+        assert order.index("small") <= 2, order  # next but one, not behind the five
+
+    asyncio.run(go())
+
+
+def test_online_parts_never_wait_and_hold_batch_back_while_they_run() -> None:
+    async def go() -> None:
+        gate = FairGate(100)
+        async with gate.slot(100, "batch"), gate.slot(50, "online") as waited:  # the allowance is full
+            assert waited == 0.0 and gate.inflight == 150
+        assert gate.inflight == 0
+        async with gate.slot(60, "online"):
+            batch = asyncio.ensure_future(_held(gate, 60))
+            await asyncio.sleep(0.01)
+            assert not batch.done() and gate.waiting == 1  # 60 + 60 > 100: waits for the query
+        assert await batch > 0
+
+    asyncio.run(go())
+
+
+async def _held(gate: FairGate, tokens: int) -> float:
+    async with gate.slot(tokens, "batch") as waited:
+        return waited
+
+
+def test_a_cancelled_waiter_gives_way() -> None:
+    async def go() -> None:
+        gate = FairGate(10)
+        async with gate.slot(10, "batch"):
+            gone = asyncio.ensure_future(_held(gate, 10))
+            nxt = asyncio.ensure_future(_held(gate, 10))
+            await asyncio.sleep(0.01)
+            gone.cancel()
+            await asyncio.sleep(0)
+        assert await nxt >= 0 and gate.inflight == 0 and gate.waiting == 0
+
+    asyncio.run(go())
+
+
+@pytest.fixture(scope="module")
+def counter(qwen3_dir: Path) -> TokenCounter:
+    return TokenCounter(qwen3_dir)
+
+
+def test_through_the_gateway_each_requests_tenant_reaches_the_pools_gate(
+    counter: TokenCounter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("A_KEYS", "key-a")
+    monkeypatch.setenv("B_KEYS", "key-b")
+    tenants = (TenantConfig("a", "A_KEYS", weight=3), TenantConfig("b", "B_KEYS"))
+    seen: list[Any] = []
+
+    async def go() -> None:
+        pools = {
+            "short": {"max_tokens": 64, "upstreams": [SHORT, SHORT2]},
+            "long": {"max_tokens": 4096, "upstreams": [LONG], "max_inflight_tokens": 1000},
+        }
+        service, fakes = await fake_gateway(counter)(pools=pools)
+        gate = service.upstreams.pools["long"].gate
+        assert gate is not None
+        original = gate.slot
+
+        def spy(tokens: int, traffic_class: str) -> Any:
+            seen.append((CURRENT_TENANT.get(), tokens, traffic_class))
+            return original(tokens, traffic_class)
+
+        gate.slot = spy  # type: ignore[method-assign]
+        app = create_app(Fleet([service]), (), None, Tenants(tenants, service.metrics.registry))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            for key in ("key-a", "key-b"):
+                body = {"input": [words(3), words(300)], "priority": "batch"}
+                r = await client.post("/v1/embeddings", json=body, headers={"Authorization": f"Bearer {key}"})
+                assert r.status_code == 200, r.text
+        assert fakes[LONG].inputs == [[words(3), words(300)]] * 2
+
+    asyncio.run(go())
+    assert [(t, c) for t, _, c in seen] == [(("a", 3.0), "batch"), (("b", 1.0), "batch")]
