@@ -156,7 +156,7 @@ def test_through_the_gateway_each_requests_tenant_reaches_the_pools_gate(
             return original(tokens, traffic_class)
 
         gate.slot = spy  # type: ignore[method-assign]
-        app = create_app(Fleet([service]), (), None, Tenants(tenants, service.metrics.registry))
+        app = create_app(Fleet([service]), (), None, Tenants(tenants))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             for key in ("key-a", "key-b"):
                 body = {"input": [words(3), words(300)], "priority": "batch"}

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -213,4 +216,67 @@ def test_two_real_models_behind_one_gateway_answer_as_their_own_servers(
         }
     finally:
         for p in [*servers, *([gateway] if gateway else [])]:
+            p.terminate()
+
+
+def test_sighup_reloads_models_aliases_and_tenants_without_dropping_a_request(
+    qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests keep coming while the config is rewritten and the gateway gets SIGHUP: every one
+    is answered, the alias moves at one instant, a second model and a tenant (whose key the
+    client already sends) appear; a broken config then leaves it serving as it was."""
+    monkeypatch.setenv("RELOAD_TENANT_KEYS", "k1")  # in the gateway's environment from its start
+    server = start_server(qwen3_dir, tmp_path, "--warmup-lengths", "8")
+    gateway = None
+    try:
+        server.wait_ready()
+        pools = {"all": {"max_tokens": 64, "upstreams": [server.base_url]}}
+        entry = {"model": str(qwen3_dir), "pools": pools, "routes": [{"class": "online", "order": ["all"]}]}
+        config = tmp_path / "pools.yaml"
+        config.write_text(yaml.safe_dump({"models": {"a": entry}, "aliases": {"latest": "a"}}))
+        gateway = start_gateway(config, tmp_path)
+        gateway.wait_ready()
+        url = f"{gateway.base_url}/v1/embeddings"
+        statuses: list[tuple[int, str]] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            with httpx.Client(timeout=30) as c:
+                while not stop.is_set():
+                    r = c.post(
+                        url,
+                        json={"model": "latest", "input": words(4)},
+                        headers={"Authorization": "Bearer k1"},
+                    )
+                    statuses.append((r.status_code, r.json().get("model", "")))
+
+        worker = threading.Thread(target=load)
+        worker.start()
+        time.sleep(1.0)
+        tenants = {"t": {"api_keys_env": "RELOAD_TENANT_KEYS", "requests_per_minute": 100000}}
+        doc = {"models": {"a": entry, "b": entry}, "aliases": {"latest": "b"}, "tenants": tenants}
+        config.write_text(yaml.safe_dump(doc))
+        gateway.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 60
+        while not statuses or statuses[-1][1] != "b":
+            assert time.monotonic() < deadline and gateway.proc.poll() is None, gateway.log()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        stop.set()
+        worker.join(30)
+        assert {s for s, _ in statuses} == {200}, statuses
+        models = [m for _, m in statuses]
+        switch = models.index("b")
+        assert set(models[:switch]) == {"a"} and set(models[switch:]) == {"b"}  # one swap, no mix after
+        assert len(statuses) > 20
+        listed = httpx.get(f"{gateway.base_url}/v1/models", headers={"Authorization": "Bearer k1"}).json()
+        assert [m["id"] for m in listed["data"]] == ["a", "b"]
+        config.write_text("models: {a: {model: 3}}")  # broken: refused, the running config stays
+        gateway.proc.send_signal(signal.SIGHUP)
+        time.sleep(2)
+        r = httpx.post(url, json={"model": "latest", "input": "x"}, headers={"Authorization": "Bearer k1"})
+        assert r.status_code == 200 and r.json()["model"] == "b"
+        assert "reload of" in gateway.log() and "refused" in gateway.log()
+    finally:
+        for p in [server, *([gateway] if gateway else [])]:
             p.terminate()

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 
 from embedserve.gateway.app import create_app
 from embedserve.gateway.config import GatewayConfigError
@@ -102,7 +101,7 @@ def _tenant_app(counter: TokenCounter, check: Check, tenants: tuple[TenantConfig
             await fake_gateway(counter)(served_model_name=name) for name in ("a", "b")
         ]
         fleet = Fleet([a, b])
-        registry = Tenants(tenants, fleet.registry)
+        registry = Tenants(tenants)
         app = create_app(fleet, ("ops",), None, registry)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             await check(client, {"a": fakes_a, "b": fakes_b}, registry)
@@ -173,7 +172,7 @@ def test_concurrent_requests_over_the_limit_are_refused_not_queued(counter: Toke
 
 
 def test_every_key_of_a_tenant_owns_the_same_batch_files() -> None:
-    tenants = Tenants(TENANTS, CollectorRegistry())
+    tenants = Tenants(TENANTS)
     acme = {tenants.owner_of_key(k) for k in ("acme-1", "acme-2")}
     assert len(acme) == 1 and acme != {tenants.owner_of_key("beta-1")}
     assert tenants.owner_of_key("ops") not in acme | {tenants.owner_of_key("beta-1")}
@@ -182,4 +181,4 @@ def test_every_key_of_a_tenant_owns_the_same_batch_files() -> None:
 def test_two_tenants_sharing_a_key_is_a_startup_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BETA_KEYS", "beta-1,acme-2")
     with pytest.raises(GatewayConfigError, match="tenants 'acme' and 'beta' share a key"):
-        Tenants(TENANTS, CollectorRegistry())
+        Tenants(TENANTS)

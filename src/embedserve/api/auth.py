@@ -10,12 +10,16 @@ from fastapi import Request
 from embedserve.api.protocol import ApiError
 
 
-def bearer_check(keys: tuple[str, ...]) -> Callable[[Request], Awaitable[None]]:
+def bearer_check(
+    keys: tuple[str, ...] | Callable[[], tuple[str, ...]],
+) -> Callable[[Request], Awaitable[None]]:
     """A dependency that answers 401 unless `Authorization: Bearer <one of keys>`; no keys: open.
-    Keys are never logged nor echoed back."""
-    encoded = [k.encode() for k in keys]
+    `keys` may be a function, asked at every request (a gateway's reloadable tenants). Keys are
+    never logged nor echoed back."""
+    fixed = None if callable(keys) else [k.encode() for k in keys]
 
     async def check(request: Request) -> None:
+        encoded = fixed if fixed is not None else [k.encode() for k in keys()]  # type: ignore[operator]
         if not encoded:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")

@@ -38,6 +38,7 @@ from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
 from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
 from embedserve.gateway.fleet import Fleet, cards
+from embedserve.gateway.live import Live
 from embedserve.gateway.pipeline import Answer, GatewayRoute
 from embedserve.gateway.rerank import RERANK_ROUTE
 from embedserve.gateway.score import SCORE_ROUTE
@@ -73,26 +74,28 @@ ROUTES_TEXT = (
 
 
 def create_app(
-    served: GatewayService | Fleet,
+    served: GatewayService | Fleet | Live,
     api_keys: tuple[str, ...] = (),
     batch: tuple[BatchJobs, int] | None = None,
     tenants: Tenants | None = None,
 ) -> FastAPI:
     """`served`: one model's service, or many (gateway/fleet.py: each request's `model` picks
-    one); `batch`: the online batch API's jobs and upload limit (`--batch-dir`), else its routes
-    404; the jobs run while the app's lifespan does; `tenants`: their keys are accepted too, and
-    each request runs under its tenant's permissions and quotas (gateway/tenants.py)."""
-    fleet = served if isinstance(served, Fleet) else Fleet([served])
-    service = fleet.default  # the settings every model shares (limits, body size) and TEI's /info
+    one), or what a reloading gateway serves now (gateway/live.py: read at every request);
+    `batch`: the online batch API's jobs and upload limit (`--batch-dir`), else its routes 404;
+    the jobs run while the app's lifespan does; `tenants`: their keys are accepted too, and each
+    request runs under its tenant's permissions and quotas (gateway/tenants.py)."""
+    if isinstance(served, Live):
+        state = served
+    else:
+        state = Live(served if isinstance(served, Fleet) else Fleet([served]), tenants)
+    service = state.fleet.default  # settings every model shares (limits, body size) for the docs
     jobs, max_file = batch if batch is not None else (None, 0)
 
     app = FastAPI(title="embedserve gateway", lifespan=lambda _: running(jobs))
     app.add_exception_handler(ApiError, api_error_handler)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
-    if tenants is not None:
-        api_keys = (*api_keys, *tenants.keys())
-    auth = [Depends(bearer_check(api_keys))]
-    keyed = (401,) if api_keys else ()
+    auth = [Depends(bearer_check(lambda: state.keys(api_keys)))]
+    keyed = (401,) if state.keys(api_keys) else ()
 
     @app.get("/health/live", response_model=None, responses={200: {"model": Health}})
     async def live() -> dict[str, str]:
@@ -102,6 +105,7 @@ def create_app(
     async def ready() -> JSONResponse:
         # Ready when every traffic class of every model has at least one pool that can take work.
         missing = []
+        fleet = state.fleet
         for s in fleet.services:
             available = s.upstreams.available()
             name = "" if fleet.single else f"{s.config.served_model_name} "
@@ -109,14 +113,18 @@ def create_app(
         detail = f"no ready pool for {missing}" if missing else "ready"
         body: dict[str, Any] = {"status": "not_ready" if missing else "ready", "detail": detail}
         if fleet.single:
-            body["pools"] = service.upstreams.describe()
+            body["pools"] = fleet.default.upstreams.describe()
         else:
             body["models"] = {name: {"pools": s.upstreams.describe()} for name, s in fleet.by_name.items()}
         return JSONResponse(body, 503 if missing else 200)
 
     @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse, **metrics_route(*keyed))
     async def prometheus() -> Response:
-        return Response(generate_latest(fleet.registry), media_type=CONTENT_TYPE_LATEST)
+        tenants = state.tenants
+        text = generate_latest(state.fleet.registry)
+        if tenants is not None:  # their own registry, kept across reloads
+            text += generate_latest(tenants.metrics.registry)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get(
         "/v1/models",
@@ -125,7 +133,7 @@ def create_app(
         responses={200: {"model": ModelList}, **error_responses(*keyed, 503)},
     )
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": cards(fleet, _model_card)}
+        return {"object": "list", "data": cards(state.fleet, _model_card)}
 
     @app.get(
         "/v1/models/{model_id:path}",
@@ -134,6 +142,7 @@ def create_app(
         responses={200: {"model": ModelCard}, **error_responses(*keyed, 404, 503)},
     )
     async def model(model_id: str) -> dict[str, Any]:
+        fleet = state.fleet
         served, _ = fleet.resolve(model_id)
         card = _model_card(served)
         if fleet.single and model_id != card["id"]:
@@ -148,6 +157,7 @@ def create_app(
     )
     async def info() -> dict[str, Any]:
         """Text Embeddings Inference's model and limits (api/tei.py), as the gateway takes them."""
+        service = state.fleet.default
         card = _model_card(service)
         counter = service.counter
         labels = counter.labels
@@ -157,7 +167,7 @@ def create_app(
         limit = service.config.max_inputs_per_request
         return tei_info(card, kind, budget, limit, service.config.max_inputs_per_request)
 
-    refused = (*keyed, *((403,) if tenants is not None else ()))
+    refused = (*keyed, *((403,) if state.tenants is not None else ()))
     statuses = (400, *refused, 404, 408, 413, 422, 429, 500, 502, 503, 504)
     limit = service.config.max_inputs_per_request
 
@@ -165,9 +175,10 @@ def create_app(
         """Read the body, start the work (its traffic class first) with the client's
         X-Request-Timeout, answer it; metrics count every outcome per class."""
         traffic_class = "unknown"
-        metrics = service.metrics  # the request's model's, once its body named it
+        first = state.fleet.default
+        metrics = first.metrics  # the request's model's, once its body named it
         try:
-            body = await read_body(request, service.config.max_body_bytes)
+            body = await read_body(request, first.config.max_body_bytes)
             timeout = header_timeout(request.headers.get(TIMEOUT_HEADER))
             served, traffic_class, work = start(body, timeout)
             metrics = served.metrics
@@ -186,13 +197,17 @@ def create_app(
         return JSONResponse(data, headers=headers)
 
     for route in ROUTES:
-        endpoint = _endpoint(route, handler_for(route), fleet, answer, tenants)
+        endpoint = _endpoint(route, handler_for(route), state, answer)
         for path in route.paths:
             app.add_api_route(
                 path, endpoint, methods=["POST"], dependencies=auth, **route.doc(limit, statuses)
             )
-    owner = owner_of if tenants is None else tenants.owner_of_key
-    add_batch_routes(app, lambda: jobs, auth, bool(api_keys), max_file, owner)
+
+    def owner(key: str) -> str | None:
+        tenants = state.tenants
+        return owner_of(key) if tenants is None else tenants.owner_of_key(key)
+
+    add_batch_routes(app, lambda: jobs, auth, bool(keyed), max_file, owner)
     return app
 
 
@@ -224,14 +239,14 @@ def handler_for(route: Route[Any]) -> GatewayRoute[Any]:
 def _endpoint(
     route: Route[Any],
     bound: GatewayRoute[Any],
-    fleet: Fleet,
+    state: Live,
     answer: Callable[[Request, Callable[[bytes, float | None], Started]], Awaitable[Response]],
-    tenants: Tenants | None,
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         def start(body: bytes, timeout: float | None) -> Started:
             parsed = route.parse(body)
-            service, req = fleet.for_request(parsed)
+            tenants = state.tenants  # what this request runs with, even if a reload swaps it
+            service, req = state.fleet.for_request(parsed)
             traffic_class = _traffic_class(request, *body_priority(req))
             tenant = None if tenants is None else tenants.of_request(request.headers)
             if tenant is None:

@@ -19,6 +19,7 @@ from embedserve.batch.settings import BatchSettings
 from embedserve.batch.store import BatchStore
 from embedserve.gateway.app import handler_for
 from embedserve.gateway.fleet import Fleet
+from embedserve.gateway.live import Live
 from embedserve.gateway.service import GatewayService
 
 LINE_RETRIES = 1_000_000  # as the server's: the batch's completion window or a cancel ends the wait
@@ -26,9 +27,15 @@ WINDOW = 8  # lines in flight: the batch pools' own admission and queues do the 
 
 
 class GatewayLines:
-    def __init__(self, models: GatewayService | Fleet, retries: int = LINE_RETRIES) -> None:
-        self.fleet = models if isinstance(models, Fleet) else Fleet([models])
+    def __init__(self, models: GatewayService | Fleet | Live, retries: int = LINE_RETRIES) -> None:
+        if not isinstance(models, Live):
+            models = Live(models if isinstance(models, Fleet) else Fleet([models]))
+        self.live = models  # read at every line: a reload's models serve the lines after it
         self.retries = retries
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.live.fleet
 
     def _parse(self, line: BatchLine) -> tuple[GatewayService, Any, str]:
         limit = self.fleet.default.config.max_body_bytes
@@ -67,7 +74,7 @@ class GatewayLines:
             return None
 
 
-def gateway_batch_jobs(settings: BatchSettings, models: GatewayService | Fleet) -> BatchJobs:
+def gateway_batch_jobs(settings: BatchSettings, models: GatewayService | Fleet | Live) -> BatchJobs:
     lines = GatewayLines(models)
 
     async def ready() -> None:

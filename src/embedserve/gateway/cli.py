@@ -2,18 +2,21 @@
 
 Routes POST /v1/embeddings and /v2/embed (each input to the smallest pool that fits it), and
 /v1/rerank (+ /rerank, /v2/rerank; a request goes whole to the pool that fits its longest input),
-GET /v1/models, /health/live, /health/ready, /metrics."""
+GET /v1/models, /health/live, /health/ready, /metrics; many models and tenants from pools.yaml
+(docs/gateway.md); `kill -HUP` reloads it (gateway/live.py)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +32,6 @@ if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
 
-    from embedserve.gateway.counting import TokenCounter
     from embedserve.gateway.fleet_config import FleetConfig
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,9 @@ def register(sub: Any) -> None:
         description=__doc__,
     )
     p.add_argument(
-        "--config", required=True, help="pools.yaml: pools, routes (see embedserve.gateway.config)"
+        "--config",
+        required=True,
+        help="pools.yaml: pools and routes, or models, aliases, tenants (docs/gateway.md); SIGHUP reloads",
     )
     p.add_argument(
         "--model",
@@ -92,7 +96,6 @@ def register(sub: Any) -> None:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
-    from embedserve.gateway.counting import TokenCounter
     from embedserve.gateway.fleet_config import load_fleet
 
     logging.basicConfig(
@@ -102,32 +105,39 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         trace = tracing_settings(args)
-        fleet = load_fleet(args.config)
-        config = fleet.first()
-        if args.request_timeout is not None:
-            if args.request_timeout > config.timeout_s:
+
+        def adjust(fleet: FleetConfig) -> FleetConfig:
+            """The config as this command line runs it (also each reload's)."""
+            if args.model is not None and not fleet.single:
+                raise EmbedServeError("--model: with a 'models:' map, each model sets its own 'model:'")
+            if args.request_timeout is None:
+                return fleet
+            timeout = fleet.first().timeout_s
+            if args.request_timeout > timeout:
                 raise EmbedServeError(
                     f"--request-timeout {args.request_timeout:g} is over the config's timeout_s "
-                    f"({config.timeout_s:g} s, one upstream call)"
+                    f"({timeout:g} s, one upstream call)"
                 )
             timed = [dataclasses.replace(m, request_timeout_s=args.request_timeout) for m in fleet.models]
-            fleet = dataclasses.replace(fleet, models=tuple(timed))
-        keys = client_api_keys(args.api_key, config.api_keys_env)
-        if args.model is not None and not fleet.single:
-            raise EmbedServeError("--model: with a 'models:' map, each model sets its own 'model:'")
-        counters = []
-        for m in fleet.models:
-            model = args.model or (_resolve_model(m.model) if m.model else None)
+            return dataclasses.replace(fleet, models=tuple(timed))
+
+        def counter_for(model: str | None) -> str:
+            """The directory a model's tokens are counted with: --model, else its `model:`."""
+            if args.model is not None:
+                return str(args.model)
             if model is None:
-                raise EmbedServeError(
-                    "no model to count tokens with: pass --model or set 'model:' in the config"
-                )
-            counters.append(TokenCounter(model))
+                raise EmbedServeError("no model to count tokens with: pass --model or set 'model:' in config")
+            return _resolve_model(model)
+
+        fleet = adjust(load_fleet(args.config))
+        keys = client_api_keys(args.api_key, fleet.first().api_keys_env)
+        for m in fleet.models:
+            counter_for(m.model)  # refused here, before anything starts
         try:
             batch = batch_settings(args)
         except ValueError as e:
             raise EmbedServeError(str(e)) from None
-        return asyncio.run(_serve(fleet, counters, keys, args, trace, batch))
+        return asyncio.run(_serve(fleet, counter_for, adjust, keys, args, trace, batch))
     except EmbedServeError as e:
         print(f"embedserve gateway: error: {e}", file=sys.stderr)
         return 2
@@ -163,9 +173,17 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+async def _after(previous: asyncio.Task[None] | None, then: Callable[[], Awaitable[None]]) -> None:
+    if previous is not None:
+        with contextlib.suppress(Exception):
+            await previous
+    await then()
+
+
 async def _serve(
     fleet_config: FleetConfig,
-    counters: list[TokenCounter],
+    counter_for: Callable[[str | None], str],
+    adjust: Callable[[FleetConfig], FleetConfig],
     keys: tuple[str, ...],
     args: argparse.Namespace,
     trace: TraceSettings | None,
@@ -176,12 +194,7 @@ async def _serve(
 
     from embedserve.gateway.app import create_app
     from embedserve.gateway.batch_lines import gateway_batch_jobs
-    from embedserve.gateway.fleet import Fleet
-    from embedserve.gateway.forward import Forwarder
-    from embedserve.gateway.metrics import GatewayMetrics
-    from embedserve.gateway.service import GatewayService
-    from embedserve.gateway.tenants import Tenants
-    from embedserve.gateway.upstreams import UpstreamSet
+    from embedserve.gateway.live import Built, build, reload
 
     config = fleet_config.first()  # the keys every model shares
     headers: dict[str, str] = {}
@@ -202,26 +215,29 @@ async def _serve(
 
         tracing = Tracing.start(trace, GATEWAY_SERVICE)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers) as client:
-        sets: list[UpstreamSet] = []
+        built: Built | None = None
         try:
-            services = []
-            for model_config, counter in zip(fleet_config.models, counters, strict=True):
-                upstreams = UpstreamSet(model_config, client)
-                sets.append(upstreams)
-                await upstreams.start()  # refuses to start on mixed schemas (per model)
-                metrics = GatewayMetrics(upstreams)
-                forwarder = Forwarder(upstreams, metrics, model_config.balance, tracing)
-                services.append(GatewayService(model_config, counter, upstreams, metrics, forwarder, tracing))
-            fleet = Fleet(services, fleet_config.aliases)
-            tenants = Tenants(fleet_config.tenants, fleet.registry) if fleet_config.tenants else None
-            jobs = None if batch is None else (gateway_batch_jobs(batch, fleet), batch.max_file_bytes)
-            app = create_app(fleet, keys, jobs, tenants)
+            built = await build(fleet_config, counter_for, client, tracing)
+            jobs = None if batch is None else (gateway_batch_jobs(batch, built.live), batch.max_file_bytes)
+            app = create_app(built.live, keys, jobs)
             server = uvicorn.Server(uvicorn_config(app, args))
             # uvicorn re-raises SIGTERM after its graceful shutdown; this handler makes that exit 0.
             signal.signal(signal.SIGTERM, _stopped)
+            reloading: list[asyncio.Task[None]] = []
+
+            async def on_hup() -> None:
+                nonlocal built
+                assert built is not None
+                built = await reload(args.config, adjust, counter_for, client, tracing, built)
+
+            def hup() -> None:  # one reload at a time, in order
+                previous = reloading[-1] if reloading else None
+                reloading.append(asyncio.ensure_future(_after(previous, on_hup)))
+
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hup)
             await server.serve()
         finally:
-            for upstreams in sets:
+            for upstreams in built.sets if built is not None else []:
                 await upstreams.close()
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)  # the spans not yet exported

@@ -77,8 +77,15 @@ class GatewayMetrics:
             "Inputs whose token count at the upstream differed from the gateway's (routing was inexact)",
             ("pool",),
         )
+        self._health: _HealthCollector | None = None
         if upstreams is not None:
-            r.register(_HealthCollector(upstreams))
+            self._health = _HealthCollector(upstreams)
+            r.register(self._health)
+
+    def watch(self, upstreams: UpstreamSet) -> None:
+        """Export these upstreams' health from now on (a reloaded model keeps its metrics)."""
+        if self._health is not None:
+            self._health.upstreams = upstreams
 
 
 class _HealthCollector(Collector):

@@ -163,7 +163,11 @@ class Tenant:
 
 
 class TenantMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    """In a registry of their own (gateway/app.py's /metrics shows it after the models'), kept
+    across reloads (gateway/live.py)."""
+
+    def __init__(self) -> None:
+        registry = self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "embedserve_gateway_tenant_requests",
             "Client requests by tenant, model, traffic class and HTTP status",
@@ -187,9 +191,12 @@ class TenantMetrics:
 
 class Tenants:
     def __init__(
-        self, configs: tuple[TenantConfig, ...], registry: CollectorRegistry, clock: Clock = time.monotonic
+        self,
+        configs: tuple[TenantConfig, ...],
+        metrics: TenantMetrics | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
-        self.metrics = TenantMetrics(registry)
+        self.metrics = metrics if metrics is not None else TenantMetrics()
         self.by_name = {c.name: Tenant(c, self.metrics, clock) for c in configs}
         self._keys = [(key.encode(), self.by_name[c.name]) for c in configs for key in c.api_keys()]
         owners: dict[bytes, str] = {}

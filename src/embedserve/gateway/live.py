@@ -1,0 +1,129 @@
+"""What a running gateway serves, and its reload: `kill -HUP <gateway>` re-reads pools.yaml and
+swaps models, aliases, pools, routes and tenants at once, without dropping a request:
+
+- the new config is loaded and checked, its token counters loaded (a model directory already
+  served is reused), its pools probed once, its tenants' keys read; any error leaves the running
+  config in place (logged);
+- then one swap: requests already running finish on what they started with (their pools, their
+  tenant's quota), every later one sees the new config;
+- the old pools' health polling stops; a model keeping its name keeps its metrics (the counters
+  go on), and so do the tenants' metrics. Tenants' quota buckets start full again.
+
+Settings of the process itself (the port, keys given with --api-key, `upstream_api_key_env`,
+`timeout_s` of the shared HTTP client, tracing) need a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.fleet import Fleet
+from embedserve.gateway.fleet_config import FleetConfig, load_fleet
+from embedserve.gateway.forward import Forwarder
+from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.service import GatewayService
+from embedserve.gateway.tenants import TenantMetrics, Tenants
+from embedserve.gateway.upstreams import UpstreamSet
+
+if TYPE_CHECKING:
+    from embedserve.tracing.otel import Tracing
+
+log = logging.getLogger(__name__)
+
+
+class Live:
+    """The fleet and tenants requests are served with now; `swap` replaces both at once."""
+
+    def __init__(self, fleet: Fleet, tenants: Tenants | None = None) -> None:
+        self.fleet = fleet
+        self.tenants = tenants
+        self.reloads = 0
+
+    def keys(self, own: tuple[str, ...]) -> tuple[str, ...]:
+        """Every key a client may send: the gateway's own and the tenants'."""
+        return own if self.tenants is None else (*own, *self.tenants.keys())
+
+    def swap(self, fleet: Fleet, tenants: Tenants | None) -> None:
+        self.fleet, self.tenants = fleet, tenants
+        self.reloads += 1
+
+
+@dataclasses.dataclass
+class Built:
+    live: Live
+    sets: list[UpstreamSet]  # each model's pools (their health polling)
+    counters: dict[str, TokenCounter]  # by model directory, reused by a reload
+
+
+async def build(
+    config: FleetConfig,
+    counter_for: Callable[[str | None], str],
+    client: httpx.AsyncClient,
+    tracing: Tracing | None,
+    previous: Built | None = None,
+) -> Built:
+    """Every model's service over its started pools, and the tenants; `counter_for(model)`: the
+    directory to count a model's tokens with; `previous`: what a reload replaces (its counters,
+    per-model metrics and tenant metrics go on)."""
+    counters = dict(previous.counters) if previous else {}
+    old = previous.live.fleet.by_name if previous else {}
+    sets: list[UpstreamSet] = []
+    services = []
+    try:
+        for model_config in config.models:
+            path = counter_for(model_config.model)
+            if path not in counters:
+                counters[path] = await asyncio.to_thread(TokenCounter, path)
+            upstreams = UpstreamSet(model_config, client)
+            sets.append(upstreams)
+            await upstreams.start()  # refuses to start on mixed schemas (per model)
+            kept = old.get(model_config.served_model_name or "")
+            metrics = kept.metrics if kept is not None else GatewayMetrics(upstreams)
+            metrics.watch(upstreams)
+            forwarder = Forwarder(upstreams, metrics, model_config.balance, tracing)
+            counter = counters[path]
+            services.append(GatewayService(model_config, counter, upstreams, metrics, forwarder, tracing))
+        fleet = Fleet(services, config.aliases)
+        tenants = None
+        if config.tenants:
+            before = previous.live.tenants if previous else None
+            tenants = Tenants(config.tenants, before.metrics if before else TenantMetrics())
+    except BaseException:
+        for s in sets:
+            await s.close()
+        raise
+    if previous is None:
+        return Built(Live(fleet, tenants), sets, counters)
+    previous.live.swap(fleet, tenants)
+    return Built(previous.live, sets, counters)
+
+
+async def reload(
+    path: str | Path,
+    adjust: Callable[[FleetConfig], FleetConfig],
+    counter_for: Callable[[str | None], str],
+    client: httpx.AsyncClient,
+    tracing: Tracing | None,
+    current: Built,
+) -> Built:
+    """The gateway after a SIGHUP: the new config swapped in, or `current` unchanged when it
+    cannot be loaded (logged)."""
+    try:
+        config = adjust(load_fleet(path))
+        built = await build(config, counter_for, client, tracing, current)
+    except Exception as e:
+        log.error("reload of %s refused, still serving the previous config: %s", path, e)
+        return current
+    for s in current.sets:
+        await s.close()  # requests still on the old pools finish; their polling stops
+    names = ", ".join(m.served_model_name or "(one model)" for m in config.models)
+    log.info("reloaded %s: models %s, %d tenants", path, names, len(config.tenants))
+    return built
