@@ -166,3 +166,18 @@ def test_through_the_gateway_each_requests_tenant_reaches_the_pools_gate(
 
     asyncio.run(go())
     assert [(t, c) for t, _, c in seen] == [(("a", 3.0), "batch"), (("b", 1.0), "batch")]
+
+
+def test_a_waiter_that_leaves_gives_its_tenant_its_place_back() -> None:
+    async def go() -> None:
+        gate = FairGate(10)
+        CURRENT_TENANT.set(("a", 1.0))
+        async with gate.slot(10, "batch"):
+            gone = asyncio.ensure_future(_held(gate, 10))
+            await asyncio.sleep(0.01)
+            assert gate._finish["a"] == 20  # tagged behind the part running
+            gone.cancel()
+            await asyncio.sleep(0.01)
+            assert gate._finish["a"] == 10 and gate.waiting == 0  # as if it had never come
+
+    asyncio.run(go())

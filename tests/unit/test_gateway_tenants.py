@@ -4,6 +4,8 @@ one tenant over its quota while another keeps getting answers, metrics per tenan
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -12,13 +14,19 @@ from typing import Any
 import httpx
 import pytest
 
+from embedserve.api.protocol import ApiError
+from embedserve.batch.format import BatchLine
+from embedserve.batch.online import BATCH_OWNER
 from embedserve.gateway.app import create_app
+from embedserve.gateway.batch_lines import GatewayLines
 from embedserve.gateway.config import GatewayConfigError
 from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.fleet_config import parse_fleet
+from embedserve.gateway.live import Live
 from embedserve.gateway.tenant_config import TenantConfig, parse_tenants
-from embedserve.gateway.tenants import Bucket, Tenants
+from embedserve.gateway.tenants import TENANT_OWNER, Bucket, Tenants
 from tests.helpers.gateway_fakes import LONG, fake_gateway
 from tests.helpers.server_process import words
 
@@ -55,7 +63,9 @@ def test_a_bucket_refills_over_time_and_a_big_take_waits_for_a_full_one() -> Non
     ("raw", "message"),
     [
         ({}, "tenants: expected a non-empty mapping"),
-        ({"a": {}}, "tenants.a.api_keys_env: the variable holding its keys is required"),
+        ({"a": {}}, "tenants.a: give its keys' api_keys_env (a variable) or api_keys_file"),
+        ({"a": {"api_keys_env": "X", "api_keys_file": "/k"}}, "tenants.a: give its keys' api_keys_env"),
+        ({"a": {"api_keys_file": ""}}, "tenants.a.api_keys_file: expected a non-empty string"),
         ({"a": {"api_keys_env": "X", "quota": 1}}, "tenants.a: unknown keys ['quota']"),
         ({"a": {"api_keys_env": "X", "models": ["z"]}}, "tenants.a.models: unknown ['z']"),
         ({"a": {"api_keys_env": "X", "classes": ["bulk"]}}, "tenants.a.classes: unknown ['bulk']"),
@@ -140,6 +150,7 @@ def test_keys_permissions_and_quotas(counter: TokenCounter) -> None:
         for _ in range(5):  # another tenant, and the gateway's own key, are untouched
             assert (await _embed(client, "beta-1", model="b")).status_code == 200
             assert (await _embed(client, "ops", model="b")).status_code == 200
+        assert (await client.get("/metrics", headers=_as("acme-1"))).status_code == 401  # operators only
         metrics = (await client.get("/metrics", headers=_as("ops"))).text
         online = 'traffic_class="online"'
         for line in (
@@ -182,3 +193,67 @@ def test_two_tenants_sharing_a_key_is_a_startup_error(monkeypatch: pytest.Monkey
     monkeypatch.setenv("BETA_KEYS", "beta-1,acme-2")
     with pytest.raises(GatewayConfigError, match="tenants 'acme' and 'beta' share a key"):
         Tenants(TENANTS)
+
+
+def test_a_key_no_longer_a_tenants_after_a_reload_is_refused_not_let_through() -> None:
+    tenants = Tenants(TENANTS)
+    assert tenants.of_request({"authorization": "Bearer acme-1"}, ("ops",)) is tenants.by_name["acme"]
+    assert tenants.of_request({"authorization": "Bearer ops"}, ("ops",)) is None  # an operator
+    with pytest.raises(ApiError) as refused:
+        tenants.of_request({"authorization": "Bearer gone-key"}, ("ops",))
+    assert refused.value.status == 401
+
+
+def test_a_reload_keeps_a_tenants_running_requests_and_unchanged_quotas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    old = Tenants(TENANTS)
+    acme = old.by_name["acme"]
+    acme.begin()
+    acme.charge(50)
+    changed = (dataclasses.replace(TENANTS[0], requests_per_minute=10), TENANTS[1])
+    new = Tenants(changed, old.metrics, previous=old)
+    assert new.by_name["acme"] is acme and acme.active == 1 and acme.config.requests_per_minute == 10
+    assert acme.tokens is not None and acme.tokens.wait_s(20) > 0  # the tokens bucket carried over
+    acme.end()
+
+
+def test_batch_lines_run_as_their_batchs_tenant(counter: TokenCounter) -> None:
+    """A tenant's batch: a line naming a model the tenant may not use is refused at validation,
+    the others run under its quotas and are counted as its requests."""
+
+    async def go() -> None:
+        (a, _), (b, _) = [await fake_gateway(counter)(served_model_name=name) for name in ("a", "b")]
+        tenants = Tenants(TENANTS)
+        lines = GatewayLines(Live(Fleet([a, b]), tenants), retries=0)
+
+        def line(i: int, model: str) -> BatchLine:
+            body = json.dumps({"model": model, "input": words(3)}).encode()
+            return BatchLine(i, f"r{i}", EMBEDDINGS_ROUTE.route, "/v1/embeddings", body)
+
+        BATCH_OWNER.set(tenants.owner_of_key("acme-1"))
+        refused = await lines.validate(line(0, "b"))
+        assert refused is not None and refused.status == 403 and "may not use model 'b'" in refused.message
+        assert await lines.validate(line(1, "a")) is None
+        assert (await lines(line(1, "a"))).status == 200
+        labels = {"tenant": "acme", "model": "a", "traffic_class": "batch", "status": "200"}
+        assert (
+            tenants.metrics.registry.get_sample_value("embedserve_gateway_tenant_requests_total", labels) == 1
+        )
+        BATCH_OWNER.set(TENANT_OWNER + "removed")
+        gone = await lines.validate(line(2, "a"))
+        assert gone is not None and gone.status == 403 and "no longer served" in gone.message
+
+    asyncio.run(go())
+
+
+def test_keys_from_a_file_are_read_at_each_load(tmp_path: Path) -> None:
+    keys = tmp_path / "acme.keys"
+    keys.write_text("k1\nk2, k3\n\n")
+    config = parse_tenants({"acme": {"api_keys_file": str(keys)}}, set())[0]
+    assert config.api_keys() == ("k1", "k2", "k3")
+    keys.write_text("k4\n")  # rotated: the next load (a reload) reads the new one
+    assert config.api_keys() == ("k4",)
+    keys.unlink()
+    with pytest.raises(GatewayConfigError, match=r"api_keys_file: .*acme.keys: cannot be read"):
+        config.api_keys()

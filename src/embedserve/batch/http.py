@@ -60,7 +60,7 @@ def add_batch_routes(
     app: FastAPI,
     jobs: Callable[[], BatchJobs | None],
     dependencies: list[Any],
-    keyed: bool,
+    keyed: bool | Callable[[], bool],
     max_file_bytes: int,
     owner_of_key: Callable[[str], str | None] = owner_of,
 ) -> None:
@@ -74,15 +74,18 @@ def add_batch_routes(
             raise ApiError(404, OFF, "not_found_error")
         return found
 
+    def is_keyed() -> bool:
+        return keyed() if callable(keyed) else keyed
+
     def owner(request: Request) -> str | None:
         key = request.headers.get("authorization", "").partition(" ")[2].strip()
-        return owner_of_key(key) if keyed else None
+        return owner_of_key(key) if is_keyed() else None
 
     def doc(model: type[BaseModel] | None, *statuses: int, **extra: Any) -> dict[str, Any]:
         return {
             "dependencies": dependencies,
             "response_model": None,
-            "responses": {**responses(model, keyed, 404, *statuses), **extra.pop("responses", {})},
+            "responses": {**responses(model, is_keyed(), 404, *statuses), **extra.pop("responses", {})},
             **extra,
         }
 

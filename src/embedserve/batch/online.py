@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,9 @@ from embedserve.batch.validate import validate
 log = logging.getLogger(__name__)
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
+# Whose batch the lines being validated or answered belong to (its `_owner`): a gateway's line
+# host runs them as that tenant (gateway/batch_lines.py).
+BATCH_OWNER: ContextVar[str | None] = ContextVar("embedserve_batch_owner", default=None)
 _SAVE_EVERY_S = 2.0  # a running batch's request_counts reach its record at most this late
 
 
@@ -198,6 +202,7 @@ class BatchJobs:
                 continue
             try:
                 await self.ready()
+                BATCH_OWNER.set(rec["_owner"])  # this worker task's context: its lines' tasks too
                 await self._run(rec)
             except asyncio.CancelledError:
                 raise

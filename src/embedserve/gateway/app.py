@@ -118,7 +118,17 @@ def create_app(
             body["models"] = {name: {"pools": s.upstreams.describe()} for name, s in fleet.by_name.items()}
         return JSONResponse(body, 503 if missing else 200)
 
-    @app.get("/metrics", dependencies=auth, response_class=PlainTextResponse, **metrics_route(*keyed))
+    def metrics_keys() -> tuple[str, ...]:
+        """With tenants, the gateway's own keys only (tenants would read each other's usage),
+        where it has any."""
+        return api_keys if state.tenants is not None and api_keys else state.keys(api_keys)
+
+    @app.get(
+        "/metrics",
+        dependencies=[Depends(bearer_check(metrics_keys))],
+        response_class=PlainTextResponse,
+        **metrics_route(*keyed),
+    )
     async def prometheus() -> Response:
         tenants = state.tenants
         text = generate_latest(state.fleet.registry)
@@ -197,7 +207,7 @@ def create_app(
         return JSONResponse(data, headers=headers)
 
     for route in ROUTES:
-        endpoint = _endpoint(route, handler_for(route), state, answer)
+        endpoint = _endpoint(route, handler_for(route), state, answer, api_keys)
         for path in route.paths:
             app.add_api_route(
                 path, endpoint, methods=["POST"], dependencies=auth, **route.doc(limit, statuses)
@@ -207,7 +217,7 @@ def create_app(
         tenants = state.tenants
         return owner_of(key) if tenants is None else tenants.owner_of_key(key)
 
-    add_batch_routes(app, lambda: jobs, auth, bool(keyed), max_file, owner)
+    add_batch_routes(app, lambda: jobs, auth, lambda: bool(state.keys(api_keys)), max_file, owner)
     return app
 
 
@@ -241,6 +251,7 @@ def _endpoint(
     bound: GatewayRoute[Any],
     state: Live,
     answer: Callable[[Request, Callable[[bytes, float | None], Started]], Awaitable[Response]],
+    own_keys: tuple[str, ...],
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         def start(body: bytes, timeout: float | None) -> Started:
@@ -248,11 +259,12 @@ def _endpoint(
             tenants = state.tenants  # what this request runs with, even if a reload swaps it
             service, req = state.fleet.for_request(parsed)
             traffic_class = _traffic_class(request, *body_priority(req))
-            tenant = None if tenants is None else tenants.of_request(request.headers)
+            tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
             if tenant is None:
                 work = service.serve(bound, req, traffic_class, timeout, request.headers)
                 return service, traffic_class, work
-            names = (getattr(parsed, "model", None), getattr(req, "model", None) or service.model_name or "")
+            # as asked (an alias, checked against the tenant's models) and as served (the label)
+            names = (getattr(parsed, "model", None), service.model_name or "")
 
             def run(charge: Callable[[int], None]) -> Awaitable[Answer]:
                 return service.serve(bound, req, traffic_class, timeout, request.headers, charge)

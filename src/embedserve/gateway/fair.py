@@ -39,6 +39,7 @@ class _Waiter:
     key: tuple[float, int]  # (start tag, arrival)
     tokens: int = field(compare=False)
     tenant: str = field(compare=False)
+    finish: float = field(compare=False)
     ready: asyncio.Future[None] = field(compare=False)
 
 
@@ -71,7 +72,7 @@ class FairGate:
         self._finish[tenant] = start + tokens / weight
         if self._heap or not self._fits(tokens):
             ready = asyncio.get_running_loop().create_future()
-            waiter = _Waiter((start, next(self._seq)), tokens, tenant, ready)
+            waiter = _Waiter((start, next(self._seq)), tokens, tenant, self._finish[tenant], ready)
             heapq.heappush(self._heap, waiter)
             try:
                 await ready
@@ -100,9 +101,13 @@ class FairGate:
         self._wake()
 
     def _drop(self, waiter: _Waiter) -> None:
+        """A waiter gone (its deadline, its client): out of the queue, and its tokens no longer
+        count against its tenant where it was the tenant's last part."""
         with contextlib.suppress(ValueError):
             self._heap.remove(waiter)
             heapq.heapify(self._heap)
+        if self._finish.get(waiter.tenant) == waiter.finish:
+            self._finish[waiter.tenant] = waiter.key[0]
         self._wake()
 
     def _wake(self) -> None:

@@ -74,9 +74,9 @@ async def build(
     directory to count a model's tokens with; `previous`: what a reload replaces (its counters,
     per-model metrics and tenant metrics go on)."""
     counters = dict(previous.counters) if previous else {}
-    old = previous.live.fleet.by_name if previous else {}
     sets: list[UpstreamSet] = []
     services = []
+    watch: list[tuple[GatewayMetrics, UpstreamSet]] = []  # kept metrics, moved once swapped
     try:
         for model_config in config.models:
             path = counter_for(model_config.model)
@@ -85,9 +85,10 @@ async def build(
             upstreams = UpstreamSet(model_config, client)
             sets.append(upstreams)
             await upstreams.start()  # refuses to start on mixed schemas (per model)
-            kept = old.get(model_config.served_model_name or "")
+            kept = _kept(previous, model_config.served_model_name)
             metrics = kept.metrics if kept is not None else GatewayMetrics(upstreams)
-            metrics.watch(upstreams)
+            if kept is not None:
+                watch.append((metrics, upstreams))
             forwarder = Forwarder(upstreams, metrics, model_config.balance, tracing)
             counter = counters[path]
             services.append(GatewayService(model_config, counter, upstreams, metrics, forwarder, tracing))
@@ -95,7 +96,8 @@ async def build(
         tenants = None
         if config.tenants:
             before = previous.live.tenants if previous else None
-            tenants = Tenants(config.tenants, before.metrics if before else TenantMetrics())
+            metrics_t = before.metrics if before else TenantMetrics()
+            tenants = Tenants(config.tenants, metrics_t, previous=before)
     except BaseException:
         for s in sets:
             await s.close()
@@ -103,7 +105,20 @@ async def build(
     if previous is None:
         return Built(Live(fleet, tenants), sets, counters)
     previous.live.swap(fleet, tenants)
+    for metrics, upstreams in watch:
+        metrics.watch(upstreams)
     return Built(previous.live, sets, counters)
+
+
+def _kept(previous: Built | None, name: str | None) -> GatewayService | None:
+    """The running service whose metrics a reloaded model keeps: the same served name, or the
+    one model of a single-model config that stays single."""
+    if previous is None:
+        return None
+    fleet = previous.live.fleet
+    if name is None:
+        return fleet.default if fleet.single else None
+    return fleet.by_name.get(name)
 
 
 async def reload(

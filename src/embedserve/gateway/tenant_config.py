@@ -3,7 +3,9 @@
 ```yaml
 tenants:
   acme:
-    api_keys_env: ACME_KEYS          # the variable holding its comma-separated keys (never the file)
+    api_keys_env: ACME_KEYS          # the variable holding its comma-separated keys (never the file),
+    # or api_keys_file: /run/secrets/acme   (keys separated by commas or lines; read again at
+    #                                        each reload: rotate a key without a restart)
     models: [minilm-v2]              # served models (or aliases) it may use; default: all
     classes: [online]                # traffic classes it may use; default: both
     tokens_per_minute: 200000        # quotas, refilled continuously; default: none
@@ -18,12 +20,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from embedserve.gateway.config import TRAFFIC_CLASSES, GatewayConfigError
 
 _KEYS = {
     "api_keys_env",
+    "api_keys_file",
     "models",
     "classes",
     "tokens_per_minute",
@@ -36,20 +40,29 @@ _KEYS = {
 @dataclass(frozen=True)
 class TenantConfig:
     name: str
-    api_keys_env: str
+    api_keys_env: str | None
     models: frozenset[str] | None = None  # None: every model
     classes: frozenset[str] = frozenset(TRAFFIC_CLASSES)
     tokens_per_minute: int | None = None
     requests_per_minute: int | None = None
     max_concurrent_requests: int | None = None
     weight: float = 1.0
+    api_keys_file: str | None = None
 
     def api_keys(self) -> tuple[str, ...]:
-        """Its keys from the environment; a variable unset or empty is a startup error."""
-        value = os.environ.get(self.api_keys_env, "")
-        keys = tuple(dict.fromkeys(k.strip() for k in value.split(",") if k.strip()))
+        """Its keys from the environment or the file; none is a startup (or reload) error."""
+        if self.api_keys_file is not None:
+            where = f"tenants.{self.name}.api_keys_file: {self.api_keys_file}"
+            try:
+                value = Path(self.api_keys_file).read_text(encoding="utf-8")
+            except OSError as e:
+                raise GatewayConfigError(f"{where}: cannot be read ({e.strerror})") from None
+        else:
+            where = f"tenants.{self.name}.api_keys_env: ${self.api_keys_env}"
+            value = os.environ.get(self.api_keys_env or "", "")
+        keys = tuple(dict.fromkeys(k.strip() for k in value.replace("\n", ",").split(",") if k.strip()))
         if not keys:
-            raise GatewayConfigError(f"tenants.{self.name}.api_keys_env: ${self.api_keys_env} holds no key")
+            raise GatewayConfigError(f"{where} holds no key")
         return keys
 
 
@@ -68,12 +81,16 @@ def _tenant(name: str, raw: object, models: set[str]) -> TenantConfig:
     unknown = sorted(str(k) for k in raw if k not in _KEYS)
     if unknown:
         raise GatewayConfigError(f"{where}: unknown keys {unknown}; allowed: {sorted(_KEYS)}")
-    env = raw.get("api_keys_env")
-    if not isinstance(env, str) or not env:
-        raise GatewayConfigError(f"{where}.api_keys_env: the variable holding its keys is required")
+    env, file = raw.get("api_keys_env"), raw.get("api_keys_file")
+    if (env is None) == (file is None):
+        raise GatewayConfigError(f"{where}: give its keys' api_keys_env (a variable) or api_keys_file")
+    for key, value in (("api_keys_env", env), ("api_keys_file", file)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise GatewayConfigError(f"{where}.{key}: expected a non-empty string, got {value!r}")
     return TenantConfig(
         name=name,
         api_keys_env=env,
+        api_keys_file=file,
         models=_names(raw, "models", where, models) if "models" in raw else None,
         classes=_names(raw, "classes", where, set(TRAFFIC_CLASSES))
         if "classes" in raw

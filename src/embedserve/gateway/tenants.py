@@ -22,13 +22,14 @@ from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
-from embedserve.api.protocol import ApiError
+from embedserve.api.protocol import ApiError, clip
 from embedserve.batch.store import owner_of
 from embedserve.gateway.config import GatewayConfigError
 from embedserve.gateway.fair import CURRENT_TENANT
 from embedserve.gateway.tenant_config import TenantConfig
 
 Clock = Callable[[], float]
+TENANT_OWNER = "tenant:"  # a tenant's batches' owner: this and its name (batch/store.py `_owner`)
 T = TypeVar("T")
 
 
@@ -61,21 +62,29 @@ class Bucket:
 
 class Tenant:
     def __init__(self, config: TenantConfig, metrics: TenantMetrics, clock: Clock = time.monotonic) -> None:
-        self.config = config
         self.name = config.name
         self.metrics = metrics
-        tpm, rpm = config.tokens_per_minute, config.requests_per_minute
-        self.tokens = None if tpm is None else Bucket(tpm, clock)
-        self.requests = None if rpm is None else Bucket(rpm, clock)
+        self.clock = clock
+        self.tokens: Bucket | None = None
+        self.requests: Bucket | None = None
         self.active = 0
+        self.config = config
+        self.reconfigure(config)
+
+    def reconfigure(self, config: TenantConfig) -> None:
+        """New settings (a reload): requests running keep counting in `active`, and a quota
+        whose rate did not change keeps its bucket's level."""
+        self.config = config
+        self.tokens = _bucket(self.tokens, config.tokens_per_minute, self.clock)
+        self.requests = _bucket(self.requests, config.requests_per_minute, self.clock)
 
     def allow(self, names: tuple[str | None, str], traffic_class: str) -> None:
         """403 unless the tenant may use the model (any of `names`: as asked, as served) and class."""
         models = self.config.models
         if models is not None and not models.intersection(n for n in names if n):
             self._refuse("model")
-            asked = next((n for n in names if n), None)
-            message = f"tenant {self.name!r} may not use model {asked!r}; it may use {sorted(models)}"
+            asked = clip(next((n for n in names if n), None))
+            message = f"tenant {self.name!r} may not use model {asked}; it may use {sorted(models)}"
             raise ApiError(403, message, "permission_error")
         if traffic_class not in self.config.classes:
             self._refuse("class")
@@ -162,6 +171,14 @@ class Tenant:
         )
 
 
+def _bucket(current: Bucket | None, per_minute: int | None, clock: Clock) -> Bucket | None:
+    if per_minute is None:
+        return None
+    if current is not None and current.capacity == per_minute:
+        return current
+    return Bucket(per_minute, clock)
+
+
 class TenantMetrics:
     """In a registry of their own (gateway/app.py's /metrics shows it after the models'), kept
     across reloads (gateway/live.py)."""
@@ -195,9 +212,17 @@ class Tenants:
         configs: tuple[TenantConfig, ...],
         metrics: TenantMetrics | None = None,
         clock: Clock = time.monotonic,
+        previous: Tenants | None = None,
     ) -> None:
+        """`previous`: the tenants a reload replaces: one keeping its name is the same Tenant,
+        reconfigured (its running requests and unchanged quotas carry over)."""
         self.metrics = metrics if metrics is not None else TenantMetrics()
-        self.by_name = {c.name: Tenant(c, self.metrics, clock) for c in configs}
+        self.by_name: dict[str, Tenant] = {}
+        for c in configs:
+            kept = previous.by_name.get(c.name) if previous is not None else None
+            if kept is not None:
+                kept.reconfigure(c)
+            self.by_name[c.name] = kept if kept is not None else Tenant(c, self.metrics, clock)
         self._keys = [(key.encode(), self.by_name[c.name]) for c in configs for key in c.api_keys()]
         owners: dict[bytes, str] = {}
         for key, tenant in self._keys:
@@ -218,12 +243,34 @@ class Tenants:
 
     def owner_of_key(self, key: str) -> str | None:
         """Who owns the batch API's files and batches made with `key`: its tenant (every key of
-        a tenant sees the same ones), else the key itself (batch/store.py `owner_of`)."""
+        a tenant sees the same ones; its jobs' lines then run as that tenant), else the key
+        itself (batch/store.py `owner_of`: a fingerprint, never the key)."""
         tenant = self.of_key(key)
-        return owner_of(key) if tenant is None else owner_of(f"tenant:{tenant.name}")
+        return owner_of(key) if tenant is None else TENANT_OWNER + tenant.name
 
-    def of_request(self, headers: Mapping[str, str]) -> Tenant | None:
-        """The tenant of a request whose key the app already checked (None: one of the gateway's
-        own keys)."""
+    def of_owner(self, owner: str | None) -> Tenant | None:
+        """The tenant a batch belongs to (None: not a tenant's); 403 for a tenant a reload removed."""
+        if owner is None or not owner.startswith(TENANT_OWNER):
+            return None
+        tenant = self.by_name.get(owner[len(TENANT_OWNER) :])
+        if tenant is None:
+            name = owner[len(TENANT_OWNER) :]
+            raise ApiError(403, f"tenant {name!r} is no longer served by this gateway", "permission_error")
+        return tenant
+
+    def of_request(self, headers: Mapping[str, str], own: tuple[str, ...]) -> Tenant | None:
+        """The tenant of a request's key (None: one of the gateway's `own` keys); any other key is
+        a 401 here too (the app checked it against the keys of its time, and a reload may have
+        taken it away since)."""
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        return self.of_key(token.strip()) if scheme.lower() == "bearer" else None
+        key = token.strip()
+        tenant = self.of_key(key) if scheme.lower() == "bearer" else None
+        given = key.encode()
+        if tenant is None and not any([hmac.compare_digest(given, k.encode()) for k in own]):
+            raise ApiError(
+                401,
+                "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                "authentication_error",
+                {"WWW-Authenticate": "Bearer"},
+            )
+        return tenant
