@@ -23,16 +23,17 @@ routes:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
 
 from embedserve.errors import EmbedServeError
 
+T = TypeVar("T")
 TRAFFIC_CLASSES = ("online", "batch")
 BALANCE_POLICIES = ("least_tokens", "round_robin")
 
@@ -106,6 +107,11 @@ class GatewayConfig:
 
 
 def load_config(path: str | Path) -> GatewayConfig:
+    return read_config(path, parse_config)
+
+
+def read_config(path: str | Path, parse: Callable[[object], T]) -> T:
+    """pools.yaml read and parsed by `parse`; every error names the file."""
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
@@ -113,7 +119,7 @@ def load_config(path: str | Path) -> GatewayConfig:
     except yaml.YAMLError as e:
         raise GatewayConfigError(f"gateway config {path} is not valid YAML: {e}") from None
     try:
-        return parse_config(raw)
+        return parse(raw)
     except GatewayConfigError as e:
         raise GatewayConfigError(f"{path}: {e}") from None
 

@@ -30,9 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_config
+from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_config, read_config
 from embedserve.gateway.tenant_config import TenantConfig, parse_tenants
 
 # What a `models:` entry may set; every other gateway key is set once, at the top.
@@ -58,16 +56,7 @@ class FleetConfig:
 
 
 def load_fleet(path: str | Path) -> FleetConfig:
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise GatewayConfigError(f"cannot read gateway config {path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise GatewayConfigError(f"gateway config {path} is not valid YAML: {e}") from None
-    try:
-        return parse_fleet(raw)
-    except GatewayConfigError as e:
-        raise GatewayConfigError(f"{path}: {e}") from None
+    return read_config(path, parse_fleet)
 
 
 def parse_fleet(raw: object) -> FleetConfig:
