@@ -269,3 +269,32 @@ def complete_step(s: Scheduler, reqs: dict[int, Request]) -> list[ScheduledChunk
     out = s.schedule()
     complete(s, out, reqs)
     return out.chunks
+
+
+def test_batch_requests_behind_their_own_class_do_not_age_into_online_work() -> None:
+    """A window of batch requests fed a few tokens a step beside online queries: the ones waiting
+    behind the first do not age into the online class (they would then run whole steps as
+    online work, the steps the queries wait behind), while batch work as a whole progresses."""
+    s = make(num_blocks=512, max_num_batched_tokens=64, max_model_len=2048, batch_aging_steps=4)
+    reqs = {i: req(i, 400, Priority.BATCH) for i in (1, 2, 3)}
+    for r in reqs.values():
+        s.add_request(r)
+    for step in range(12):  # an online query every step: batch gets what is left beside it
+        reqs[100 + step] = req(100 + step, 60)
+        s.add_request(reqs[100 + step])
+        out = s.schedule()
+        complete(s, out, reqs)
+        assert not any(s.clock.is_online(reqs[i]) for i in (2, 3)), step
+        assert any(c.request_id == 1 for c in out.chunks)  # the first batch request advances
+
+
+def test_one_long_online_step_does_not_size_the_batch_steps_after_it() -> None:
+    """An online step's time is the median of the last ones: a warm-up's 2 s step among 30 ms
+    steps leaves batch steps sized by the 30 ms."""
+    s = make(max_num_batched_tokens=64, max_model_len=256, batch_tokens_with_online=64)
+    allowance = s.allowance
+    allowance.observe(False, 1000, 1.0)  # 1,000 tokens/s
+    for seconds in (2.0, 0.03, 0.03):
+        allowance.observe(True, 0, seconds)
+    assert allowance.online_step_s == 0.03
+    assert allowance.tokens(online_queued=False) == int(0.5 * 0.03 * allowance.tokens_per_s)
