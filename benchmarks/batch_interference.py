@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +57,22 @@ async def online_load(base: str, rate: float, seconds: float, seed: int) -> list
             r.raise_for_status()
             latencies.append((start - began, (time.perf_counter() - start) * 1000))
 
-        tasks = []
-        end = time.monotonic() + seconds
-        i = 0
-        while time.monotonic() < end:
-            tasks.append(asyncio.create_task(one(i)))
-            i += 1
-            await asyncio.sleep(rng.expovariate(rate))
-        await asyncio.gather(*tasks)
+        await poisson(rate, seconds, rng, one)
     return latencies
+
+
+async def poisson(
+    rate: float, seconds: float, rng: random.Random, one: Callable[[int], Coroutine[Any, Any, None]]
+) -> None:
+    """`one(i)` started at Poisson arrivals of `rate` per second for `seconds`, then awaited."""
+    tasks: list[asyncio.Task[None]] = []
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        tasks.append(asyncio.create_task(one(i)))
+        i += 1
+        await asyncio.sleep(rng.expovariate(rate))
+    await asyncio.gather(*tasks)
 
 
 def job_lines(n: int, seed: int) -> bytes:

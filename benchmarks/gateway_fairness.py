@@ -30,13 +30,10 @@ from pathlib import Path
 
 import httpx
 import yaml
+from batch_interference import pct as _pct
+from batch_interference import poisson
 
 WORDS = ["the", "of", "engine", "batch", "token", "model", "vector", "query", "document", "server", "pool"]
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
 def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -84,12 +81,7 @@ async def _queries(base: str, key: str, rate: float, seconds: float) -> list[flo
             r.raise_for_status()
             latencies.append((time.perf_counter() - start) * 1000)
 
-        tasks, end, i = [], time.monotonic() + seconds, 0
-        while time.monotonic() < end:
-            tasks.append(asyncio.create_task(one(i)))
-            i += 1
-            await asyncio.sleep(rng.expovariate(rate))
-        await asyncio.gather(*tasks)
+        await poisson(rate, seconds, rng, one)
     return latencies
 
 

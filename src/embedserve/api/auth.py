@@ -27,11 +27,16 @@ def bearer_check(
         # compare_digest against every key: timing does not reveal which key (if any) matched.
         matches = [hmac.compare_digest(given, k) for k in encoded]
         if scheme.lower() != "bearer" or not any(matches):
-            raise ApiError(
-                401,
-                "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                "authentication_error",
-                {"WWW-Authenticate": "Bearer"},
-            )
+            raise unauthorized()
 
     return check
+
+
+def unauthorized() -> ApiError:
+    """The 401 for a missing or unknown key (it never says which keys exist)."""
+    return ApiError(
+        401,
+        "missing or invalid API key: send 'Authorization: Bearer <key>'",
+        "authentication_error",
+        {"WWW-Authenticate": "Bearer"},
+    )

@@ -45,7 +45,6 @@ class Live:
     def __init__(self, fleet: Fleet, tenants: Tenants | None = None) -> None:
         self.fleet = fleet
         self.tenants = tenants
-        self.reloads = 0
 
     def keys(self, own: tuple[str, ...]) -> tuple[str, ...]:
         """Every key a client may send: the gateway's own and the tenants'."""
@@ -53,7 +52,6 @@ class Live:
 
     def swap(self, fleet: Fleet, tenants: Tenants | None) -> None:
         self.fleet, self.tenants = fleet, tenants
-        self.reloads += 1
 
 
 @dataclasses.dataclass

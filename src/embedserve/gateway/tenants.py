@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
+from embedserve.api.auth import unauthorized
 from embedserve.api.protocol import ApiError, clip
 from embedserve.batch.store import owner_of
 from embedserve.gateway.config import GatewayConfigError
@@ -68,7 +69,6 @@ class Tenant:
         self.tokens: Bucket | None = None
         self.requests: Bucket | None = None
         self.active = 0
-        self.config = config
         self.reconfigure(config)
 
     def reconfigure(self, config: TenantConfig) -> None:
@@ -267,10 +267,5 @@ class Tenants:
         tenant = self.of_key(key) if scheme.lower() == "bearer" else None
         given = key.encode()
         if tenant is None and not any([hmac.compare_digest(given, k.encode()) for k in own]):
-            raise ApiError(
-                401,
-                "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                "authentication_error",
-                {"WWW-Authenticate": "Bearer"},
-            )
+            raise unauthorized()
         return tenant
