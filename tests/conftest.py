@@ -14,6 +14,9 @@ from tests.helpers.tiny_models import build_decoder
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# bfloat16 tests test the bfloat16 engine, also on a CPU without bf16 dot products (where a
+# user's bfloat16 runs as float32: tests/unit/test_cpu_isa.py)
+os.environ.setdefault("EMBEDSERVE_CPU_BF16", "1")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

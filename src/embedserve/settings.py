@@ -1,6 +1,6 @@
-"""The process's environment switches, read once: native kernels, their cache and compiler, the
-C heap's reuse, weight packing, huge pages and the short-rows kernels on the CPU (the README's
-table lists them).
+"""The process's environment switches, read once: native kernels, their cache, compiler and ISA
+cap, the C heap's reuse, weight packing, huge pages, the short-rows kernels and bfloat16 on CPUs
+without bf16 dot products (the README's table lists them).
 
 Each switch changes how a CPU engine runs, never which vector it returns (beyond the rounding
 the README states), so they are environment variables for A/B runs rather than engine options.
@@ -38,6 +38,20 @@ def _text(environ: Mapping[str, str], name: str) -> str | None:
     return environ.get(name, "").strip() or None
 
 
+CPU_ISAS = ("avx2", "avx512", "amx")  # EMBEDSERVE_CPU_ISA's caps, narrowest first
+
+
+def _isa(environ: Mapping[str, str]) -> str | None:
+    value = (_text(environ, "EMBEDSERVE_CPU_ISA") or "").lower()
+    if value and value not in CPU_ISAS:
+        accepted = " | ".join(CPU_ISAS)
+        raise SettingsError(
+            f"EMBEDSERVE_CPU_ISA={environ['EMBEDSERVE_CPU_ISA']!r}: use one of {accepted}"
+            " (empty: the CPU's own)"
+        )
+    return value or None
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the environment asked for; defaults are what an unset variable means."""
@@ -49,6 +63,8 @@ class Settings:
     short_rows: bool = True  # EMBEDSERVE_SHORT_ROWS: few rows on kernels/short_linear*.cpp
     huge_pages: bool = True  # EMBEDSERVE_HUGE_PAGES: packed weights moved onto 2 MB pages
     cxx: str | None = None  # CXX: the compiler command (may hold flags); None is g++ / c++ on PATH
+    cpu_isa: str | None = None  # EMBEDSERVE_CPU_ISA: cap the native kernels' ISA (CPU_ISAS); None: the CPU's
+    cpu_bf16: bool = False  # EMBEDSERVE_CPU_BF16: bfloat16 even on a CPU without bf16 dot products
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -62,6 +78,8 @@ class Settings:
             short_rows=_flag(environ, "EMBEDSERVE_SHORT_ROWS", cls.short_rows),
             huge_pages=_flag(environ, "EMBEDSERVE_HUGE_PAGES", cls.huge_pages),
             cxx=_text(environ, "CXX"),
+            cpu_isa=_isa(environ),
+            cpu_bf16=_flag(environ, "EMBEDSERVE_CPU_BF16", cls.cpu_bf16),
         )
 
 

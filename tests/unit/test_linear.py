@@ -212,3 +212,33 @@ def test_cpu_engines_pack_every_projection_and_vectors_do_not_change(
             vectors[flag] = engine.embed(seqs)
     cos = np.sum(vectors["0"] * vectors["1"], axis=1)
     assert cos.min() > (0.99999 if dtype == "float32" else 0.9995), cos
+
+
+@pytest.mark.skipif(not FP32_OK, reason="no oneDNN fp32 linear")
+def test_bf16_without_a_onednn_bf16_matmul_runs_its_float32_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU whose oneDNN has no bf16 matmul (AVX2-only, with EMBEDSERVE_CPU_BF16=1): bf16 rows
+    through oneDNN's float32 matmul on their exact values, rounded once; a row alone gives the
+    same bits as in a larger call (deterministic mode), the gated MLP too."""
+    monkeypatch.setattr(linear, "onednn_available", lambda dtype: dtype == torch.float32)
+    calls: list[int] = []
+    run = linear._onednn_linear
+
+    def spy(x: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return run(x, *args)
+
+    monkeypatch.setattr(linear, "_onednn_linear", spy)
+    torch.manual_seed(3)
+    layer = Linear(96, 80).to(torch.bfloat16)
+    assert not layer.prepack()  # bf16 stays plain where oneDNN cannot pack it
+    x = torch.randn(40, 96).to(torch.bfloat16)
+    got = layer(x)
+    want = (x.float() @ layer.weight.float().T + layer.bias.float()).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16 and calls == [40]
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert torch.equal(layer(x[:1]), got[:1]) and torch.equal(layer(x[:7]), got[:7])
+    assert calls[1] == 2  # one row ran as two
+    mlp = SiluGateUp(96, 64).to(torch.bfloat16)
+    both = functional.linear(x.float(), mlp.weight.float())
+    want = (functional.silu(both[:, :64]).to(torch.bfloat16).float() * both[:, 64:]).to(torch.bfloat16)
+    torch.testing.assert_close(mlp(x).float(), want.float(), rtol=2e-2, atol=2e-2)

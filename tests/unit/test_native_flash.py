@@ -16,24 +16,13 @@ from embedserve.attention import cpu as attention
 from embedserve.attention.cpu_gemm import gemm_attention
 from embedserve.kernels import flash_attention, native
 from embedserve.settings import settings
-from tests.helpers.cpu import cpu_words
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler for native kernels")
 
 
-def _cpu_has_bf16_dot_product() -> bool:
-    """The bf16 kernel's brgemm needs the CPU's bf16 dot product; without it (an AVX2-only
-    x86 such as Zen 3) the kernel fails its self-check and the engine keeps its tiled route.
-    Linux only reads the flags; elsewhere the bf16 tests run."""
-    words = cpu_words()
-    return words is None or bool(words & {"avx512_bf16", "amx_bf16", "bf16"})  # x86 flags; ARM's Features
-
-
-needs_bf16_cpu = pytest.mark.skipif(
-    not _cpu_has_bf16_dot_product(),
-    reason="the CPU lacks avx512_bf16/amx_bf16: the bf16 native flash kernel fails its self-check",
-)
-DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=needs_bf16_cpu)]
+# bf16 runs on every x86 CPU: on the bf16 brgemm where the CPU has bf16 dot products, else on
+# the float32 kernel over float32 copies (test_bf16_without_bf16_brgemm_is_the_float32_kernel)
+DTYPES = [torch.float32, torch.bfloat16]
 # (rtol, atol) against float64: fp32 rounding, and bf16 inputs and outputs
 TOLERANCE = {torch.float32: (1e-5, 2e-6), torch.bfloat16: (2e-2, 2e-2)}
 
@@ -138,7 +127,6 @@ def test_infinite_scores_give_what_float64_gives(dtype: torch.dtype) -> None:
         (40, 129, 4, 1, 96),
     ],
 )
-@needs_bf16_cpu
 def test_bf16_within_bf16_rounding_of_float64(n: int, kv: int, heads: int, kv_heads: int, d: int) -> None:
     """bf16 inputs, fp32 scores and softmax: closer to float64 than the tiled bf16 matmul
     route, which rounds the scores to bf16 (a mispacked VNNI operand is off by O(1))."""
@@ -362,3 +350,20 @@ def test_cache_key_follows_the_shared_header(monkeypatch: pytest.MonkeyPatch, tm
     assert native._key(compiler, source) == before
     (tmp_path / "cpu_vec.h").write_text((tmp_path / "cpu_vec.h").read_text() + "\n// edited\n")
     assert native._key(compiler, source) != before
+
+
+@pytest.mark.parametrize(("n", "kv", "heads", "kv_heads", "d"), [(37, 37, 4, 2, 16), (300, 1100, 4, 2, 64)])
+def test_bf16_without_bf16_brgemm_is_the_float32_kernel(
+    n: int, kv: int, heads: int, kv_heads: int, d: int
+) -> None:
+    """The bf16 entry for CPUs without bf16 brgemm (it runs on any CPU): the float32 kernel on
+    the exact float32 values of strided bf16 inputs, its output rounded to bf16 once."""
+    via, fp32 = flash_attention._entry("bf16_f32"), flash_attention._entry("f32")
+    assert via is not None and fp32 is not None
+    gen = torch.Generator().manual_seed(n)
+    q = torch.randn(n, 2 * heads, d, generator=gen).bfloat16()[:, ::2]  # strided heads
+    k, v = torch.randn(2, kv, kv_heads, d, generator=gen).bfloat16().transpose(1, 2)  # cache views
+    got = flash_attention._run(via, q, k, v, 0.3)
+    want = flash_attention._run(fp32, q.float(), k.float(), v.float(), 0.3).bfloat16()
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert flash_attention._matches_float64(via, torch.bfloat16)

@@ -18,12 +18,15 @@ SWITCHES = (
     "EMBEDSERVE_PREPACK",
     "EMBEDSERVE_SHORT_ROWS",
     "EMBEDSERVE_HUGE_PAGES",
+    "EMBEDSERVE_CPU_BF16",
 )
 
 
 def test_unset_or_empty_variables_mean_the_defaults() -> None:
     switches = ("native_kernels", "heap_reuse", "prepack", "short_rows", "huge_pages")
-    want = Settings(**dict.fromkeys(switches, True), kernel_cache=None, cxx=None)
+    want = Settings(
+        **dict.fromkeys(switches, True), kernel_cache=None, cxx=None, cpu_isa=None, cpu_bf16=False
+    )
     assert Settings.from_env({}) == want
     assert Settings.from_env({name: "" for name in (*SWITCHES, "EMBEDSERVE_KERNEL_CACHE", "CXX")}) == want
 
@@ -37,6 +40,15 @@ def test_each_switch_reads_its_own_variable(value: str, on: bool) -> None:
         got = Settings.from_env({name: value})
         assert getattr(got, field) is on
         assert all(getattr(got, other) for other in fields.values() if other != field)
+
+
+def test_the_cpu_isa_cap_and_the_bf16_switch() -> None:
+    assert Settings.from_env({}).cpu_isa is None and Settings.from_env({}).cpu_bf16 is False
+    assert Settings.from_env({"EMBEDSERVE_CPU_ISA": " AVX2 "}).cpu_isa == "avx2"
+    assert Settings.from_env({"EMBEDSERVE_CPU_ISA": "amx"}).cpu_isa == "amx"
+    assert Settings.from_env({"EMBEDSERVE_CPU_BF16": "1"}).cpu_bf16 is True
+    with pytest.raises(SettingsError, match=r"EMBEDSERVE_CPU_ISA='sse4': use one of avx2 \| avx512 \| amx"):
+        Settings.from_env({"EMBEDSERVE_CPU_ISA": "sse4"})
 
 
 def test_paths_and_the_compiler_are_taken_as_given() -> None:

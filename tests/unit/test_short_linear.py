@@ -46,7 +46,9 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("n", "k"), [(64, 32), (4096, 1024), (1024, 3072), (576, 576), (192, 576)])
+# the models' fused shapes (SmolLM2's QKV is 960 x 576); a small N such as 192 oneDNN packs in
+# 16-column blocks with AVX2 (then `reads` refuses it and oneDNN keeps those rows)
+@pytest.mark.parametrize(("n", "k"), [(64, 32), (4096, 1024), (1024, 3072), (576, 576), (960, 576)])
 def test_packings_of_model_shapes_are_the_blocks_the_kernel_reads(dtype: torch.dtype, n: int, k: int) -> None:
     plain, packed = _packed(n, k, seed=n + k, dtype=dtype)
     assert short_linear.packed_as_blocks(plain, packed)

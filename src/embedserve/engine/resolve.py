@@ -26,6 +26,7 @@ from embedserve.config import (
 )
 from embedserve.engine.options import TASK_NAMES, EngineOptions
 from embedserve.errors import ModelLoadError
+from embedserve.kernels.isa import cpu_dtype
 from embedserve.kv_cache.manager import blocks_for
 from embedserve.models.score_head import CLASSIFIER, rerank_kind
 from embedserve.models.source import ModelSource
@@ -147,8 +148,8 @@ def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn |
     if kind is not None:  # the head reads the pair's unnormalized row: CLS or the last token
         pooling = PoolingConfig(PoolingMethod.LAST if mcfg.is_causal else PoolingMethod.CLS, False)
     max_model_len = _max_model_len(options.max_model_len, files)
-    dtype = parse_dtype(options.dtype)
     device = torch.device(options.device)
+    dtype = cpu_dtype(parse_dtype(options.dtype), device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device='cuda' requested but no CUDA device is available")
     tp = check_parallel(options.tensor_parallel_size, files, device)

@@ -24,7 +24,9 @@
 // In bf16, q is scaled then rounded, exp(s - m) is rounded to bf16 for the second matmul
 // (the sum l is taken in fp32), and brgemm's B operands (K^T and V, packed per head) are
 // in its VNNI layout. Scores, softmax and accumulation stay fp32: closer to float64 than
-// the tiled bf16 matmul route (attention/cpu_gemm.py), which rounds scores to bf16.
+// the tiled bf16 matmul route (attention/cpu_gemm.py), which rounds scores to bf16. Where
+// brgemm has no bf16 (no AVX512_BF16 / AMX), `embedserve_flash_attention_bf16_f32` takes bf16
+// in and out and runs the float32 kernel on float32 copies instead.
 //
 // Query i of n sits at prompt position start + i with start = kv - n (the chunk's keys
 // are the last n), and sees keys 0 .. start + i. Built by embedserve/kernels/native.py
@@ -46,6 +48,7 @@
 
 namespace {
 
+using embedserve::convert_row;
 using embedserve::exp_and_sum;
 using embedserve::row_max;
 using embedserve::scale_row;
@@ -282,6 +285,43 @@ int entry(const T* q, const T* k, const T* v, T* out, const int64_t* dims, const
   return 0;
 }
 
+// bfloat16 in and out, float32 math throughout: for CPUs whose brgemm has no bf16 (no
+// AVX512_BF16 or AMX: AVX2-only, Skylake-X). q, k and v become dense float32 copies (exact),
+// the float32 kernel runs on them, its output is rounded to bf16 once. The copies cost
+// O((n + kv) * heads * d) against the attention's O(n * kv * heads * d).
+int entry_via_f32(const BF16* q, const BF16* k, const BF16* v, BF16* out, const int64_t* dims,
+                  const int64_t* strides, float scale) {
+  const Shape in{dims[0], dims[1], dims[2], dims[3], dims[4], strides[0], strides[1],
+                 strides[2], strides[3], strides[4], strides[5], scale};
+  if (in.n < 1 || in.kv < in.n || in.d < 1 || in.heads < 1 || in.kv_heads < 1 || in.heads % in.kv_heads != 0)
+    return 1;
+  const int64_t d = in.d, q_size = in.n * in.heads * d, kv_size = in.kv * in.kv_heads * d;
+  try {
+    std::vector<float> qf(q_size), kf(kv_size), vf(kv_size), of(q_size);
+    // dense copies: q [n][heads][d], k and v [kv][kv_heads][d]
+    at::parallel_for(0, in.n * in.heads, 64, [&](int64_t a, int64_t b) {
+      for (int64_t x = a; x < b; ++x)
+        convert_row(q + (x / in.heads) * in.q_row + (x % in.heads) * in.q_head, qf.data() + x * d, d);
+    });
+    at::parallel_for(0, in.kv * in.kv_heads, 64, [&](int64_t a, int64_t b) {
+      for (int64_t x = a; x < b; ++x) {
+        const int64_t j = x / in.kv_heads, h = x % in.kv_heads;
+        convert_row(k + h * in.k_head + j * in.k_row, kf.data() + x * d, d);
+        convert_row(v + h * in.v_head + j * in.v_row, vf.data() + x * d, d);
+      }
+    });
+    const int64_t kv_row = in.kv_heads * d;
+    const Shape dense{in.n, in.heads, d, in.kv_heads, in.kv, in.heads * d, d, d, kv_row, d, kv_row, scale};
+    run<float>(dense, qf.data(), kf.data(), vf.data(), of.data());
+    at::parallel_for(0, in.n, 16, [&](int64_t a, int64_t b) {
+      convert_row(of.data() + a * in.heads * d, out + a * in.heads * d, (b - a) * in.heads * d);
+    });
+  } catch (...) {
+    return 2;
+  }
+  return 0;
+}
+
 }  // namespace
 
 extern "C" int embedserve_flash_attention_f32(const float* q, const float* k, const float* v, float* out,
@@ -292,4 +332,9 @@ extern "C" int embedserve_flash_attention_f32(const float* q, const float* k, co
 extern "C" int embedserve_flash_attention_bf16(const BF16* q, const BF16* k, const BF16* v, BF16* out,
                                                const int64_t* dims, const int64_t* strides, float scale) {
   return entry<BF16>(q, k, v, out, dims, strides, scale);
+}
+
+extern "C" int embedserve_flash_attention_bf16_f32(const BF16* q, const BF16* k, const BF16* v, BF16* out,
+                                                   const int64_t* dims, const int64_t* strides, float scale) {
+  return entry_via_f32(q, k, v, out, dims, strides, scale);
 }

@@ -5,9 +5,10 @@ PyTorch's CPU flash kernel computes its blocks with MKL's sgemm (slow on AMD Zen
 each KV head once per query head (docs/performance.md, 'fp32 attention: native flash
 kernel'); the native kernel runs the same online-softmax algorithm on oneDNN's brgemm with a
 KV head's query heads as rows of one tile. bf16 inputs give fp32 scores, softmax and
-accumulation (bf16 probabilities into the second matmul). It is used only after it matched a
-float64 reference on this machine (`available(dtype)`); elsewhere the caller keeps its
-PyTorch route.
+accumulation (bf16 probabilities into the second matmul); where oneDNN's brgemm has no bf16
+(no AVX512_BF16 / AMX), bf16 inputs run the float32 kernel on float32 copies. It is used only
+after it matched a float64 reference on this machine (`available(dtype)`); elsewhere the
+caller keeps its PyTorch route.
 """
 
 from __future__ import annotations
@@ -26,22 +27,43 @@ log = logging.getLogger(__name__)
 _Int64s = ctypes.c_int64 * 6
 Kernel = Callable[..., int]  # (q, k, v, out pointers, dims, strides, scale) -> 0 on success
 DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the kernel's entry point per dtype
+# the entry points a dtype may run on, in order of preference: bf16's own (bf16 brgemm), else
+# bf16 storage with float32 math
+_ENTRIES = {torch.float32: ("f32",), torch.bfloat16: ("bf16", "bf16_f32")}
 # the self-check's (rtol, atol) vs float64: bf16 rounds q, the probabilities and the output
 # (a mispacked or mis-masked kernel is off by O(1))
 _TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (2e-2, 2e-2)}
 
 
 @cache
-def _kernel(dtype: torch.dtype) -> Kernel | None:
+def _entry(name: str) -> Kernel | None:
     lib = native.load("flash_attention")
-    if lib is None or dtype not in DTYPES:
+    if lib is None:
         return None
-    fn = getattr(lib, f"embedserve_flash_attention_{DTYPES[dtype]}")
+    fn = getattr(lib, f"embedserve_flash_attention_{name}")
     fn.restype = ctypes.c_int
     ptr, int64s = ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)
     fn.argtypes = [ptr, ptr, ptr, ptr, int64s, int64s, ctypes.c_float]
     kernel: Kernel = fn
     return kernel
+
+
+@cache
+def _kernel(dtype: torch.dtype) -> Kernel | None:
+    """The first of the dtype's entry points that built here and passes `_matches_float64`."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return None
+    names = _ENTRIES.get(dtype, ())
+    for name in names:
+        fn = _entry(name)
+        if fn is None:
+            return None
+        if _matches_float64(fn, dtype):
+            if name != names[0]:
+                log.info("native flash attention in %s computes in float32 here (no bf16 brgemm)", dtype)
+            return fn
+    log.warning("native flash attention failed its %s self-check here; not using it", dtype)
+    return None
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -102,17 +124,16 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -
     return (probs @ vd).transpose(0, 1).reshape(n, heads * d)
 
 
-@cache
 def available(dtype: torch.dtype = torch.float32) -> bool:
     """The kernel built here (x86 with oneDNN: where its brgemm is the fast path it was made
-    for) and matches float64 in `dtype` on seeded problems that cross its tile and key-block
-    edges: GQA 2 with a prefix, a first chunk, and head_dim 128 with V read through a
-    paged-cache view (rows kv_heads * d apart)."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
-        return False
-    fn = _kernel(dtype)
-    if fn is None:
-        return False
+    for) and one of its entry points for `dtype` matches float64 (`_matches_float64`)."""
+    return _kernel(dtype) is not None
+
+
+def _matches_float64(fn: Kernel, dtype: torch.dtype) -> bool:
+    """`fn` matches float64 in `dtype` on seeded problems that cross the kernel's tile and
+    key-block edges: GQA 2 with a prefix, a first chunk, and head_dim 128 with V read through
+    a paged-cache view (rows kv_heads * d apart)."""
     rtol, atol = _TOLERANCE[dtype]
     gen = torch.Generator().manual_seed(0)
     cases = [((300, 4, 16), 1100), ((37, 4, 16), 37), ((40, 4, 128), 300)]
@@ -124,7 +145,6 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
         except RuntimeError:
             got = None
         if got is None or not torch.allclose(got.double(), reference(q, k, v, 0.25), rtol=rtol, atol=atol):
-            log.warning("native flash attention failed its %s self-check here; not using it", dtype)
             return False
     return True
 

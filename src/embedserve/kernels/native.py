@@ -2,7 +2,8 @@
 
 The sources include ATen's headers and call into the libtorch the process already loaded
 (oneDNN's brgemm, ATen's thread pool), so a kernel is compiled against the installed torch
-with `-march=native`, once per (source, torch, compiler, CPU), and kept in a cache folder:
+with `-march=native` (less what EMBEDSERVE_CPU_ISA caps), once per (source, torch, compiler,
+CPU, cap), and kept in a cache folder:
 
     $EMBEDSERVE_KERNEL_CACHE  or  ~/.cache/embedserve/kernels
         <name>-<sha256 of source and the package's headers, flags, torch version, compiler, CPU flags>.so
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).parent
 _FLAGS = ("-O3", "-march=native", "-DNDEBUG", "-std=c++17", "-shared", "-fPIC", "-fopenmp", "-w")
+# EMBEDSERVE_CPU_ISA: the CPU's own ISA minus what the cap leaves out (-mno-avx512f also drops
+# every AVX-512 subset, AVX512_BF16 included; -mno-amx-tile drops AMX-BF16 and AMX-INT8).
+CAP_FLAGS = {"avx2": ("-mno-avx512f", "-mno-amx-tile"), "avx512": ("-mno-amx-tile",), "amx": ()}
 BUILD_TIMEOUT_S = 300
 
 
@@ -57,6 +61,11 @@ def _command(compiler: str, source: Path, target: Path) -> list[str]:
     return [
         *shlex.split(compiler),
         *_FLAGS,
+        *(
+            CAP_FLAGS.get(settings().cpu_isa or "amx", ())
+            if platform.machine() in ("x86_64", "AMD64")
+            else ()
+        ),
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-I{torch_dir / 'include'}",
         str(source),

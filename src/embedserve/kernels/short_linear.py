@@ -1,5 +1,5 @@
 """Projections of a few rows over oneDNN's packed weights, read in place: bfloat16 on Intel AMX
-(short_linear.cpp), float32 on AVX-512 FMAs (short_linear_f32.cpp).
+(short_linear.cpp), float32 on AVX-512 or AVX2 FMAs (short_linear_f32.cpp).
 
 A short query's forward pass is a read of every weight once; oneDNN's matmul reads them at a
 few rows well below the machine's bandwidth, these kernels at about the bandwidth
@@ -7,7 +7,8 @@ few rows well below the machine's bandwidth, these kernels at about the bandwidt
 `models/linear.py` keeps, so a weight takes them only where `packed_as_blocks` confirmed the
 layout against its plain copy.
 
-Used per dtype only where the kernel built here (AMX with the OS granting its state; AVX-512)
+Used per dtype only where the kernel built here (AMX with the OS granting its state; AVX-512 or
+AVX2 + FMA, as capped by EMBEDSERVE_CPU_ISA)
 and matched oneDNN on a seeded problem (`available`); elsewhere oneDNN runs as before.
 """
 
@@ -162,7 +163,7 @@ def available(dtype: torch.dtype) -> bool:
     """The dtype's kernel built here with its instruction set, reads oneDNN's packing, and on
     seeded weights gives oneDNN's results (plain, with a bias, strided rows, 1 to 33 rows;
     bfloat16 bit for bit up to 32 rows) and oneDNN's fused silu product to the dtype's
-    rounding. A CPU without the instruction set (no AMX, no AVX-512) is a quiet False."""
+    rounding. A CPU without the instruction set (no AMX; neither AVX-512 nor AVX2) is a quiet False."""
     if _kernels(dtype) is None:
         return False
     gen = torch.Generator().manual_seed(0)

@@ -1,21 +1,23 @@
-// float32 linear layers for a few rows (short queries) with AVX-512, reading the weight oneDNN
-// packed (models/linear.py `prepack`) in place: the float32 sibling of short_linear.cpp.
+// float32 linear layers for a few rows (short queries) with AVX-512 or AVX2 FMAs, reading the
+// weight oneDNN packed (models/linear.py `prepack`) in place: the float32 sibling of
+// short_linear.cpp.
 //
-// oneDNN's float32 packing, for N % 64 == 0, is [N/64][K][64]: per block of 64 output columns,
-// K rows of 64 floats. A pass takes 16 of those columns (one zmm) for up to 16 input rows: per
-// k one load of the weights and one FMA per row with x[r, k] broadcast, 16 accumulators in
-// registers. k runs in chunks of 64 rows (16 KB): the block's four passes read a chunk from
-// L1, and each prefetches a quarter of the next chunk into L2 in address order. Passes over
-// whole blocks instead read every fourth cache line, a stride the hardware prefetchers do not
-// follow: the misses then wait one by one (slower than oneDNN; with this order faster,
-// docs/performance.md, "Short rows on their own kernels"). Each pass also prefetches its own
-// line 8 k ahead from L2 into L1, so its loads no longer wait on L2 (docs/performance.md,
-// "fp32 short rows: the stream and the FMAs").
+// oneDNN's float32 packing, for N % 64 == 0, is [N/64][K][64] (with AVX2 and AVX-512 alike):
+// per block of 64 output columns, K rows of 64 floats. A pass takes one vector register of
+// those columns (16 with AVX-512, 8 with AVX2) for up to RMAX input rows (16; 12 with AVX2's
+// 16 registers): per k one load of the weights and one FMA per row with x[r, k] broadcast, the
+// accumulators in registers. k runs in chunks of 64 rows (16 KB): the block's passes read a
+// chunk from L1, and each prefetches its share of the next chunk into L2 in address order.
+// Passes over whole blocks instead read every fourth cache line, a stride the hardware
+// prefetchers do not follow: the misses then wait one by one (slower than oneDNN; with this
+// order faster, docs/performance.md, "Short rows on their own kernels"). Each pass also
+// prefetches its own line 8 k ahead from L2 into L1, so its loads no longer wait on L2
+// (docs/performance.md, "fp32 short rows: the stream and the FMAs").
 //
 //   y[m, n] = x[m, :] . W[n, :] + bias[n]                  (`embedserve_short_linear_f32`)
 //   y[m, n] = silu(x . G[n]) * (x . U[n])                  (`embedserve_short_silu_gate_up_f32`)
 //
-// Sums are float32 FMAs over k in order. Built by embedserve/kernels/native.py.
+// Sums are float32 FMAs over k in order, whatever the ISA. Built by embedserve/kernels/native.py.
 
 #include "cpu_vec.h"  // first: sets the ISA ATen's vec headers compile for
 
@@ -25,7 +27,7 @@
 #include <memory>
 #include <utility>
 
-#if defined(__AVX512F__)
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)  // cpu_vec.h's choice
 #include <immintrin.h>
 #define EMBEDSERVE_SHORT_F32 1
 #endif
@@ -33,38 +35,77 @@
 namespace {
 
 constexpr int64_t BLOCK = 64;  // output columns per packed block
-constexpr int64_t LANES = 16;  // columns per pass
-constexpr int64_t ROWS = 16;   // rows per pass
+constexpr int64_t ROWS = 16;   // rows per transposed group
 constexpr int64_t CHUNK = 64;  // k rows per chunk: 16 KB of a block, in L1
 
 #ifdef EMBEDSERVE_SHORT_F32
 using Vec = at::vec::Vectorized<float>;
 
-// acc[r] (r < R) += x[r, k0:k1] . W[16 columns]: xt is the rows' group transposed, [k][ROWS]
-// (one cache line per k), w the block's first row at the pass's columns; `ahead` is one line
-// per k of the next chunk's rows to prefetch.
+// The ISA's register (ATen's Vec's) and the operations the passes use: the only code per ISA.
+// A pass covers one cache line of a block row (16 columns): one AVX-512 register, or two AVX2
+// ones, for up to RMAX rows (32 registers: 16 accumulators; 16 registers: 12).
+#if defined(CPU_CAPABILITY_AVX512)
+using Reg = __m512;
+constexpr int RMAX = 16;
+inline Reg load(const float* p) { return _mm512_loadu_ps(p); }
+inline void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+inline Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+inline Reg broadcast(const float* p) { return _mm512_set1_ps(*p); }  // folded into the FMA
+inline Reg zero() { return _mm512_setzero_ps(); }
+inline Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+inline Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+#else
+using Reg = __m256;
+constexpr int RMAX = 6;  // 12 accumulators, the line's two registers and the broadcast
+inline Reg load(const float* p) { return _mm256_loadu_ps(p); }
+inline void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
+inline Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+inline Reg broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline Reg zero() { return _mm256_setzero_ps(); }
+inline Reg add(Reg a, Reg b) { return _mm256_add_ps(a, b); }
+inline Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
+#endif
+constexpr int64_t LANES = sizeof(Reg) / sizeof(float);  // columns per register
+constexpr int64_t LINE = 16;                            // columns per pass: one cache line
+constexpr int NREG = LINE / LANES;                      // registers per pass: 1 or 2
+constexpr int64_t PASSES = BLOCK / LINE;
+
+// acc[r * NREG + j] (r < R, j < NREG) += x[r, k0:k1] . W[the pass's 16 columns]: xt is the rows' group
+// transposed, [k][ROWS] (one cache line per k), from the pass's first row; w the block's first
+// row at the pass's columns; `ahead` is one line per k of the next chunk's rows to prefetch.
 template <int R>
-inline void dot16(const float* xt, const float* w, int64_t k0, int64_t k1, const char* ahead, __m512* acc) {
-  __m512 c[R];
-  for (int r = 0; r < R; ++r) c[r] = acc[r];
+inline void dot(const float* xt, const float* w, int64_t k0, int64_t k1, const char* ahead, Reg* acc) {
+  // acc and c are [R][NREG]: flat, and every loop over them unrolled by pragma, or GCC keeps
+  // a copy of c on the stack and stores to it at every k (seen with AVX2's two registers)
+  Reg c[R * NREG];
+#pragma GCC unroll 32
+  for (int q = 0; q < R * NREG; ++q) c[q] = acc[q];
   for (int64_t i = k0; i < k1; ++i) {
     _mm_prefetch(ahead + (i - k0) * 64, _MM_HINT_T1);
     // and this pass's line 8 rows on from L2 into L1, so the load below does not wait for it
     // (past the chunk: the next chunk's rows, prefetched into L2 by now)
     _mm_prefetch(reinterpret_cast<const char*>(w + (i + 8) * BLOCK), _MM_HINT_T0);
-    const __m512 b = _mm512_loadu_ps(w + i * BLOCK);
-    for (int r = 0; r < R; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(xt[i * ROWS + r]), b, c[r]);
+    Reg b[NREG];
+#pragma GCC unroll 2
+    for (int j = 0; j < NREG; ++j) b[j] = load(w + i * BLOCK + j * LANES);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const Reg a = broadcast(xt + i * ROWS + r);
+#pragma GCC unroll 2
+      for (int j = 0; j < NREG; ++j) c[r * NREG + j] = fma(a, b[j], c[r * NREG + j]);
+    }
   }
-  for (int r = 0; r < R; ++r) acc[r] = c[r];
+#pragma GCC unroll 32
+  for (int q = 0; q < R * NREG; ++q) acc[q] = c[q];
 }
 
-using Dot = void (*)(const float*, const float*, int64_t, int64_t, const char*, __m512*);
+using Dot = void (*)(const float*, const float*, int64_t, int64_t, const char*, Reg*);
 
 template <int... R>
 constexpr auto dots(std::integer_sequence<int, R...>) {
-  return std::array<Dot, sizeof...(R)>{&dot16<R + 1>...};
+  return std::array<Dot, sizeof...(R)>{&dot<R + 1>...};
 }
-constexpr auto DOTS = dots(std::make_integer_sequence<int, ROWS>{});  // DOTS[r - 1]: r rows
+constexpr auto DOTS = dots(std::make_integer_sequence<int, RMAX>{});  // DOTS[r - 1]: r rows
 
 template <bool gated>
 void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, const float* u, const float* bias,
@@ -84,7 +125,7 @@ void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, cons
       for (int64_t r = 0; r < rows; ++r) dst[i * ROWS + r] = src[r * ldx + i];
   }
   at::parallel_for(0, n / BLOCK, 1, [&](int64_t b0, int64_t b1) {
-    alignas(64) __m512 acc[2][BLOCK / LANES][ROWS];  // [weight][pass][row]: gate, up
+    alignas(64) Reg acc[2][PASSES][ROWS][NREG];  // [weight][pass][row][register]: gate, up
     for (int64_t b = b0; b < b1; ++b) {
       for (int64_t r0 = 0; r0 < m; r0 += ROWS) {
         const int64_t rows = std::min(ROWS, m - r0);
@@ -92,31 +133,38 @@ void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, cons
         for (int wi = 0; wi < (gated ? 2 : 1); ++wi) {
           const float* wb = (wi == 0 ? w : u) + b * k * BLOCK;
           for (auto& pass : acc[wi])
-            for (auto& a : pass) a = _mm512_setzero_ps();
-          // k in chunks whose rows (CHUNK x 256 bytes) stay in L1 across the block's four
-          // passes; each pass prefetches a quarter of the next chunk, in order
+            for (auto& row : pass)
+              for (auto& a : row) a = zero();
+          // k in chunks whose rows (CHUNK x 256 bytes) stay in L1 across the block's passes;
+          // each pass prefetches its share of the next chunk, in order
           for (int64_t k0 = 0; k0 < k; k0 += CHUNK) {
             const int64_t k1 = std::min(k, k0 + CHUNK);
             // the rows after this chunk: the next chunk, or after the last one the next
             // block's first (blocks follow each other; a prefetch past the end never faults)
             const char* next = reinterpret_cast<const char*>(wb + k1 * BLOCK);
-            for (int64_t pass = 0; pass < BLOCK / LANES; ++pass) {
-              DOTS[rows - 1](xg, wb + pass * LANES, k0, k1, next + pass * CHUNK * 64, acc[wi][pass]);
+            for (int64_t pass = 0; pass < PASSES; ++pass) {
+              const char* ahead = next + pass * CHUNK * 64;
+              for (int64_t r = 0; r < rows; r += RMAX)  // the group's rows, RMAX at a time
+                DOTS[std::min<int64_t>(RMAX, rows - r) - 1](xg + r, wb + pass * LINE, k0, k1, ahead,
+                                                             acc[wi][pass][r]);
             }
           }
         }
         float* yb = y + r0 * ldy + b * BLOCK;
-        for (int64_t pass = 0; pass < BLOCK / LANES; ++pass) {
-          float* yq = yb + pass * LANES;
-          if constexpr (gated) {
-            for (int64_t r = 0; r < rows; ++r) {
-              const Vec g(acc[0][pass][r]);
-              const Vec s = g / (Vec(1.f) + g.neg().exp());
-              _mm512_storeu_ps(yq + r * ldy, _mm512_mul_ps(s, acc[1][pass][r]));
+        for (int64_t pass = 0; pass < PASSES; ++pass) {
+          for (int j = 0; j < NREG; ++j) {
+            const int64_t col = pass * LINE + j * LANES;
+            float* yq = yb + col;
+            if constexpr (gated) {
+              for (int64_t r = 0; r < rows; ++r) {
+                const Vec g(acc[0][pass][r][j]);
+                const Vec s = g / (Vec(1.f) + g.neg().exp());
+                store(yq + r * ldy, mul(s, acc[1][pass][r][j]));
+              }
+            } else {
+              const Reg bv = bias == nullptr ? zero() : load(bias + b * BLOCK + col);
+              for (int64_t r = 0; r < rows; ++r) store(yq + r * ldy, add(acc[0][pass][r][j], bv));
             }
-          } else {
-            const __m512 bv = bias == nullptr ? _mm512_setzero_ps() : _mm512_loadu_ps(bias + b * BLOCK + pass * LANES);
-            for (int64_t r = 0; r < rows; ++r) _mm512_storeu_ps(yq + r * ldy, _mm512_add_ps(acc[0][pass][r], bv));
           }
         }
       }
@@ -125,7 +173,7 @@ void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, cons
 }
 #endif
 
-// 0: done; 1: not built for AVX-512 here; 2: shapes it does not take.
+// 0: done; 1: built here without AVX-512 or AVX2 + FMA; 2: shapes it does not take.
 int check(int64_t m, int64_t k, int64_t ldx, int64_t n, int64_t ldy) {
 #ifdef EMBEDSERVE_SHORT_F32
   if (m < 1 || k < 1 || n < BLOCK || n % BLOCK || ldx < k || ldy < n) return 2;
@@ -163,4 +211,13 @@ extern "C" int embedserve_short_linear_f32(const float* x, int64_t m, int64_t k,
 extern "C" int embedserve_short_silu_gate_up_f32(const float* x, int64_t m, int64_t k, int64_t ldx,
                                                   const float* gate, const float* up, int64_t n, float* y, int64_t ldy) {
   return entry<true>(x, m, k, ldx, gate, up, n, y, ldy);
+}
+
+// The floats per register the passes were built with here: 16 (AVX-512), 8 (AVX2), 0 (neither).
+extern "C" int embedserve_short_f32_lanes() {
+#ifdef EMBEDSERVE_SHORT_F32
+  return static_cast<int>(LANES);
+#else
+  return 0;
+#endif
 }

@@ -78,6 +78,22 @@ def _onednn_linear(
     return out if keep_padding else out[: x.shape[0]]
 
 
+def _bf16_via_float32(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, keep_padding: bool
+) -> torch.Tensor:
+    """bf16 rows and weight where oneDNN has no bf16 matmul (no AVX512_BF16 / AMX /
+    AVX-NE-CONVERT, e.g. AVX2-only CPUs; only with EMBEDSERVE_CPU_BF16=1, kernels/isa.py):
+    oneDNN's float32 matmul on their exact float32 values, rounded to bf16 once, as a bf16
+    matmul with float32 sums does (in another order). ATen's bf16 fallback runs 5-6x slower
+    (docs/performance.md, "AVX2-only CPUs"). One row runs as two (a zero row appended): oneDNN
+    takes a single row on another kernel over a plain weight, whose sums differ in the last bit
+    from the same row's in a larger call, and deterministic mode must not see that."""
+    rows, b = x.shape[0], None if bias is None else bias.float()
+    xf = torch.cat([x.float(), x.new_zeros(1, x.shape[1], dtype=torch.float32)]) if rows == 1 else x.float()
+    out = _onednn_linear(xf, weight.float(), b, keep_padding)
+    return (out if rows > 1 or keep_padding else out[:1]).to(torch.bfloat16)
+
+
 def _pack(weight: torch.Tensor) -> torch.Tensor:
     assert _REORDER is not None
     return _REORDER(weight.detach(), PACK_ROWS)
@@ -165,8 +181,11 @@ class Linear(nn.Linear):
             return _onednn_linear(x, self.weight, self.bias, keep_padding)
         if self.aten_when_compiled and torch.compiler.is_compiling():
             return functional.linear(x, self.weight, self.bias)
-        if x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and onednn_available(x.dtype):
-            return _onednn_linear(x, self.weight, self.bias, keep_padding)
+        if x.device.type == "cpu" and x.dim() == 2 and onednn_available(torch.float32):
+            if x.dtype == torch.float32:
+                return _onednn_linear(x, self.weight, self.bias, keep_padding)
+            if x.dtype == torch.bfloat16 and not onednn_available(torch.bfloat16):
+                return _bf16_via_float32(x, self.weight, self.bias, keep_padding)
         return functional.linear(x, self.weight, self.bias)
 
     def packable(self) -> bool:

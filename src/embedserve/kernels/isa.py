@@ -1,0 +1,107 @@
+"""What vector instructions this CPU gives the engine, after the caps an operator set.
+
+Two questions decide CPU code paths:
+- `kernel_isa()`: the widest ISA the native kernels are compiled for here (`amx`, `avx512`,
+  `avx2`, or None off x86-64 or below AVX2 + FMA), the CPU's own unless EMBEDSERVE_CPU_ISA caps
+  it (kernels/native.py passes the matching compiler flags).
+- `bf16_dot_products()`: whether bfloat16 matmuls run on the hardware (AVX512_BF16, AMX-BF16;
+  ARM's BF16). Without them oneDNN emulates bf16 several times slower than its float32
+  (docs/performance.md, "AVX2-only CPUs"), so the engine runs float32 where bfloat16 was
+  asked (engine/resolve.py `cpu_dtype`). ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16 and
+  EMBEDSERVE_CPU_ISA=avx2 count as "without".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from embedserve.settings import settings
+
+log = logging.getLogger(__name__)
+
+# oneDNN's ISA names in order (ONEDNN_MAX_CPU_ISA); bf16 dot products from AVX512_CORE_BF16 on
+_ONEDNN_ISAS = (
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+    "AVX512_CORE_BF16",
+    "AVX10_1_512",
+    "AVX512_CORE_FP16",
+    "AVX10_1_512_AMX",
+    "AVX512_CORE_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX512_CORE_AMX_FP16",
+)
+
+
+@cache
+def cpu_flags() -> frozenset[str]:
+    """The first CPU's feature words (x86 `flags`, ARM `Features`); empty where unreadable."""
+    try:
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return frozenset()
+    words = (
+        line.split(":", 1)[1].split()
+        for line in first.splitlines()
+        if line.split(":")[0].strip() in ("flags", "Features")
+    )
+    return frozenset(w for line in words for w in line)
+
+
+def _x86() -> bool:
+    return platform.machine() in ("x86_64", "AMD64")
+
+
+def kernel_isa() -> str | None:
+    """The ISA the native kernels are built for here: the CPU's widest, capped by
+    EMBEDSERVE_CPU_ISA; None off x86-64 or without AVX2 + FMA."""
+    flags = cpu_flags()
+    if not _x86() or not {"avx2", "fma"} <= flags:
+        return None
+    own = "avx2"
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        own = "amx" if {"amx_tile", "amx_bf16"} <= flags else "avx512"
+    order = ("avx2", "avx512", "amx")
+    cap = settings().cpu_isa or "amx"
+    return order[min(order.index(own), order.index(cap))]
+
+
+def bf16_dot_products() -> bool:
+    """bfloat16 matmuls run on this CPU's hardware, as capped by EMBEDSERVE_CPU_ISA and
+    ONEDNN_MAX_CPU_ISA (an unknown oneDNN name or an unreadable CPU: yes, as before)."""
+    flags = cpu_flags()
+    if not flags:
+        return True
+    if not _x86():
+        return "bf16" in flags if platform.machine() in ("aarch64", "arm64") else True
+    if settings().cpu_isa == "avx2" or not ({"avx512_bf16", "amx_bf16"} & flags):
+        return False
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if onednn in _ONEDNN_ISAS:
+        return _ONEDNN_ISAS.index(onednn) >= _ONEDNN_ISAS.index("AVX512_CORE_BF16")
+    return True
+
+
+def cpu_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a CPU engine runs for the one asked: float32 for bfloat16 where the CPU has no
+    bf16 dot products (said once, with the memory it costs), unless EMBEDSERVE_CPU_BF16=1."""
+    if device.type != "cpu" or dtype != torch.bfloat16 or settings().cpu_bf16 or bf16_dot_products():
+        return dtype
+    log.warning(
+        "bfloat16 asked, but this CPU has no bfloat16 dot products (AVX512_BF16 / AMX; "
+        "EMBEDSERVE_CPU_ISA or ONEDNN_MAX_CPU_ISA may cap them): its bf16 matmuls run several "
+        "times slower than float32, so the engine runs float32 (twice the weight memory; "
+        "backend_profile cpu-fp32). EMBEDSERVE_CPU_BF16=1 runs bfloat16 anyway."
+    )
+    return torch.float32
