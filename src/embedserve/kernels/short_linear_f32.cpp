@@ -81,10 +81,12 @@ inline void dot(const float* xt, const float* w, int64_t k0, int64_t k1, const c
 #pragma GCC unroll 32
   for (int q = 0; q < R * NREG; ++q) c[q] = acc[q];
   for (int64_t i = k0; i < k1; ++i) {
-    _mm_prefetch(ahead + (i - k0) * 64, _MM_HINT_T1);
-    // and this pass's line 8 rows on from L2 into L1, so the load below does not wait for it
-    // (past the chunk: the next chunk's rows, prefetched into L2 by now)
-    _mm_prefetch(reinterpret_cast<const char*>(w + (i + 8) * BLOCK), _MM_HINT_T0);
+    if (ahead != nullptr) {  // the first of a pass's row groups prefetches, the rest find it there
+      _mm_prefetch(ahead + (i - k0) * 64, _MM_HINT_T1);
+      // and this pass's line 8 rows on from L2 into L1, so the load below does not wait for it
+      // (past the chunk: the next chunk's rows, prefetched into L2 by now)
+      _mm_prefetch(reinterpret_cast<const char*>(w + (i + 8) * BLOCK), _MM_HINT_T0);
+    }
     Reg b[NREG];
 #pragma GCC unroll 2
     for (int j = 0; j < NREG; ++j) b[j] = load(w + i * BLOCK + j * LANES);
@@ -145,7 +147,7 @@ void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, cons
             for (int64_t pass = 0; pass < PASSES; ++pass) {
               const char* ahead = next + pass * CHUNK * 64;
               for (int64_t r = 0; r < rows; r += RMAX)  // the group's rows, RMAX at a time
-                DOTS[std::min<int64_t>(RMAX, rows - r) - 1](xg + r, wb + pass * LINE, k0, k1, ahead,
+                DOTS[std::min<int64_t>(RMAX, rows - r) - 1](xg + r, wb + pass * LINE, k0, k1, r == 0 ? ahead : nullptr,
                                                              acc[wi][pass][r]);
             }
           }
