@@ -216,10 +216,10 @@ def test_cpu_engines_pack_every_projection_and_vectors_do_not_change(
 
 @pytest.mark.skipif(not FP32_OK, reason="no oneDNN fp32 linear")
 def test_bf16_without_a_onednn_bf16_matmul_runs_its_float32_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CPU whose oneDNN has no bf16 matmul (AVX2-only, with EMBEDSERVE_CPU_BF16=1): bf16 rows
+    """A CPU without bf16 matmuls (AVX2-only, AVX-512 without BF16; EMBEDSERVE_CPU_BF16=1): bf16 rows
     through oneDNN's float32 matmul on their exact values, rounded once; a row alone gives the
     same bits as in a larger call (deterministic mode), the gated MLP too."""
-    monkeypatch.setattr(linear, "onednn_available", lambda dtype: dtype == torch.float32)
+    monkeypatch.setattr(linear, "bf16_matmuls", lambda: False)
     calls: list[int] = []
     run = linear._onednn_linear
 
@@ -230,7 +230,7 @@ def test_bf16_without_a_onednn_bf16_matmul_runs_its_float32_matmul(monkeypatch: 
     monkeypatch.setattr(linear, "_onednn_linear", spy)
     torch.manual_seed(3)
     layer = Linear(96, 80).to(torch.bfloat16)
-    assert not layer.prepack()  # bf16 stays plain where oneDNN cannot pack it
+    assert not layer.prepack()  # bf16 stays plain: no emulated bf16 matmul
     x = torch.randn(40, 96).to(torch.bfloat16)
     got = layer(x)
     want = (x.float() @ layer.weight.float().T + layer.bias.float()).to(torch.bfloat16)

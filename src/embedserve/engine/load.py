@@ -7,10 +7,12 @@ A KV cache sized by `gpu_memory_utilization` is measured here, with the weights 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 from embedserve.attention.metadata import AttentionFn
 from embedserve.config import EngineConfig
+from embedserve.kernels.isa import kernel_isa
 from embedserve.models.build import EmbeddingModel, build_model
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.linear import for_codegen, prepack
@@ -22,6 +24,8 @@ from embedserve.settings import settings
 from embedserve.worker.gpu_memory import gpu_kv_cache_memory
 from embedserve.worker.host_memory import keep_freed_heap, packed_on_huge_pages, release_free_heap
 from embedserve.worker.model_runner import kv_bytes_per_block
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,10 @@ def prepare_cpu_weights(model: EmbeddingModel, config: EngineConfig) -> None:
 
     A compiling backend (inductor) emits its own matmuls, which cannot read oneDNN's opaque
     packed tensors: plain weights there. EMBEDSERVE_PREPACK=0 keeps plain weights (A/B runs)."""
+    isa, cap = kernel_isa(), settings().cpu_isa
+    log.info(
+        "CPU kernels for %s%s", isa or "no AVX2 (PyTorch ops)", f" (EMBEDSERVE_CPU_ISA={cap})" if cap else ""
+    )
     if config.compile_backend not in (None, "eager"):
         for_codegen(model)
     elif settings().prepack:

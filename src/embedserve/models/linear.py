@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from embedserve.kernels import short_linear
+from embedserve.kernels import isa, short_linear
 
 _POINTWISE = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _BINARY = getattr(_POINTWISE, "binary", None)  # (x W^T + b) <op> other, fused
@@ -78,11 +78,19 @@ def _onednn_linear(
     return out if keep_padding else out[: x.shape[0]]
 
 
+@cache
+def bf16_matmuls() -> bool:
+    """bf16 projections run as bf16 matmuls on oneDNN: it takes bf16 here and the CPU has bf16
+    dot products (kernels/isa.py). Without them oneDNN emulates bf16 (2.7x slower than its
+    fp32 on AVX-512 without BF16) or cannot pack it at all (AVX2): `_bf16_via_float32`."""
+    return onednn_available(torch.bfloat16) and isa.bf16_dot_products()
+
+
 def _bf16_via_float32(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, keep_padding: bool
 ) -> torch.Tensor:
-    """bf16 rows and weight where oneDNN has no bf16 matmul (no AVX512_BF16 / AMX /
-    AVX-NE-CONVERT, e.g. AVX2-only CPUs; only with EMBEDSERVE_CPU_BF16=1, kernels/isa.py):
+    """bf16 rows and weight where the CPU has no bf16 matmul (`bf16_matmuls`: AVX2-only CPUs,
+    AVX-512 without BF16; there only with EMBEDSERVE_CPU_BF16=1, kernels/isa.py):
     oneDNN's float32 matmul on their exact float32 values, rounded to bf16 once, as a bf16
     matmul with float32 sums does (in another order). ATen's bf16 fallback runs 5-6x slower
     (docs/performance.md, "AVX2-only CPUs"). One row runs as two (a zero row appended): oneDNN
@@ -184,14 +192,17 @@ class Linear(nn.Linear):
         if x.device.type == "cpu" and x.dim() == 2 and onednn_available(torch.float32):
             if x.dtype == torch.float32:
                 return _onednn_linear(x, self.weight, self.bias, keep_padding)
-            if x.dtype == torch.bfloat16 and not onednn_available(torch.bfloat16):
+            if x.dtype == torch.bfloat16 and not bf16_matmuls():
                 return _bf16_via_float32(x, self.weight, self.bias, keep_padding)
         return functional.linear(x, self.weight, self.bias)
 
     def packable(self) -> bool:
-        """A plain CPU float32 / bfloat16 weight whose dtype passed oneDNN's self-check."""
+        """A plain CPU float32 / bfloat16 weight whose dtype passed oneDNN's self-check (bf16:
+        on a CPU with bf16 dot products, `bf16_matmuls`)."""
         w = self.weight
-        return not w.is_mkldnn and w.device.type == "cpu" and w.dtype in _DTYPES and onednn_available(w.dtype)
+        if w.is_mkldnn or w.device.type != "cpu" or w.dtype not in _DTYPES:
+            return False
+        return bf16_matmuls() if w.dtype == torch.bfloat16 else onednn_available(w.dtype)
 
     def prepack(self, short_rows: bool = False) -> bool:
         """Replace a CPU float32 / bfloat16 weight by oneDNN's packed copy (the plain one is
