@@ -4,12 +4,15 @@ apply_chat_template does); without one, the built-in format of the official embe
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from embedserve import Engine
+from embedserve.errors import ModelLoadError
 from tests.helpers.reference import cosine
 from tests.helpers.tiny_vl import INSTRUCTION, hf_vl_embed, image, reference_prompt
 
@@ -67,3 +70,40 @@ def test_another_template_matches_transformers_rendering(qwen3_vl_dir: Path, tmp
     with Engine.from_pretrained(templated, max_num_batched_tokens=48) as engine:
         got = engine.embed([PARTS])
     assert cosine(got, ref[None])[0] >= 0.99999
+
+
+# Text-only templates as language models ship them: content read as a string.
+TEXT_ONLY = {
+    "concatenates": (
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+        " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n{% endif %}"
+    ),
+    "prints": (
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\\n{{ message['content'] }}"
+        "<|im_end|>\\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n{% endif %}"
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TEXT_ONLY))
+def test_a_text_only_template_is_set_aside_for_the_built_in_format(
+    qwen3_vl_dir: Path, tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A text-only template in tokenizer_config.json (it fails on a list `content`, or prints
+    it and drops the image) would refuse or garble every image input: set aside at load with a
+    warning naming the file, and the built-in format serves the same vectors as without it."""
+    dst = Path(shutil.copytree(qwen3_vl_dir, tmp_path / kind))
+    config = dst / "tokenizer_config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"chat_template": TEXT_ONLY[kind]}))
+    with caplog.at_level(logging.WARNING, logger="embedserve.vision.template"):
+        engine_b = Engine.from_pretrained(dst)
+    with Engine.from_pretrained(qwen3_vl_dir) as a, engine_b as b:
+        assert np.array_equal(a.embed([PARTS]), b.embed([PARTS]))
+    assert str(config) in caplog.text and "built-in Qwen3-VL prompt format" in caplog.text
+    assert ("TypeError" if kind == "concatenates" else "0 image placeholders") in caplog.text
+
+
+def test_a_template_that_does_not_parse_stops_the_load(qwen3_vl_dir: Path, tmp_path: Path) -> None:
+    dst = _with_template(qwen3_vl_dir, tmp_path / "broken", "{% for m in messages %}{{ m }")
+    with pytest.raises(ModelLoadError, match="chat template does not parse"):
+        Engine.from_pretrained(dst).close()

@@ -4,22 +4,33 @@
 Messages: the instruction as the system message, the input's parts as the user message, each
 image as `{"type": "image"}`; the template writes one `<|image_pad|>` per image, which the
 prompter then widens to the image's token count.
+
+A directory may carry a text-only template (a language model's, copied into
+tokenizer_config.json): one that reads `message.content` as a string fails or drops the image
+on every image input. Each template is tried at load on a text and an image part
+(`_renders_images`); one that cannot render them is set aside with a warning naming its file,
+and the built-in Qwen3-VL format is used.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from embedserve.errors import InvalidInputError, ModelLoadError
 
+log = logging.getLogger(__name__)
+_IMAGE_PAD = "<|image_pad|>"  # vision/prompt.py's IMAGE_PAD (it imports this module)
+
 
 def read_chat_template(root: Path) -> str | None:
-    """`chat_template.jinja`, `chat_template.json` or tokenizer_config.json's, in that order."""
+    """`chat_template.jinja`, `chat_template.json` or tokenizer_config.json's, in that order;
+    None where there is none, or where the first found cannot render an image (logged)."""
     jinja = root / "chat_template.jinja"
     if jinja.exists():
-        return jinja.read_text(encoding="utf-8")
+        return _renders_images(jinja.read_text(encoding="utf-8"), jinja)
     for name in ("chat_template.json", "tokenizer_config.json"):
         f = root / name
         if f.exists():
@@ -28,9 +39,40 @@ def read_chat_template(root: Path) -> str | None:
             except (OSError, ValueError) as e:
                 raise ModelLoadError(f"cannot read {f}: {e}") from e
             if isinstance(template, str):
-                return template
+                return _renders_images(template, f)
             if template is not None:
                 raise ModelLoadError(f"{f}: only a single (string) chat_template is supported")
+    return None
+
+
+def _renders_images(source: str, f: Path) -> str | None:
+    """`source` where it renders an instruction and a user turn of a text and an image part with
+    the text kept and one image placeholder; else None, with a warning naming `f` and the fix.
+    A template that does not parse still stops the load (ChatTemplate: ModelLoadError)."""
+    template = ChatTemplate(source)
+    probe = "embedserve probe text"
+    try:
+        text = template.template.render(
+            messages=[
+                {"role": "system", "content": [{"type": "text", "text": "instruction"}]},
+                {"role": "user", "content": [{"type": "text", "text": probe}, {"type": "image"}]},
+            ],
+            add_generation_prompt=True,
+        )
+        pads = text.count(_IMAGE_PAD)
+        problem = None if pads == 1 and probe in text else f"it wrote {pads} image placeholders for one image"
+    except Exception as e:  # a text-only template: TypeError on a list content, UndefinedError, ...
+        problem = f"{type(e).__name__}: {e}"
+    if problem is None:
+        return source
+    log.warning(
+        "%s: its chat template cannot render an image part (%s); it looks text-only, so the "
+        "built-in Qwen3-VL prompt format is used. Remove the template from %s to silence this, "
+        "or give the directory a vision-language one (chat_template.jinja).",
+        f,
+        problem,
+        f.name,
+    )
     return None
 
 
@@ -62,5 +104,5 @@ class ChatTemplate:
         ]
         try:
             return self.template.render(messages=messages, add_generation_prompt=True)
-        except self._error as e:
+        except (self._error, TypeError, ValueError) as e:  # raise_exception, or a value it cannot take
             raise InvalidInputError(f"the model's chat template refused the input: {e}") from None
