@@ -167,6 +167,24 @@ def test_keys_permissions_and_quotas(counter: TokenCounter) -> None:
     _tenant_app(counter, check)
 
 
+def test_a_tenant_lists_and_reads_only_the_models_it_may_use(counter: TokenCounter) -> None:
+    async def check(client: httpx.AsyncClient, fakes: dict[str, Any], tenants: Tenants) -> None:
+        async def ids(key: str) -> list[str]:
+            r = await client.get("/v1/models", headers=_as(key))
+            assert r.status_code == 200, r.text
+            return [card["id"] for card in r.json()["data"]]
+
+        assert await ids("acme-1") == ["a"]  # acme may use model a only
+        assert await ids("beta-1") == await ids("ops") == ["a", "b"]
+        assert (await client.get("/v1/models/a", headers=_as("acme-2"))).json()["id"] == "a"
+        r = await client.get("/v1/models/b", headers=_as("acme-1"))
+        assert r.status_code == 403 and "tenant 'acme' may not use model 'b'; it may use ['a']" in r.text
+        assert (await client.get("/v1/models/b", headers=_as("ops"))).status_code == 200
+        assert (await client.get("/v1/models", headers=_as("acme-3"))).status_code == 401
+
+    _tenant_app(counter, check)
+
+
 def test_concurrent_requests_over_the_limit_are_refused_not_queued(counter: TokenCounter) -> None:
     async def check(client: httpx.AsyncClient, fakes: dict[str, Any], tenants: Tenants) -> None:
         for f in fakes["b"].values():

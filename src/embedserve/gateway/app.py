@@ -5,7 +5,6 @@ error shapes and Bearer API keys (the gateway's own clients' keys, not the pools
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,11 +24,9 @@ from embedserve.api.http import (
     read_body,
     unless_disconnected,
 )
-from embedserve.api.openapi import Health, ModelCard, ModelList, error_responses, metrics_route
+from embedserve.api.openapi import Health, metrics_route
 from embedserve.api.protocol import ApiError, error_body
-from embedserve.api.routes import CLASS_HEADER, ROUTES, Route, body_priority, describe, model_not_found
-from embedserve.api.tei import TeiInfo, model_type
-from embedserve.api.tei import info as tei_info
+from embedserve.api.routes import CLASS_HEADER, ROUTES, Route, body_priority, describe
 from embedserve.batch.http import add_batch_routes
 from embedserve.batch.online import BatchJobs, running
 from embedserve.batch.store import owner_of
@@ -37,8 +34,9 @@ from embedserve.gateway.classify import CLASSIFY_ROUTE, PREDICT_ROUTE
 from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
 from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
-from embedserve.gateway.fleet import Fleet, cards
+from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.live import Live
+from embedserve.gateway.model_routes import add_model_routes
 from embedserve.gateway.pipeline import Answer, GatewayRoute
 from embedserve.gateway.rerank import RERANK_ROUTE
 from embedserve.gateway.score import SCORE_ROUTE
@@ -136,46 +134,7 @@ def create_app(
             text += generate_latest(tenants.metrics.registry)
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
-    @app.get(
-        "/v1/models",
-        dependencies=auth,
-        response_model=None,
-        responses={200: {"model": ModelList}, **error_responses(*keyed, 503)},
-    )
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": cards(state.fleet, _model_card)}
-
-    @app.get(
-        "/v1/models/{model_id:path}",
-        dependencies=auth,
-        response_model=None,
-        responses={200: {"model": ModelCard}, **error_responses(*keyed, 404, 503)},
-    )
-    async def model(model_id: str) -> dict[str, Any]:
-        fleet = state.fleet
-        served, _ = fleet.resolve(model_id)
-        card = _model_card(served)
-        if fleet.single and model_id != card["id"]:
-            raise model_not_found(model_id, card["id"], "gateway")
-        return {**card, "aliases": fleet.aliases_of(str(card["id"]))} if not fleet.single else card
-
-    @app.get(
-        "/info",
-        dependencies=auth,
-        response_model=None,
-        responses={200: {"model": TeiInfo}, **error_responses(*keyed, 503)},
-    )
-    async def info() -> dict[str, Any]:
-        """Text Embeddings Inference's model and limits (api/tei.py), as the gateway takes them."""
-        service = state.fleet.default
-        card = _model_card(service)
-        counter = service.counter
-        labels = counter.labels
-        task = "embed" if counter.rerank_kind is None else "classify" if len(labels) > 1 else "rerank"
-        kind = model_type(task, str(card.get("pooling", "")), labels)
-        budget = max(p["max_tokens"] for p in card["pools"].values())
-        limit = service.config.max_inputs_per_request
-        return tei_info(card, kind, budget, limit, service.config.max_inputs_per_request)
+    add_model_routes(app, state, auth, keyed, api_keys)
 
     refused = (*keyed, *((403,) if state.tenants is not None else ()))
     statuses = (400, *refused, 404, 408, 413, 422, 429, 500, 502, 503, 504)
@@ -288,20 +247,3 @@ def _traffic_class(request: Request, body_priority: str, body_set: bool) -> str:
             400, f"header {CLASS_HEADER}={header!r} contradicts the body's priority={body_priority!r}"
         )
     return header
-
-
-def _model_card(service: GatewayService) -> dict[str, Any]:
-    card = service.upstreams.model_card()
-    if card is None:
-        raise ApiError(503, "no upstream is in rotation yet", "service_unavailable", {"Retry-After": "1"})
-    pools = service.upstreams.describe()
-    return {
-        **card,
-        "id": service.model_name,
-        "created": int(time.time()),
-        "owned_by": "embedserve-gateway",
-        # Inputs longer than this follow the request's truncate policy.
-        "max_model_len": max(p["max_tokens"] for p in pools.values()),
-        "embedding_schema": service.upstreams.schema,
-        "pools": pools,
-    }

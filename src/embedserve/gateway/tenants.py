@@ -17,8 +17,8 @@ import asyncio
 import hmac
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -78,14 +78,23 @@ class Tenant:
         self.tokens = _bucket(self.tokens, config.tokens_per_minute, self.clock)
         self.requests = _bucket(self.requests, config.requests_per_minute, self.clock)
 
-    def allow(self, names: tuple[str | None, str], traffic_class: str) -> None:
-        """403 unless the tenant may use the model (any of `names`: as asked, as served) and class."""
+    def may_use(self, names: Iterable[str | None]) -> bool:
+        """The tenant may use a model known by any of `names` (as asked, as served, its aliases)."""
         models = self.config.models
-        if models is not None and not models.intersection(n for n in names if n):
+        return models is None or bool(models.intersection(n for n in names if n))
+
+    def allow_model(self, names: tuple[str | None, ...]) -> None:
+        """403 naming the model and the tenant's models unless it `may_use` it."""
+        if not self.may_use(names):
             self._refuse("model")
             asked = clip(next((n for n in names if n), None))
-            message = f"tenant {self.name!r} may not use model {asked}; it may use {sorted(models)}"
+            allowed = sorted(self.config.models or ())
+            message = f"tenant {self.name!r} may not use model {asked}; it may use {allowed}"
             raise ApiError(403, message, "permission_error")
+
+    def allow(self, names: tuple[str | None, str], traffic_class: str) -> None:
+        """403 unless the tenant may use the model (any of `names`: as asked, as served) and class."""
+        self.allow_model(names)
         if traffic_class not in self.config.classes:
             self._refuse("class")
             classes = sorted(self.config.classes)
@@ -257,6 +266,16 @@ class Tenants:
             name = owner[len(TENANT_OWNER) :]
             raise ApiError(403, f"tenant {name!r} is no longer served by this gateway", "permission_error")
         return tenant
+
+    def visible(
+        self, headers: Mapping[str, str], own: tuple[str, ...], cards: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """`/v1/models` as the request's key sees it: a tenant the models it may use (by id or
+        alias), the gateway's own keys every model."""
+        tenant = self.of_request(headers, own)
+        if tenant is None:
+            return cards
+        return [c for c in cards if tenant.may_use([c.get("id"), *c.get("aliases", ())])]
 
     def of_request(self, headers: Mapping[str, str], own: tuple[str, ...]) -> Tenant | None:
         """The tenant of a request's key (None: one of the gateway's `own` keys); any other key is

@@ -1,0 +1,92 @@
+"""The gateway's model routes: `/v1/models` (every model whose pools answer, with its aliases),
+`/v1/models/{id}` and TEI's `/info`. With tenants, a tenant's key sees the models it may use:
+the list leaves the others out, and asking for one of them by id is the 403 its requests get."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.params import Depends
+
+from embedserve.api.openapi import ModelCard, ModelList, error_responses
+from embedserve.api.protocol import ApiError
+from embedserve.api.routes import model_not_found
+from embedserve.api.tei import TeiInfo, model_type
+from embedserve.api.tei import info as tei_info
+from embedserve.gateway.fleet import cards
+from embedserve.gateway.live import Live
+from embedserve.gateway.service import GatewayService
+
+
+def add_model_routes(
+    app: FastAPI, state: Live, auth: list[Depends], keyed: tuple[int, ...], own_keys: tuple[str, ...]
+) -> None:
+    """`own_keys`: the gateway's own (they see every model)."""
+    refused = (*keyed, *((403,) if state.tenants is not None else ()))
+
+    @app.get(
+        "/v1/models",
+        dependencies=auth,
+        response_model=None,
+        responses={200: {"model": ModelList}, **error_responses(*keyed, 503)},
+    )
+    async def models(request: Request) -> dict[str, Any]:
+        data = cards(state.fleet, model_card)
+        tenants = state.tenants
+        if tenants is not None:
+            data = tenants.visible(request.headers, own_keys, data)
+        return {"object": "list", "data": data}
+
+    @app.get(
+        "/v1/models/{model_id:path}",
+        dependencies=auth,
+        response_model=None,
+        responses={200: {"model": ModelCard}, **error_responses(*refused, 404, 503)},
+    )
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        fleet, tenants = state.fleet, state.tenants
+        served, _ = fleet.resolve(model_id)
+        card = model_card(served)
+        if fleet.single and model_id != card["id"]:
+            raise model_not_found(model_id, card["id"], "gateway")
+        tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
+        if tenant is not None:
+            tenant.allow_model((model_id, str(card["id"])))
+        return {**card, "aliases": fleet.aliases_of(str(card["id"]))} if not fleet.single else card
+
+    @app.get(
+        "/info",
+        dependencies=auth,
+        response_model=None,
+        responses={200: {"model": TeiInfo}, **error_responses(*keyed, 503)},
+    )
+    async def info() -> dict[str, Any]:
+        """Text Embeddings Inference's model and limits (api/tei.py), as the gateway takes them."""
+        service = state.fleet.default
+        card = model_card(service)
+        counter = service.counter
+        labels = counter.labels
+        task = "embed" if counter.rerank_kind is None else "classify" if len(labels) > 1 else "rerank"
+        kind = model_type(task, str(card.get("pooling", "")), labels)
+        budget = max(p["max_tokens"] for p in card["pools"].values())
+        limit = service.config.max_inputs_per_request
+        return tei_info(card, kind, budget, limit, service.config.max_inputs_per_request)
+
+
+def model_card(service: GatewayService) -> dict[str, Any]:
+    card = service.upstreams.model_card()
+    if card is None:
+        raise ApiError(503, "no upstream is in rotation yet", "service_unavailable", {"Retry-After": "1"})
+    pools = service.upstreams.describe()
+    return {
+        **card,
+        "id": service.model_name,
+        "created": int(time.time()),
+        "owned_by": "embedserve-gateway",
+        # Inputs longer than this follow the request's truncate policy.
+        "max_model_len": max(p["max_tokens"] for p in pools.values()),
+        "embedding_schema": service.upstreams.schema,
+        "pools": pools,
+    }
