@@ -167,7 +167,7 @@ def test_keys_permissions_and_quotas(counter: TokenCounter) -> None:
     _tenant_app(counter, check)
 
 
-def test_a_tenant_lists_and_reads_only_the_models_it_may_use(counter: TokenCounter) -> None:
+def test_a_tenant_lists_reads_and_is_told_of_only_the_models_it_may_use(counter: TokenCounter) -> None:
     async def check(client: httpx.AsyncClient, fakes: dict[str, Any], tenants: Tenants) -> None:
         async def ids(key: str) -> list[str]:
             r = await client.get("/v1/models", headers=_as(key))
@@ -181,6 +181,16 @@ def test_a_tenant_lists_and_reads_only_the_models_it_may_use(counter: TokenCount
         assert r.status_code == 403 and "tenant 'acme' may not use model 'b'; it may use ['a']" in r.text
         assert (await client.get("/v1/models/b", headers=_as("ops"))).status_code == 200
         assert (await client.get("/v1/models", headers=_as("acme-3"))).status_code == 401
+        for r in (
+            await _embed(client, "acme-1", model="zz"),
+            await client.get("/v1/models/zz", headers=_as("acme-1")),
+        ):
+            assert (
+                r.status_code == 404
+                and r.json()["error"]["message"] == "model 'zz' not found; this gateway serves 'a'"
+            )
+        r = await _embed(client, "ops", model="zz")
+        assert r.status_code == 404 and r.json()["error"]["message"].endswith("this gateway serves 'a', 'b'")
 
     _tenant_app(counter, check)
 

@@ -216,9 +216,9 @@ def _endpoint(
         def start(body: bytes, timeout: float | None) -> Started:
             parsed = route.parse(body)
             tenants = state.tenants  # what this request runs with, even if a reload swaps it
-            service, req = state.fleet.for_request(parsed)
-            traffic_class = _traffic_class(request, *body_priority(req))
             tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
+            service, req = state.fleet.for_request(parsed, None if tenant is None else tenant.may_use)
+            traffic_class = _traffic_class(request, *body_priority(req))
             if tenant is None:
                 work = service.serve(bound, req, traffic_class, timeout, request.headers)
                 return service, traffic_class, work

@@ -5,7 +5,7 @@ that service's 404, as before."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -16,6 +16,8 @@ from embedserve.api.protocol import ApiError, clip
 from embedserve.gateway.service import GatewayService
 
 R = TypeVar("R")
+# A tenant's permission (gateway/tenants.py Tenant.may_use): names it may see in an error
+MayUse = Callable[[Iterable[str | None]], bool]
 
 
 class Fleet:
@@ -41,32 +43,34 @@ class Fleet:
         gateway mean."""
         return self.services[0]
 
-    def names(self) -> str:
-        served = ", ".join(repr(n) for n in self.by_name)
-        aliases = ", ".join(f"{a!r} -> {t!r}" for a, t in self.aliases.items())
-        return served + (f" (aliases: {aliases})" if aliases else "")
+    def names(self, may_use: MayUse | None = None) -> str:
+        """The served names and aliases, those a tenant `may_use` where given."""
+        ok = may_use or (lambda names: True)
+        served = ", ".join(repr(n) for n in self.by_name if ok([n]))
+        aliases = ", ".join(f"{a!r} -> {t!r}" for a, t in self.aliases.items() if ok([a, t]))
+        return (served or "no model this key may use") + (f" (aliases: {aliases})" if aliases else "")
 
-    def resolve(self, model: str | None) -> tuple[GatewayService, str | None]:
+    def resolve(self, model: str | None, may_use: MayUse | None = None) -> tuple[GatewayService, str | None]:
         """The service for a request's `model` and the served name it means (an alias resolved;
-        None when the request named none)."""
+        None when the request named none); its 400 / 404 name the models `may_use` allows."""
         if self.single:
             return self.services[0], model
         if model is None:
             if len(self.services) == 1:
                 return self.services[0], None
-            raise ApiError(400, f"'model' is required: this gateway serves {self.names()}")
+            raise ApiError(400, f"'model' is required: this gateway serves {self.names(may_use)}")
         name = self.aliases.get(model, model)
         service = self.by_name.get(name)
         if service is None:
-            message = f"model {clip(model)} not found; this gateway serves {self.names()}"
+            message = f"model {clip(model)} not found; this gateway serves {self.names(may_use)}"
             raise ApiError(404, message, "not_found_error")
         return service, name
 
-    def for_request(self, req: R) -> tuple[GatewayService, R]:
+    def for_request(self, req: R, may_use: MayUse | None = None) -> tuple[GatewayService, R]:
         """The service for a parsed request, and the request naming the served model (not its
         alias) so the service's own checks and answers use that name."""
         model = getattr(req, "model", None)
-        service, name = self.resolve(model)
+        service, name = self.resolve(model, may_use)
         if name is not None and name != model:
             req = req.model_copy(update={"model": name})  # type: ignore[attr-defined]
         return service, req

@@ -1,6 +1,7 @@
 """The gateway's model routes: `/v1/models` (every model whose pools answer, with its aliases),
 `/v1/models/{id}` and TEI's `/info`. With tenants, a tenant's key sees the models it may use:
-the list leaves the others out, and asking for one of them by id is the 403 its requests get."""
+the list leaves the others out, asking for one of them by id is the 403 its requests get, and an
+unknown model's 404 names only the tenant's."""
 
 from __future__ import annotations
 
@@ -47,11 +48,11 @@ def add_model_routes(
     )
     async def model(model_id: str, request: Request) -> dict[str, Any]:
         fleet, tenants = state.fleet, state.tenants
-        served, _ = fleet.resolve(model_id)
+        tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
+        served, _ = fleet.resolve(model_id, None if tenant is None else tenant.may_use)
         card = model_card(served)
         if fleet.single and model_id != card["id"]:
             raise model_not_found(model_id, card["id"], "gateway")
-        tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
         if tenant is not None:
             tenant.allow_model((model_id, str(card["id"])))
         return {**card, "aliases": fleet.aliases_of(str(card["id"]))} if not fleet.single else card
