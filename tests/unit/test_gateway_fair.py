@@ -15,7 +15,7 @@ import pytest
 
 from embedserve.gateway.app import create_app
 from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.fair import CURRENT_TENANT, FairGate
+from embedserve.gateway.fair import CURRENT_TENANT, QUEUE_OBSERVER, FairGate
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.tenant_config import TenantConfig
 from embedserve.gateway.tenants import Tenants
@@ -114,6 +114,22 @@ async def _held(gate: FairGate, tokens: int) -> float:
         return waited
 
 
+def test_each_part_reports_its_wait_at_the_gate() -> None:
+    """What a tenant's queue-time histogram gets (gateway/tenants.py sets the observer)."""
+
+    async def go() -> list[float]:
+        gate, waits = FairGate(100), []
+        QUEUE_OBSERVER.set(waits.append)
+        async with gate.slot(100, "batch"), gate.slot(10, "online"):
+            batch = asyncio.ensure_future(_held(gate, 50))
+            await asyncio.sleep(0.05)
+        assert await batch >= 0.04
+        return waits
+
+    waits = asyncio.run(go())
+    assert len(waits) == 3 and waits[0] < 0.01 and waits[1] == 0.0 and waits[2] >= 0.04  # online: 0
+
+
 def test_a_cancelled_waiter_gives_way() -> None:
     async def go() -> None:
         gate = FairGate(10)
@@ -156,13 +172,23 @@ def test_through_the_gateway_each_requests_tenant_reaches_the_pools_gate(
             return original(tokens, traffic_class)
 
         gate.slot = spy  # type: ignore[method-assign]
-        app = create_app(Fleet([service]), (), None, Tenants(tenants))
+        registry = Tenants(tenants)
+        app = create_app(Fleet([service]), (), None, registry)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             for key in ("key-a", "key-b"):
                 body = {"input": [words(3), words(300)], "priority": "batch"}
                 r = await client.post("/v1/embeddings", json=body, headers={"Authorization": f"Bearer {key}"})
                 assert r.status_code == 200, r.text
         assert fakes[LONG].inputs == [[words(3), words(300)]] * 2
+        # each tenant's parts at the gate, in its queue-time histogram (the short part skips it)
+        queue = {
+            s.labels["tenant"]: s.value
+            for m in registry.metrics.registry.collect()
+            for s in m.samples
+            if s.name == "embedserve_gateway_tenant_queue_seconds_count"
+            and s.labels["traffic_class"] == "batch"
+        }
+        assert queue == {"a": 1.0, "b": 1.0}
 
     asyncio.run(go())
     assert [(t, c) for t, _, c in seen] == [(("a", 3.0), "batch"), (("b", 1.0), "batch")]

@@ -25,13 +25,16 @@ import contextlib
 import heapq
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 # The tenant a request runs for (name, weight), set by gateway/tenants.py for its parts.
 CURRENT_TENANT: ContextVar[tuple[str, float] | None] = ContextVar("embedserve_tenant", default=None)
 _NO_TENANT = ("", 1.0)
+# Where a request's parts report the seconds they waited at a pool's gate (online: 0), set by
+# gateway/tenants.py: the tenant's queue-time histogram.
+QUEUE_OBSERVER: ContextVar[Callable[[float], None] | None] = ContextVar("embedserve_queue", default=None)
 
 
 @dataclass(order=True)
@@ -59,9 +62,11 @@ class FairGate:
     @contextlib.asynccontextmanager
     async def slot(self, tokens: int, traffic_class: str) -> AsyncIterator[float]:
         """Hold `tokens` of the pool's allowance while the body runs; yields the seconds waited."""
-        began = time.monotonic()
+        began, observe = time.monotonic(), QUEUE_OBSERVER.get()
         if traffic_class == "online":
             self.inflight += tokens
+            if observe is not None:
+                observe(0.0)
             try:
                 yield 0.0
             finally:
@@ -84,8 +89,11 @@ class FairGate:
                 raise
         else:
             self._take(tokens, start)
+        waited = time.monotonic() - began
+        if observe is not None:
+            observe(waited)
         try:
-            yield time.monotonic() - began
+            yield waited
         finally:
             self._release(tokens)
 

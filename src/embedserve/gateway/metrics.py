@@ -10,7 +10,7 @@ from prometheus_client.registry import Collector
 
 from embedserve.gateway.upstreams import UpstreamSet
 
-_TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+TIME_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class GatewayMetrics:
@@ -23,7 +23,7 @@ class GatewayMetrics:
             return Counter(name, doc, labels, registry=r)
 
         def seconds(name: str, doc: str, labels: tuple[str, ...]) -> Histogram:
-            return Histogram(name, doc, labels, buckets=_TIME_BUCKETS, registry=r)
+            return Histogram(name, doc, labels, buckets=TIME_BUCKETS, registry=r)
 
         self.requests = counter(
             "embedserve_gateway_requests",

@@ -20,13 +20,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from embedserve.api.auth import unauthorized
 from embedserve.api.protocol import ApiError, clip
 from embedserve.batch.store import owner_of
 from embedserve.gateway.config import GatewayConfigError
-from embedserve.gateway.fair import CURRENT_TENANT
+from embedserve.gateway.fair import CURRENT_TENANT, QUEUE_OBSERVER
+from embedserve.gateway.metrics import TIME_BUCKETS
 from embedserve.gateway.tenant_config import TenantConfig
 
 Clock = Callable[[], float]
@@ -146,6 +147,7 @@ class Tenant:
             charged = tokens
 
         scope = CURRENT_TENANT.set((self.name, self.config.weight))  # its parts' fair share
+        queue = QUEUE_OBSERVER.set(self.metrics.queue.labels(self.name, model, traffic_class).observe)
         try:
             self.allow(names, traffic_class)
             self.begin()
@@ -161,6 +163,7 @@ class Tenant:
             raise
         finally:
             CURRENT_TENANT.reset(scope)
+            QUEUE_OBSERVER.reset(queue)
             if begun:
                 self.end()
             self.metrics.requests.labels(self.name, model, traffic_class, status).inc()
@@ -211,6 +214,14 @@ class TenantMetrics:
             "A tenant's requests refused before any pool (model, class, requests_per_minute, "
             "max_concurrent_requests, tokens_per_minute)",
             ("tenant", "reason"),
+            registry=registry,
+        )
+        self.queue = Histogram(
+            "embedserve_gateway_tenant_queue_seconds",
+            "Seconds each part of a tenant's requests waited for a pool's allowance (fair share; "
+            "online parts never wait there), by model and traffic class",
+            ("tenant", "model", "traffic_class"),
+            buckets=TIME_BUCKETS,
             registry=registry,
         )
 
