@@ -155,7 +155,7 @@ def test_a_native_kernel_failing_its_self_check_falls_back_to_pytorch(
 
     monkeypatch.setattr(flash_attention, "_run", wrong)
     monkeypatch.setattr(norm_rope, "add_rms_norm", wrong)
-    for check in (flash_attention.available, norm_rope.available):
+    for check in (flash_attention._kernel, norm_rope.available):  # flash: the checked entry per dtype
         check.cache_clear()
     try:
         assert not flash_attention.available(torch.float32) and not norm_rope.available(torch.float32)
@@ -167,5 +167,5 @@ def test_a_native_kernel_failing_its_self_check_falls_back_to_pytorch(
         assert "failed its" in caplog.text or "self-check" in caplog.text
     finally:
         monkeypatch.undo()
-        for check in (flash_attention.available, norm_rope.available):
+        for check in (flash_attention._kernel, norm_rope.available):
             check.cache_clear()

@@ -86,6 +86,8 @@ def test_other_dtypes_are_not_packed_and_keep_f_linear(
 
 
 def test_unpacked_bf16_keeps_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the CPU multiplies bf16 (else: test_bf16_without_a_onednn_bf16_matmul_runs_...)."""
+    monkeypatch.setattr(linear, "bf16_matmuls", lambda: True)
     monkeypatch.setattr(linear, "_onednn_linear", lambda *a: pytest.fail("oneDNN path taken"))
     layer = Linear(8, 4).to(torch.bfloat16)
     x = torch.randn(3, 8, dtype=torch.bfloat16)
