@@ -187,3 +187,30 @@ def test_tei_embed_sparse_answers_in_teis_shape(splade_dirs: dict[str, Path]) ->
     with server_client(minilm_dir()) as c:
         r = c.post("/embed_sparse", json={"inputs": "x"})
         assert r.status_code == 400 and "produces dense vectors" in r.json()["error"]["message"]
+
+
+def test_cohere_v2_embed_answers_sparse_directly_and_through_the_gateway(
+    splade_dirs: dict[str, Path],
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from tests.helpers.inprocess import gateway_app
+
+    path = splade_dirs["max"]
+    with server_client(path) as c:
+        ours = c.post("/v1/embeddings", json={"input": TEXTS, "embedding_type": "sparse"}).json()
+        r = c.post("/v2/embed", json={"texts": TEXTS, "embedding_types": ["sparse"]})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["embeddings"]["sparse"] == [x["embedding"] for x in ours["data"]]
+        assert body["meta"]["billed_units"]["input_tokens"] == ours["usage"]["prompt_tokens"]
+        assert set(body["embedding_schemas"]) == {"sparse"}
+        for types, words in ((["float"], "produces sparse vectors"), (["sparse", "int8"], "produces sparse")):
+            r = c.post("/v2/embed", json={"texts": ["x"], "embedding_types": types})
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+        with TestClient(gateway_app(c.app, path)) as g:
+            through = g.post("/v2/embed", json={"texts": TEXTS, "embedding_types": ["sparse"]}).json()
+        assert through["embeddings"]["sparse"] == body["embeddings"]["sparse"]
+    with server_client(minilm_dir()) as c:
+        r = c.post("/v2/embed", json={"texts": ["x"], "embedding_types": ["sparse"]})
+        assert r.status_code == 400 and "produces dense vectors" in r.json()["error"]["message"]

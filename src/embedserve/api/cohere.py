@@ -2,7 +2,8 @@
 
     request   {"model", "texts", "input_type", "embedding_types", "output_dimension", "truncate"}
     response  {"id", "response_type": "embeddings_by_type", "texts",
-               "embeddings": {"float": [[...]], "int8": [[...]], ...},
+               "embeddings": {"float": [[...]], "int8": [[...]], ...,
+                              "sparse": [{"indices": [...], "values": [...]}, ...]},
                "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": n}}}
               + our metadata (model, model_version, dtype, backend_profile, embedding_schema of
               the float vectors, and "embedding_schemas": one per returned type)
@@ -27,8 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from embedserve.api.protocol import EmbeddingRequest
 from embedserve.api.quantize import Calibration, quantize, to_base64
+from embedserve.api.sparse import sparse_item
 
-CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+# "sparse" (ours): a SPLADE model's vectors as {"indices", "values"} (api/sparse.py), alone
+CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64", "sparse"]
 InputType = Literal["search_query", "search_document", "classification", "clustering"]
 
 PROMPT_NAMES: dict[str, tuple[str, ...]] = {
@@ -62,6 +65,7 @@ class CohereEmbedRequest(BaseModel):
         return EmbeddingRequest.model_validate(
             {
                 "input": list(self.texts),
+                **({"embedding_type": "sparse"} if "sparse" in self.embedding_types else {}),
                 "model": self.model,
                 "dimensions": self.output_dimension,
                 "prompt_name": name,
@@ -82,6 +86,9 @@ def embeddings_by_type(
 ) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for kind in dict.fromkeys(kinds):  # each type once, in the order asked
+        if kind == "sparse":  # the vocabulary-sized rows' non-zero entries
+            out[kind] = [sparse_item(v) for v in vectors]
+            continue
         q = quantize(vectors, quantized_type(kind), calibration)
         out[kind] = [to_base64(v) for v in q] if kind == "base64" else q.tolist()
     return out
