@@ -3,10 +3,10 @@
 // short_linear.cpp.
 //
 // oneDNN's float32 packing, for N % 64 == 0, is [N/64][K][64] (with AVX2 and AVX-512 alike):
-// per block of 64 output columns, K rows of 64 floats. A pass takes one vector register of
-// those columns (16 with AVX-512, 8 with AVX2) for up to RMAX input rows (16; 12 with AVX2's
-// 16 registers): per k one load of the weights and one FMA per row with x[r, k] broadcast, the
-// accumulators in registers. k runs in chunks of 64 rows (16 KB): the block's passes read a
+// per block of 64 output columns, K rows of 64 floats. A pass takes 16 of those columns (one
+// cache line: one AVX-512 register or two AVX2 ones) for up to 16 input rows (AVX2: 6 at a
+// time, of its 16 registers): per k one load of the line and one FMA per row and register with
+// x[r, k] broadcast, the accumulators in registers. k runs in chunks of 64 rows (16 KB): the block's passes read a
 // chunk from L1, and each prefetches its share of the next chunk into L2 in address order.
 // Passes over whole blocks instead read every fourth cache line, a stride the hardware
 // prefetchers do not follow: the misses then wait one by one (slower than oneDNN; with this
@@ -70,9 +70,10 @@ constexpr int64_t LINE = 16;                            // columns per pass: one
 constexpr int NREG = LINE / LANES;                      // registers per pass: 1 or 2
 constexpr int64_t PASSES = BLOCK / LINE;
 
-// acc[r * NREG + j] (r < R, j < NREG) += x[r, k0:k1] . W[the pass's 16 columns]: xt is the rows' group
-// transposed, [k][ROWS] (one cache line per k), from the pass's first row; w the block's first
-// row at the pass's columns; `ahead` is one line per k of the next chunk's rows to prefetch.
+// acc[r * NREG + j] (r < R, j < NREG) += x[r, k0:k1] . W[the pass's 16 columns]: xt is the
+// rows' group transposed, [k][ROWS] (one cache line per k), from the pass's first row; w the
+// block's first row at the pass's columns; `ahead` is one line per k of the next chunk's rows
+// to prefetch (null: another row group of the pass prefetches them).
 template <int R>
 inline void dot(const float* xt, const float* w, int64_t k0, int64_t k1, const char* ahead, Reg* acc) {
   // acc and c are [R][NREG]: flat, and every loop over them unrolled by pragma, or GCC keeps
