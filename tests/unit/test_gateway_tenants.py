@@ -195,6 +195,31 @@ def test_a_tenant_lists_reads_and_is_told_of_only_the_models_it_may_use(counter:
     _tenant_app(counter, check)
 
 
+def test_a_tenant_allowed_a_models_alias_may_use_it_by_any_of_its_names(counter: TokenCounter) -> None:
+    """`models: [latest]` where latest -> a: the tenant lists, reads and calls a by either name
+    (Fleet.names_of), is refused b, and TEI's /info (the first model, a) answers it."""
+    only_alias = (TenantConfig("acme", "ACME_KEYS", models=frozenset({"latest"})),)
+    only_b = (TenantConfig("beta", "BETA_KEYS", models=frozenset({"b"})),)
+
+    async def go() -> None:
+        (a, _), (b, _) = [await fake_gateway(counter)(served_model_name=name) for name in ("a", "b")]
+        app = create_app(Fleet([a, b], {"latest": "a"}), ("ops",), None, Tenants(only_alias + only_b))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
+            cards = (await client.get("/v1/models", headers=_as("acme-1"))).json()["data"]
+            assert [(c["id"], c["aliases"]) for c in cards] == [("a", ["latest"])]
+            for name in ("a", "latest"):
+                assert (await client.get(f"/v1/models/{name}", headers=_as("acme-1"))).status_code == 200
+                assert (await _embed(client, "acme-1", model=name)).status_code == 200
+            assert (await _embed(client, "acme-1", model="b")).status_code == 403
+            r = await _embed(client, "acme-1", model="zz")
+            assert r.json()["error"]["message"].endswith("serves 'a' (aliases: 'latest' -> 'a')")
+            assert (await client.get("/info", headers=_as("acme-1"))).status_code == 200
+            r = await client.get("/info", headers=_as("beta-1"))  # the first model is a
+            assert r.status_code == 403 and "tenant 'beta' may not use model 'a'" in r.text
+
+    asyncio.run(go())
+
+
 def test_concurrent_requests_over_the_limit_are_refused_not_queued(counter: TokenCounter) -> None:
     async def check(client: httpx.AsyncClient, fakes: dict[str, Any], tenants: Tenants) -> None:
         for f in fakes["b"].values():

@@ -14,7 +14,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from embedserve.attention import cpu as attention
 from embedserve.attention.cpu_gemm import gemm_attention
-from embedserve.kernels import flash_attention, native
+from embedserve.kernels import flash_attention, isa, native
 from embedserve.settings import settings
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler for native kernels")
@@ -367,3 +367,9 @@ def test_bf16_without_bf16_brgemm_is_the_float32_kernel(
     want = flash_attention._run(fp32, q.float(), k.float(), v.float(), 0.3).bfloat16()
     assert got.dtype == torch.bfloat16 and torch.equal(got, want)
     assert flash_attention._matches_float64(via, torch.bfloat16)
+
+
+@pytest.mark.skipif(not isa.bf16_dot_products(), reason="the CPU has no bf16 dot products")
+def test_a_cpu_with_bf16_dot_products_runs_the_bf16_brgemm_entry() -> None:
+    """Where bf16 brgemm is the fast path, the fp32-copies entry would hide a broken kernel."""
+    assert flash_attention._kernel(torch.bfloat16) is flash_attention._entry("bf16")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from embedserve.attention.metadata import AttentionFn
 from embedserve.config import EngineConfig
 from embedserve.kernels.isa import kernel_isa
+from embedserve.kernels.native import compiler
 from embedserve.models.build import EmbeddingModel, build_model
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.linear import for_codegen, prepack
@@ -74,10 +75,9 @@ def prepare_cpu_weights(model: EmbeddingModel, config: EngineConfig) -> None:
 
     A compiling backend (inductor) emits its own matmuls, which cannot read oneDNN's opaque
     packed tensors: plain weights there. EMBEDSERVE_PREPACK=0 keeps plain weights (A/B runs)."""
-    isa, cap = kernel_isa(), settings().cpu_isa
-    log.info(
-        "CPU kernels for %s%s", isa or "no AVX2 (PyTorch ops)", f" (EMBEDSERVE_CPU_ISA={cap})" if cap else ""
-    )
+    isa, cap = kernel_isa() if compiler() is not None else None, settings().cpu_isa
+    ran = isa or "none: PyTorch ops (native kernels off, no C++ compiler, or no AVX2)"
+    log.info("CPU kernels for %s%s", ran, f" (EMBEDSERVE_CPU_ISA={cap})" if cap else "")
     if config.compile_backend not in (None, "eager"):
         for_codegen(model)
     elif settings().prepack:

@@ -222,8 +222,7 @@ def _endpoint(
             if tenant is None:
                 work = service.serve(bound, req, traffic_class, timeout, request.headers)
                 return service, traffic_class, work
-            # as asked (an alias, checked against the tenant's models) and as served (the label)
-            names = (getattr(parsed, "model", None), service.model_name or "")
+            names = state.fleet.names_of(getattr(parsed, "model", None), service)
 
             def run(charge: Callable[[int], None]) -> Awaitable[Answer]:
                 return service.serve(bound, req, traffic_class, timeout, request.headers, charge)

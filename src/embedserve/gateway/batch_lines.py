@@ -41,14 +41,13 @@ class GatewayLines:
     def fleet(self) -> Fleet:
         return self.live.fleet
 
-    @staticmethod
-    def _names(line: BatchLine, service: GatewayService) -> tuple[str | None, str]:
-        """The line's model as asked and as served (a tenant's `models` may name either)."""
+    def _names(self, line: BatchLine, service: GatewayService) -> tuple[str | None, ...]:
+        """The line's model by every name a tenant's `models` may give it (Fleet.names_of)."""
         try:
             asked = json.loads(line.body).get("model")
         except (ValueError, AttributeError):
             asked = None
-        return (asked if isinstance(asked, str) else None, service.model_name or "")
+        return self.fleet.names_of(asked if isinstance(asked, str) else None, service)
 
     def _parse(self, line: BatchLine) -> tuple[GatewayService, Any, str]:
         limit = self.fleet.default.config.max_body_bytes

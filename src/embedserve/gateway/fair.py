@@ -65,9 +65,9 @@ class FairGate:
         began, observe = time.monotonic(), QUEUE_OBSERVER.get()
         if traffic_class == "online":
             self.inflight += tokens
-            if observe is not None:
-                observe(0.0)
             try:
+                if observe is not None:
+                    observe(0.0)
                 yield 0.0
             finally:
                 self._release(tokens)
@@ -89,10 +89,10 @@ class FairGate:
                 raise
         else:
             self._take(tokens, start)
-        waited = time.monotonic() - began
-        if observe is not None:
-            observe(waited)
         try:
+            waited = time.monotonic() - began
+            if observe is not None:
+                observe(waited)
             yield waited
         finally:
             self._release(tokens)

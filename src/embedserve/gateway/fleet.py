@@ -46,8 +46,10 @@ class Fleet:
     def names(self, may_use: MayUse | None = None) -> str:
         """The served names and aliases, those a tenant `may_use` where given."""
         ok = may_use or (lambda names: True)
-        served = ", ".join(repr(n) for n in self.by_name if ok([n]))
-        aliases = ", ".join(f"{a!r} -> {t!r}" for a, t in self.aliases.items() if ok([a, t]))
+        served = ", ".join(repr(n) for n in self.by_name if ok([n, *self.aliases_of(n)]))
+        aliases = ", ".join(
+            f"{a!r} -> {t!r}" for a, t in self.aliases.items() if ok([a, t, *self.aliases_of(t)])
+        )
         return (served or "no model this key may use") + (f" (aliases: {aliases})" if aliases else "")
 
     def resolve(self, model: str | None, may_use: MayUse | None = None) -> tuple[GatewayService, str | None]:
@@ -77,6 +79,12 @@ class Fleet:
 
     def aliases_of(self, name: str) -> list[str]:
         return [a for a, t in self.aliases.items() if t == name]
+
+    def names_of(self, asked: str | None, service: GatewayService) -> tuple[str | None, ...]:
+        """A request's model by every name a tenant's `models` may give it: as asked, as served
+        (the metrics' label, second) and the served model's aliases."""
+        served = service.model_name or ""
+        return (asked, served, *self.aliases_of(served))
 
 
 def _merged(services: dict[str, GatewayService]) -> CollectorRegistry:

@@ -50,22 +50,26 @@ def add_model_routes(
         fleet, tenants = state.fleet, state.tenants
         tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
         served, _ = fleet.resolve(model_id, None if tenant is None else tenant.may_use)
+        if tenant is not None:  # before the card: a 403, not a 503, while its pools start
+            tenant.allow_model(fleet.names_of(model_id, served))
         card = model_card(served)
         if fleet.single and model_id != card["id"]:
             raise model_not_found(model_id, card["id"], "gateway")
-        if tenant is not None:
-            tenant.allow_model((model_id, str(card["id"])))
         return {**card, "aliases": fleet.aliases_of(str(card["id"]))} if not fleet.single else card
 
     @app.get(
         "/info",
         dependencies=auth,
         response_model=None,
-        responses={200: {"model": TeiInfo}, **error_responses(*keyed, 503)},
+        responses={200: {"model": TeiInfo}, **error_responses(*refused, 503)},
     )
-    async def info() -> dict[str, Any]:
-        """Text Embeddings Inference's model and limits (api/tei.py), as the gateway takes them."""
-        service = state.fleet.default
+    async def info(request: Request) -> dict[str, Any]:
+        """Text Embeddings Inference's model and limits (api/tei.py), as the gateway takes them:
+        the first model's (a tenant's 403 where it may not use that one)."""
+        service, tenants = state.fleet.default, state.tenants
+        tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
+        if tenant is not None:
+            tenant.allow_model(state.fleet.names_of(None, service))
         card = model_card(service)
         counter = service.counter
         labels = counter.labels

@@ -93,8 +93,9 @@ class Tenant:
             message = f"tenant {self.name!r} may not use model {asked}; it may use {allowed}"
             raise ApiError(403, message, "permission_error")
 
-    def allow(self, names: tuple[str | None, str], traffic_class: str) -> None:
-        """403 unless the tenant may use the model (any of `names`: as asked, as served) and class."""
+    def allow(self, names: tuple[str | None, ...], traffic_class: str) -> None:
+        """403 unless the tenant may use the model (any of `names`: as asked, as served, its
+        aliases) and class."""
         self.allow_model(names)
         if traffic_class not in self.config.classes:
             self._refuse("class")
@@ -131,14 +132,14 @@ class Tenant:
 
     async def serve(
         self,
-        names: tuple[str | None, str],
+        names: tuple[str | None, ...],
         traffic_class: str,
         run: Callable[[Callable[[int], None]], Awaitable[T]],
     ) -> T:
         """`run(charge)`: the request's work, which calls `charge(tokens)` once it counted them;
         `names`: its model as asked and as served. Checked (`allow`), begun (429 over a quota),
         ended however it ends, counted by status."""
-        model = names[1]
+        model = names[1] or ""  # as served (Fleet.names_of)
         status, begun, charged = "500", False, 0
 
         def charge(tokens: int) -> None:
@@ -147,11 +148,12 @@ class Tenant:
             charged = tokens
 
         scope = CURRENT_TENANT.set((self.name, self.config.weight))  # its parts' fair share
-        queue = QUEUE_OBSERVER.set(self.metrics.queue.labels(self.name, model, traffic_class).observe)
+        queue = None
         try:
             self.allow(names, traffic_class)
             self.begin()
             begun = True
+            queue = QUEUE_OBSERVER.set(self.metrics.queue.labels(self.name, model, traffic_class).observe)
             answer = await run(charge)
             status = "200"
             return answer
@@ -163,7 +165,8 @@ class Tenant:
             raise
         finally:
             CURRENT_TENANT.reset(scope)
-            QUEUE_OBSERVER.reset(queue)
+            if queue is not None:
+                QUEUE_OBSERVER.reset(queue)
             if begun:
                 self.end()
             self.metrics.requests.labels(self.name, model, traffic_class, status).inc()

@@ -21,7 +21,7 @@ from functools import cache
 
 import torch
 
-from embedserve.kernels import native
+from embedserve.kernels import isa, native
 
 log = logging.getLogger(__name__)
 _Int64s = ctypes.c_int64 * 6
@@ -59,8 +59,13 @@ def _kernel(dtype: torch.dtype) -> Kernel | None:
         if fn is None:
             return None
         if _matches_float64(fn, dtype):
-            if name != names[0]:
-                log.info("native flash attention in %s computes in float32 here (no bf16 brgemm)", dtype)
+            if name != names[0]:  # expected without bf16 dot products; else the fast entry broke
+                level = logging.WARNING if isa.bf16_dot_products() else logging.INFO
+                log.log(
+                    level,
+                    "native flash attention in %s computes in float32 here (its bf16 entry failed)",
+                    dtype,
+                )
             return fn
     log.warning("native flash attention failed its %s self-check here; not using it", dtype)
     return None

@@ -5,10 +5,11 @@ Two questions decide CPU code paths:
   `avx2`, or None off x86-64 or below AVX2 + FMA), the CPU's own unless EMBEDSERVE_CPU_ISA caps
   it (kernels/native.py passes the matching compiler flags).
 - `bf16_dot_products()`: whether bfloat16 matmuls run on the hardware (AVX512_BF16, AMX-BF16;
-  ARM's BF16). Without them oneDNN emulates bf16 several times slower than its float32
+  ARM's BF16). Without them oneDNN's bf16 matmuls run 2.7-5.6x slower than its float32
   (docs/performance.md, "AVX2-only CPUs"), so the engine runs float32 where bfloat16 was
-  asked (engine/resolve.py `cpu_dtype`). ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16 and
-  EMBEDSERVE_CPU_ISA=avx2 count as "without".
+  asked (`cpu_dtype`, called by engine/resolve.py); EMBEDSERVE_CPU_BF16=1 keeps bf16 weights
+  computed in float32 instead (models/linear.py). ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16
+  and EMBEDSERVE_CPU_ISA=avx2 count as "without".
 """
 
 from __future__ import annotations
@@ -95,13 +96,15 @@ def bf16_dot_products() -> bool:
 
 def cpu_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype a CPU engine runs for the one asked: float32 for bfloat16 where the CPU has no
-    bf16 dot products (said once, with the memory it costs), unless EMBEDSERVE_CPU_BF16=1."""
+    bf16 dot products (a warning at each engine start, with the memory it costs), unless
+    EMBEDSERVE_CPU_BF16=1."""
     if device.type != "cpu" or dtype != torch.bfloat16 or settings().cpu_bf16 or bf16_dot_products():
         return dtype
     log.warning(
         "bfloat16 asked, but this CPU has no bfloat16 dot products (AVX512_BF16 / AMX; "
-        "EMBEDSERVE_CPU_ISA or ONEDNN_MAX_CPU_ISA may cap them): its bf16 matmuls run several "
-        "times slower than float32, so the engine runs float32 (twice the weight memory; "
-        "backend_profile cpu-fp32). EMBEDSERVE_CPU_BF16=1 runs bfloat16 anyway."
+        "EMBEDSERVE_CPU_ISA or ONEDNN_MAX_CPU_ISA may cap them): bf16 matmuls run 2.7-5.6x "
+        "slower than float32 here, so the engine runs float32 (twice the weight memory; "
+        "backend_profile cpu-fp32). EMBEDSERVE_CPU_BF16=1 keeps bf16 weights, computed in "
+        "float32 (about 10% slower than float32, short queries more)."
     )
     return torch.float32

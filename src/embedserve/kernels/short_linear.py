@@ -22,7 +22,7 @@ from functools import cache
 
 import torch
 
-from embedserve.kernels import native
+from embedserve.kernels import isa, native
 
 log = logging.getLogger(__name__)
 Kernel = Callable[..., int]
@@ -56,7 +56,19 @@ def _kernels(dtype: torch.dtype) -> tuple[Kernel, Kernel] | None:
     )
     plain.restype = gated.restype = ctypes.c_int
     plain.argtypes = gated.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR, _I64]
+    if dtype == torch.float32:
+        _check_cap(lib.embedserve_short_f32_lanes())
     return plain, gated
+
+
+def _check_cap(lanes: int) -> None:
+    """Say so where the compiler built wider passes than EMBEDSERVE_CPU_ISA allows (a compiler
+    whose -march=native turns on AVX10, which -mno-avx512f does not take away)."""
+    want = {"avx2": 8, "avx512": 16, "amx": 16}.get(isa.kernel_isa() or "", lanes)
+    if lanes > want:
+        log.warning(
+            "the fp32 short-rows kernel was built for %d-float registers, wider than the ISA cap", lanes
+        )
 
 
 def entry_points(dtype: torch.dtype) -> tuple[Kernel, Kernel] | None:

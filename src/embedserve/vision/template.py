@@ -9,7 +9,7 @@ A directory may carry a text-only template (a language model's, copied into
 tokenizer_config.json): one that reads `message.content` as a string fails or drops the image
 on every image input. Each template is tried at load on a text and an image part
 (`_renders_images`); one that cannot render them is set aside with a warning naming its file,
-and the built-in Qwen3-VL format is used.
+and the next template file, else the built-in Qwen3-VL format, is used.
 """
 
 from __future__ import annotations
@@ -26,28 +26,31 @@ _IMAGE_PAD = "<|image_pad|>"  # vision/prompt.py's IMAGE_PAD (it imports this mo
 
 
 def read_chat_template(root: Path) -> str | None:
-    """`chat_template.jinja`, `chat_template.json` or tokenizer_config.json's, in that order;
-    None where there is none, or where the first found cannot render an image (logged)."""
-    jinja = root / "chat_template.jinja"
-    if jinja.exists():
-        return _renders_images(jinja.read_text(encoding="utf-8"), jinja)
-    for name in ("chat_template.json", "tokenizer_config.json"):
-        f = root / name
-        if f.exists():
+    """The first of `chat_template.jinja`, `chat_template.json` and tokenizer_config.json's
+    template that renders an image (`_renders_images`; one that does not is logged and skipped);
+    None where there is none."""
+    for f in (root / "chat_template.jinja", root / "chat_template.json", root / "tokenizer_config.json"):
+        if not f.exists():
+            continue
+        if f.suffix == ".jinja":
+            template: object = f.read_text(encoding="utf-8")
+        else:
             try:
                 template = json.loads(f.read_text(encoding="utf-8")).get("chat_template")
             except (OSError, ValueError) as e:
                 raise ModelLoadError(f"cannot read {f}: {e}") from e
-            if isinstance(template, str):
-                return _renders_images(template, f)
-            if template is not None:
-                raise ModelLoadError(f"{f}: only a single (string) chat_template is supported")
+        if template is None:
+            continue
+        if not isinstance(template, str):
+            raise ModelLoadError(f"{f}: only a single (string) chat_template is supported")
+        if _renders_images(template, f):
+            return template
     return None
 
 
-def _renders_images(source: str, f: Path) -> str | None:
-    """`source` where it renders an instruction and a user turn of a text and an image part with
-    the text kept and one image placeholder; else None, with a warning naming `f` and the fix.
+def _renders_images(source: str, f: Path) -> bool:
+    """`source` renders an instruction and a user turn of a text and an image part with the text
+    kept and one image placeholder; else False, with a warning naming `f` and what went wrong.
     A template that does not parse still stops the load (ChatTemplate: ModelLoadError)."""
     template = ChatTemplate(source)
     probe = "embedserve probe text"
@@ -60,20 +63,22 @@ def _renders_images(source: str, f: Path) -> str | None:
             add_generation_prompt=True,
         )
         pads = text.count(_IMAGE_PAD)
-        problem = None if pads == 1 and probe in text else f"it wrote {pads} image placeholders for one image"
+        problem = None if pads == 1 else f"it wrote {pads} image placeholders for one image"
+        if problem is None and probe not in text:
+            problem = "it dropped the text part"
     except Exception as e:  # a text-only template: TypeError on a list content, UndefinedError, ...
         problem = f"{type(e).__name__}: {e}"
     if problem is None:
-        return source
+        return True
     log.warning(
-        "%s: its chat template cannot render an image part (%s); it looks text-only, so the "
-        "built-in Qwen3-VL prompt format is used. Remove the template from %s to silence this, "
-        "or give the directory a vision-language one (chat_template.jinja).",
+        "%s: its chat template cannot render an image part (%s); it looks text-only and is not "
+        "used (the built-in Qwen3-VL prompt format, or another template file of the directory, "
+        "is). Remove it from %s to silence this, or replace it with a vision-language template.",
         f,
         problem,
         f.name,
     )
-    return None
+    return False
 
 
 class ChatTemplate:
