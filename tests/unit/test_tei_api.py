@@ -55,7 +55,9 @@ def test_embed_truncation_follows_teis_flags(client: TestClient) -> None:
         body = {"inputs": long, "truncate": True, "truncation_direction": direction}
         cut = client.post("/embed", json=body)
         assert cut.status_code == 200, cut.text
-        np.testing.assert_allclose(cut.json(), _openai_vectors(client, [long], truncate=policy), atol=1e-6)
+        # the second request may reuse the first's cached prefix (its rows then take another
+        # matmul kernel): the same vector to float32 rounding, not bit for bit (flaked at 1e-6)
+        np.testing.assert_allclose(cut.json(), _openai_vectors(client, [long], truncate=policy), atol=1e-5)
 
 
 def test_info_describes_the_model_and_limits(client: TestClient) -> None:
