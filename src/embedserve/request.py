@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from embedserve.config import PoolingMethod
+from embedserve.pooling.spans import LateChunks, SpanPoolingState
 from embedserve.pooling.state import PoolingState
 from embedserve.vision.state import MultimodalState
 
@@ -60,6 +61,7 @@ class Request:
         deterministic_chunk: int | None = None,
         multimodal: MultimodalState | None = None,
         sparse_head: SparseHead | None = None,
+        late: LateChunks | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = token_ids
@@ -75,8 +77,11 @@ class Request:
         self.num_preemptions = 0
         self.num_steps = 0  # steps that ran a chunk of it; lane slices that ran it (tracing reads them)
         self.num_lane_slices = 0
-        self.pooling = PoolingState(
-            pooling, len(token_ids), excluded_prefix, deterministic_chunk, sparse_head
+        # Late chunking: one vector per chunk span of the prompt (pooling/spans.py).
+        self.pooling = (
+            PoolingState(pooling, len(token_ids), excluded_prefix, deterministic_chunk, sparse_head)
+            if late is None
+            else SpanPoolingState(late, len(token_ids), deterministic_chunk)
         )
         # The hash chain of its full blocks (kv_cache/manager.py), set by a scheduler that caches
         # prefixes; None: it neither looks up nor registers blocks.

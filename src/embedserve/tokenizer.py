@@ -21,6 +21,7 @@ from tokenizers import Encoding
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import InputTooLongError, InvalidInputError
+from embedserve.pooling.spans import LateChunks
 from embedserve.vision.state import MultimodalState
 
 
@@ -49,6 +50,8 @@ class Tokenized:
     token_type_ids: list[int] | None = None
     # Images of a multimodal input: spans, M-RoPE positions (vision/state.py); None: text only.
     multimodal: MultimodalState | None = None
+    # A late-chunked document: its chunks' token spans, one vector each (late_chunking.py).
+    late: LateChunks | None = None
 
 
 class Tokenizer:

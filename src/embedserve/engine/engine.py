@@ -14,6 +14,7 @@ import numpy as np
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.classify import ClassifyMixin
 from embedserve.engine.core import Finished
+from embedserve.engine.late import LateChunkingMixin
 from embedserve.engine.loop import EngineLoop, gather_all, wait_all
 from embedserve.engine.multimodal import text_items, tokenize_multimodal
 from embedserve.engine.options import EngineOptions
@@ -31,7 +32,7 @@ __all__ = ["EmbeddingOutput", "Engine", "Inputs", "output_of"]  # the outputs' t
 Inputs = Sequence[str] | Sequence[Sequence[int]] | str | Sequence[Any]
 
 
-class Engine(RerankMixin, ClassifyMixin):
+class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin):
     def __init__(self, parts: EngineParts | Callable[[], EngineParts]) -> None:
         """Run built `parts`, or build them with `parts()` on the engine loop's thread: the
         thread that then runs the model (loop.py: one OpenMP pool, not two)."""
@@ -110,6 +111,7 @@ class Engine(RerankMixin, ClassifyMixin):
                 multimodal=t.multimodal,
                 deterministic_chunk=self.config.scheduler.deterministic_chunk,
                 sparse_head=self.sparse_head,
+                late=t.late,
             )
             for t in tokenized
         ]

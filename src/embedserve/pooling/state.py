@@ -71,6 +71,20 @@ class PoolingState:
 
     def update(self, start: int, n: int, rows: torch.Tensor) -> None:
         """Fold chunk [start, start+n); `rows` are its selected rows, [k, hidden]."""
+        lo = self._check(start, n, rows)
+        head = self.sparse_head
+        for part in self._blocks(start + lo, rows):
+            if head is None:
+                self._acc = fold(self.method, self._acc, part)
+            elif part.shape[0]:
+                weights = head.weights(part)
+                self._acc = weights if self._acc is None else head.combine(self._acc, weights)
+        self.num_rows += rows.shape[0]
+        self.num_pooled_tokens = start + n
+
+    def _check(self, start: int, n: int, rows: torch.Tensor) -> int:
+        """Refuse a chunk that does not start where pooling stopped, runs past the prompt or
+        brings another number of rows than `rows` asks for; the chunk's first row read."""
         if start != self.num_pooled_tokens:
             raise InternalEngineError(
                 f"pooling expected a chunk at position {self.num_pooled_tokens}, got {start}"
@@ -82,15 +96,7 @@ class PoolingState:
         lo, hi = self.rows(start, n)
         if rows.shape[0] != hi - lo:
             raise InternalEngineError(f"pooling expected {hi - lo} rows, got {rows.shape[0]}")
-        head = self.sparse_head
-        for part in self._blocks(start + lo, rows):
-            if head is None:
-                self._acc = fold(self.method, self._acc, part)
-            elif part.shape[0]:
-                weights = head.weights(part)
-                self._acc = weights if self._acc is None else head.combine(self._acc, weights)
-        self.num_rows += rows.shape[0]
-        self.num_pooled_tokens = start + n
+        return lo
 
     def _blocks(self, first: int, rows: torch.Tensor) -> list[torch.Tensor]:
         """`rows` (prompt positions first, first+1, ...) cut at multiples of `deterministic_chunk`."""

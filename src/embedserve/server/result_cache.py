@@ -67,8 +67,8 @@ class ResultCache:
 
     @staticmethod
     def key(schema: str, tok: Tokenized) -> bytes | None:
-        """The entry's key, or None for an input that is not cached (images)."""
-        if tok.multimodal is not None:
+        """The entry's key, or None for an input that is not cached (images, late chunks)."""
+        if tok.multimodal is not None or tok.late is not None:
             return None
         h = hashlib.sha256(schema.encode())
         h.update(tok.prompt_tokens.to_bytes(4, "little"))

@@ -1,0 +1,180 @@
+"""Late chunking on the engine: a document runs as one ordinary request (same batching, token
+budget, chunked prefill, preemption, layer-major lane), pooled per chunk span
+(pooling/spans.py). `LateChunkingMixin` gives `Engine` its late-chunking methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from embedserve.config import EngineConfig, PoolingMethod
+from embedserve.engine.core import Finished
+from embedserve.engine.loop import gather_all, wait_all
+from embedserve.engine.outputs import output_of
+from embedserve.errors import InvalidInputError
+from embedserve.late_chunking import check_char_spans, join_chunks, tokenize_late
+from embedserve.pooling.spans import ChunkSpan, SpanPooling
+from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
+
+
+@dataclass(frozen=True)
+class LateChunkOutput:
+    embeddings: np.ndarray  # float32 [chunks, dim], one row per entry of `chunks`
+    chunks: tuple[ChunkSpan, ...]  # each row's chunk: its index, token and character ranges
+    num_tokens: int  # of the whole document as the model read it
+    truncated: bool  # the document was cut to max_model_len (cut-off chunks have no row)
+
+
+class LateChunkingMixin:
+    """What late chunking takes from Engine: its config, tokenizer, name and submission."""
+
+    config: EngineConfig
+    tokenizer: Tokenizer
+    multimodal: bool
+    name: str
+
+    def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
+        raise NotImplementedError  # Engine's
+
+    def submit_tokenized(
+        self,
+        tokenized: list[Tokenized],
+        *,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+    ) -> list[Future[Finished]]:
+        raise NotImplementedError  # Engine's
+
+    def tokenize_late(
+        self,
+        document: str | Sequence[str],
+        *,
+        chunk_spans: Sequence[Sequence[int]] | None = None,
+        chunk_size: int | None = None,
+        span_pooling: str = "mean",
+        prompt: str = "",
+        truncate: str = "error",
+    ) -> Tokenized:
+        """One document as one sequence with its chunks' token spans: `document` is the chunks'
+        texts in order (joined exactly), or the whole text with `chunk_spans` ([start, end)
+        characters) or `chunk_size` (content tokens per chunk). `span_pooling`: "mean", or
+        "last" (a causal decoder's last row of each span)."""
+        pooling = self._span_pooling(span_pooling)
+        policy = Truncate.parse(truncate)
+        limit = self.config.scheduler.max_model_len
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
+            raise InvalidInputError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        if chunk_size is not None and chunk_size < 1:
+            raise InvalidInputError(f"chunk_size must be a positive integer, got {chunk_size}")
+        if isinstance(document, str):
+            if (chunk_spans is None) == (chunk_size is None):
+                raise InvalidInputError("a whole document takes chunk_spans or a chunk size (one of them)")
+            if document == "":
+                raise InvalidInputError("the document is an empty string")
+            spans = None if chunk_spans is None else check_char_spans(chunk_spans, len(document))
+            return tokenize_late(
+                self.tokenizer, document, limit, policy, char_spans=spans, chunk_size=chunk_size,
+                prompt=prompt, pooling=pooling,
+            )  # fmt: skip
+        if chunk_spans is not None or chunk_size is not None:
+            raise InvalidInputError(
+                "chunk_spans and chunk_size go with a whole document, not a list of chunks"
+            )
+        text, spans = join_chunks(document)
+        return tokenize_late(
+            self.tokenizer, text, limit, policy, char_spans=spans, prompt=prompt, pooling=pooling
+        )
+
+    def _span_pooling(self, span_pooling: str) -> SpanPooling:
+        cfg = self.config
+        if self.multimodal:
+            raise InvalidInputError(f"model {self.name} takes images: late chunking is for text models")
+        if cfg.pooling.method is PoolingMethod.SPLADE:
+            raise InvalidInputError(
+                f"model {self.name} produces sparse vectors: late chunking pools dense rows"
+            )
+        if cfg.task != "embed":
+            raise InvalidInputError(f"model {self.name} is a {cfg.task} model: late chunking embeds")
+        try:
+            pooling = SpanPooling(span_pooling)
+        except ValueError:
+            raise InvalidInputError(f"span_pooling must be 'mean' or 'last', got {span_pooling!r}") from None
+        if pooling is SpanPooling.LAST and not cfg.model.is_causal:
+            raise InvalidInputError(
+                f"span_pooling 'last' reads each span's last row, which sees only the text before "
+                f"it in a causal decoder; model {self.name} is a bidirectional encoder: use 'mean'"
+            )
+        return pooling
+
+    def embed_late(
+        self,
+        document: str | Sequence[str],
+        *,
+        chunk_spans: Sequence[Sequence[int]] | None = None,
+        chunk_size: int | None = None,
+        span_pooling: str = "mean",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+        truncate: str = "error",
+    ) -> LateChunkOutput:
+        """One vector per chunk of `document`, each pooled over its own tokens after the whole
+        document ran as one sequence (`tokenize_late`); the other options as `Engine.submit`."""
+        tok, futures = self._submit_late(
+            document, chunk_spans, chunk_size, span_pooling, self.resolve_prompt(prompt_name, prompt),
+            truncate, dimensions, normalize, priority,
+        )  # fmt: skip
+        return _late_output(wait_all(futures)[0], tok)
+
+    async def embed_late_async(
+        self,
+        document: str | Sequence[str],
+        *,
+        chunk_spans: Sequence[Sequence[int]] | None = None,
+        chunk_size: int | None = None,
+        span_pooling: str = "mean",
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+        truncate: str = "error",
+    ) -> LateChunkOutput:
+        """`embed_late`, awaited (cancelling it frees the queued document)."""
+        tok, futures = self._submit_late(
+            document, chunk_spans, chunk_size, span_pooling, self.resolve_prompt(prompt_name, prompt),
+            truncate, dimensions, normalize, priority,
+        )  # fmt: skip
+        return _late_output((await gather_all(futures))[0], tok)
+
+    def _submit_late(
+        self,
+        document: str | Sequence[str],
+        chunk_spans: Sequence[Sequence[int]] | None,
+        chunk_size: int | None,
+        span_pooling: str,
+        prompt: str,
+        truncate: str,
+        dimensions: int | None,
+        normalize: bool | None,
+        priority: str,
+    ) -> tuple[Tokenized, list[Future[Finished]]]:
+        tok = self.tokenize_late(
+            document, chunk_spans=chunk_spans, chunk_size=chunk_size, span_pooling=span_pooling,
+            prompt=prompt, truncate=truncate,
+        )  # fmt: skip
+        futures = self.submit_tokenized([tok], dimensions=dimensions, normalize=normalize, priority=priority)
+        return tok, futures
+
+
+def _late_output(fin: Finished, tok: Tokenized) -> LateChunkOutput:
+    out = output_of(fin, tok)
+    assert tok.late is not None
+    return LateChunkOutput(out.embedding, tok.late.spans, out.num_tokens, tok.truncated)
