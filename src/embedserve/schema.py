@@ -116,18 +116,30 @@ class ModelMetadata:
         )
 
     def schema(
-        self, dimensions: int | None = None, normalize: bool | None = None, embedding_type: str = "float"
+        self,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        embedding_type: str = "float",
+        late: str | None = None,
     ) -> str:
         """Schema of vectors served with these request options (None = the model's default).
         `embedding_type`: "float", or a compressed type with its quantization key (e.g.
-        "int8@fixed:1.0", "binary"): compressed and float vectors never share a schema."""
+        "int8@fixed:1.0", "binary"): compressed and float vectors never share a schema.
+        `late`: late chunking's span pooling ("mean", "last"): a chunk pooled inside its
+        document is another vector than the chunk embedded alone."""
         dims = self.hidden_size if dimensions is None else dimensions
         norm = self.default_normalize if normalize is None else normalize
         key = f"{self.space_key}|dimensions={dims}|normalize={norm}"
+        if late is not None:
+            key += f"|late_chunking={late}"
         return compressed_schema("es1-" + hashlib.sha256(key.encode()).hexdigest()[:16], embedding_type)
 
     def fields(
-        self, dimensions: int | None = None, normalize: bool | None = None, embedding_type: str = "float"
+        self,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        embedding_type: str = "float",
+        late: str | None = None,
     ) -> dict[str, str]:
         """The metadata every embeddings response and the model listing carry."""
         return {
@@ -135,7 +147,7 @@ class ModelMetadata:
             "model_version": self.model_version,
             "dtype": self.dtype,
             "backend_profile": self.backend_profile,
-            "embedding_schema": self.schema(dimensions, normalize, embedding_type),
+            "embedding_schema": self.schema(dimensions, normalize, embedding_type, late),
         }
 
 

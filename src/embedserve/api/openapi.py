@@ -51,13 +51,21 @@ class SparseEmbedding(BaseModel):
 
 class EmbeddingItem(BaseModel):
     object: Literal["embedding"]
-    index: int = Field(ge=0, description="position of the input in the request")
+    index: int = Field(ge=0, description="position of the input (late chunking: of the chunk) in the request")
     embedding: list[float] | str | SparseEmbedding = Field(
         description="float list, or base64 of little-endian float32 with encoding_format=base64; "
         "a SPLADE model's sparse vector (embedding_type sparse) as indices and values"
     )
-    num_tokens: int = Field(ge=1, description="tokens embedded (prompt included, after truncation)")
-    truncated: bool = Field(default=False, description="the input was cut to the model's limit")
+    num_tokens: int = Field(
+        ge=1, description="tokens embedded (prompt included, after truncation; late chunking: the chunk's)"
+    )
+    truncated: bool = Field(default=False, description="the input (its document) was cut to its limit")
+    char_range: list[int] | None = Field(
+        default=None, description="late chunking: the chunk's [start, end) characters in the document"
+    )
+    token_range: list[int] | None = Field(
+        default=None, description="late chunking: the chunk's [start, end) positions in the token sequence"
+    )
     pool: str | None = Field(default=None, description="gateway only: the pool that embedded it")
 
 

@@ -128,6 +128,18 @@ class EmbeddingRequest(BaseModel):
     embedding_type: EmbeddingType | Literal["sparse"] = "float"  # compressed (api/quantize.py) or sparse
     sparse_top_k: int | None = Field(default=None, ge=1)  # sparse: only the k largest weights
     return_tokens: bool = False  # sparse: the token of each index too
+    # Late chunking (late_chunking.py): `input` is one document's chunks, or the document with
+    # `chunk_spans` ([start, end) characters) or `late_chunk_size` (tokens per chunk).
+    late_chunking: bool = Field(
+        default=False, description="input is one document: its chunks in order, or the whole text"
+    )
+    chunk_spans: list[list[int]] | None = Field(
+        default=None, description="late chunking: the chunks as [start, end) characters of the document"
+    )
+    late_chunk_size: int | None = Field(default=None, ge=1, description="late chunking: tokens per chunk")
+    span_pooling: Literal["mean", "last"] = Field(
+        default="mean", description="late chunking: each chunk's mean, or its last row (causal decoders)"
+    )
 
     _validate_input = field_validator("input", mode="plain")(_check_input)
 
@@ -136,6 +148,34 @@ class EmbeddingRequest(BaseModel):
     def _messages(cls, data: Any) -> Any:
         """vLLM's chat-embedding body (`messages`) as one input (api/multimodal.py)."""
         return messages_to_input(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _late_options(self) -> EmbeddingRequest:
+        late = ("chunk_spans", "late_chunk_size", "span_pooling")
+        given = [f for f in late if f in self.model_fields_set]
+        if not self.late_chunking:
+            if given:
+                raise ValueError(f"{', '.join(given)} applies with late_chunking: true")
+            return self
+        if not (isinstance(self.input, str) or all(isinstance(x, str) for x in self.input)):
+            raise ValueError("late_chunking takes text: a document's chunks, or the document")
+        whole = [f for f in late[:2] if f in given]
+        if isinstance(self.input, str) and len(whole) != 1:
+            raise ValueError("late_chunking on one document string takes chunk_spans or late_chunk_size")
+        if not isinstance(self.input, str) and whole:
+            raise ValueError(f"{whole[0]} goes with input as one document string, not a list of chunks")
+        if self.embedding_type == "sparse":
+            raise ValueError("late_chunking pools dense vectors; embedding_type 'sparse' does not apply")
+        return self
+
+    @property
+    def n_outputs(self) -> int | None:
+        """Vectors the answer will hold where known before tokenizing (late chunking by size: not)."""
+        if not self.late_chunking:
+            return len(self.items)
+        if self.chunk_spans is not None:
+            return len(self.chunk_spans)
+        return None if isinstance(self.input, str) else len(self.input)
 
     @property
     def items(self) -> list[str] | list[list[int]] | list[Item]:

@@ -21,21 +21,27 @@ _METADATA = ("model_version", "dtype", "backend_profile")
 
 
 class EmbeddingsJob(Job[EmbeddingRequest]):
+    """Each input is a part of its own; a late-chunked document (its chunks, or the document with
+    its spans) is one input, counted whole and sent as the client sent it."""
+
     def __init__(self, gw: Pipeline, req: EmbeddingRequest) -> None:
         self.items = req.items
-        super().__init__(req, req.model, len(self.items), req.truncate)
+        super().__init__(req, req.model, req.n_outputs or 1, req.truncate)
         self.counter = gw.counter
         self.metrics = gw.metrics
 
     def count(self) -> list[int]:
         prompt = self.counter.resolve_prompt(self.req.prompt_name, self.req.prompt)
+        if self.req.late_chunking:
+            return self.counter.count(["".join(str(x) for x in self.items)], prompt)
         return self.counter.count(self.items, prompt)
 
     def payload(self, indices: Sequence[int], traffic_class: str) -> dict[str, Any]:
         # The client's options as sent (defaults left to the upstream); `model` is dropped because
         # each upstream may serve the model under its own name (the schema guard vouches for it).
         body = self.req.model_dump(exclude_unset=True, exclude={"model", "input", "priority"})
-        body["input"] = [to_json(self.items[i]) for i in indices]
+        late = self.req.late_chunking
+        body["input"] = self.req.input if late else [to_json(self.items[i]) for i in indices]
         body["priority"] = traffic_class
         return body
 
@@ -49,8 +55,24 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
                 f"pools answered with different embedding schemas {found}; refusing to mix them",
                 "server_error",
             )
+        data = self._late(results) if self.req.late_chunking else self._placed(results, counts)
+        usages = [r.body.get("usage") or {} for r in results]
+        prompt_tokens = sum(int(u.get("prompt_tokens", 0)) for u in usages)
+        total_tokens = sum(int(u.get("total_tokens", 0)) for u in usages)
+        meta = {key: ",".join(sorted({str(r.body.get(key)) for r in results})) for key in _METADATA}
+        return {
+            "object": "list",
+            "data": data,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": total_tokens},
+            "model": name or str(results[0].body.get("model")),
+            **meta,
+            "embedding_schema": schemas.pop(),
+        }
+
+    def _placed(self, results: Sequence[PartResult], counts: Sequence[int]) -> list[dict[str, Any]]:
+        """Each part's vectors at their inputs' positions; a pool that counted an input's tokens
+        otherwise than the gateway is counted and logged."""
         data: list[dict[str, Any]] = [{} for _ in counts]
-        prompt_tokens = total_tokens = 0
         for r in results:
             for item in r.body["data"]:
                 i = r.part.indices[item["index"]]
@@ -61,18 +83,13 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
                         "input %d: the gateway counted %d tokens, pool %r counted %s: is the gateway's "
                         "--model the pools' model?", i, counts[i], r.pool, item.get("num_tokens"),
                     )  # fmt: skip
-            usage = r.body.get("usage") or {}
-            prompt_tokens += int(usage.get("prompt_tokens", 0))
-            total_tokens += int(usage.get("total_tokens", 0))
-        meta = {key: ",".join(sorted({str(r.body.get(key)) for r in results})) for key in _METADATA}
-        return {
-            "object": "list",
-            "data": data,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": total_tokens},
-            "model": name or str(results[0].body.get("model")),
-            **meta,
-            "embedding_schema": schemas.pop(),
-        }
+        return data
+
+    @staticmethod
+    def _late(results: Sequence[PartResult]) -> list[dict[str, Any]]:
+        """A late-chunked document's one part: its chunks' vectors as the pool numbered them."""
+        (r,) = results
+        return [{**item, "pool": r.pool} for item in r.body["data"]]
 
 
 EMBEDDINGS_ROUTE = GatewayRoute(EMBEDDINGS, EmbeddingsJob)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from embedserve.api.multimodal import resolve_items
 from embedserve.api.protocol import ApiError, EmbeddingRequest, encode_vector, usage
 from embedserve.api.quantize import quantize, to_base64
-from embedserve.api.routes import EMBEDDINGS
+from embedserve.api.routes import EMBEDDINGS, too_many_inputs
 from embedserve.api.sparse import sparse_item
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.server.pipeline import Computed, Job, ServerRoute
@@ -19,7 +21,8 @@ from embedserve.tokenizer import Tokenized
 
 class EmbeddingsJob(Job):
     def __init__(self, svc: EmbeddingService, req: EmbeddingRequest) -> None:
-        super().__init__(req.model, len(req.items))
+        # late chunking: the limit counts chunks (vectors), known after tokenizing for a size
+        super().__init__(req.model, req.n_outputs or 1)
         self.svc = svc
         self.req = req
 
@@ -29,7 +32,20 @@ class EmbeddingsJob(Job):
         svc.engine.check_dimensions(req.dimensions)
         svc.check_types([req.embedding_type], req.dimensions)
         prompt = svc.engine.resolve_prompt(req.prompt_name, req.prompt)
-        return svc.engine.tokenize(resolve_items(req.items), prompt, req.truncate)
+        if not req.late_chunking:
+            return svc.engine.tokenize(resolve_items(req.items), prompt, req.truncate)
+        doc = svc.engine.tokenize_late(
+            req.input,  # type: ignore[arg-type]  # text, as the request's validator checked
+            chunk_spans=req.chunk_spans,
+            chunk_size=req.late_chunk_size,
+            span_pooling=req.span_pooling,
+            prompt=prompt,
+            truncate=req.truncate,
+        )
+        assert doc.late is not None
+        if len(doc.late.spans) > svc.max_inputs_per_request:
+            raise too_many_inputs(len(doc.late.spans), svc.max_inputs_per_request)
+        return [doc]
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
         cache = self.svc.result_cache
@@ -49,32 +65,52 @@ class EmbeddingsJob(Job):
     def body(self, done: Computed) -> Any:
         req, svc = self.req, self.svc
         kind = req.embedding_type
+        if req.late_chunking:
+            rows, items = late_items(done)
+        else:
+            rows = done.matrix()
+            items = [
+                {"index": i, "num_tokens": out.num_tokens, "truncated": tok.truncated}
+                for i, (out, tok) in enumerate(zip(done.outputs, done.tokenized, strict=True))
+            ]
         vectors: list[Any]
         if kind == "sparse":
             token = svc.engine.tokenizer.backend.id_to_token if req.return_tokens else None
-            vectors = [sparse_item(o.embedding, req.sparse_top_k, token) for o in done.outputs]
+            vectors = [sparse_item(row, req.sparse_top_k, token) for row in rows]
         elif kind == "float":
-            vectors = [encode_vector(o.embedding, req.encoding_format) for o in done.outputs]
+            vectors = [encode_vector(row, req.encoding_format) for row in rows]
         else:  # compressed (extension): ints, or their raw bytes in base64
-            q = quantize(done.matrix(), kind, svc.calibration)
+            q = quantize(rows, kind, svc.calibration)
             vectors = [to_base64(v) if req.encoding_format == "base64" else v.tolist() for v in q]
         data = [
-            {
-                "object": "embedding",
-                "index": i,
-                "embedding": vec,
-                "num_tokens": out.num_tokens,
-                "truncated": tok.truncated,
-            }
-            for i, (vec, out, tok) in enumerate(zip(vectors, done.outputs, done.tokenized, strict=True))
+            {"object": "embedding", "index": item.pop("index"), "embedding": vec, **item}
+            for vec, item in zip(vectors, items, strict=True)
         ]
-        n = done.n_tokens
+        late = req.span_pooling if req.late_chunking else None
         return {
             "object": "list",
             "data": data,
-            "usage": usage(n),
-            **svc.metadata.fields(req.dimensions, req.normalize, svc.schema_type(kind)),
+            "usage": usage(done.n_tokens),
+            **svc.metadata.fields(req.dimensions, req.normalize, svc.schema_type(kind), late),
         }
+
+
+def late_items(done: Computed) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """A late-chunked document's rows and one item per chunk (its index in the request, its
+    own tokens, its character and token ranges); chunks truncation cut off have none."""
+    (out,), (tok,) = done.outputs, done.tokenized
+    assert tok.late is not None
+    items = [
+        {
+            "index": c.index,
+            "num_tokens": c.tokens[1] - c.tokens[0],
+            "truncated": tok.truncated,
+            "char_range": list(c.chars),
+            "token_range": list(c.tokens),
+        }
+        for c in tok.late.spans
+    ]
+    return out.embedding, items
 
 
 def check_sparse_options(req: EmbeddingRequest) -> None:
