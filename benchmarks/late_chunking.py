@@ -1,0 +1,136 @@
+"""Late chunking vs independent chunks on one engine: cost and retrieval, in one run.
+
+Every Python-docs topic (`--dataset pydocs`'s help() topics: query = its first paragraph,
+document = the rest) is cut by the indexer's chunker (`--chunk-tokens`, no overlap). The
+independent arm embeds each chunk alone; the late arm embeds runs of consecutive chunks that
+fit `--window` tokens as one late-chunked request (`chunk_spans`), so each chunk vector sees its
+window. Both arms index the same chunks; a document scores as its best chunk. The arms
+alternate over `--rounds` (medians): documents/s and tokens computed per second.
+
+    python benchmarks/late_chunking.py                      # the default model (MiniLM, 512)
+    python benchmarks/late_chunking.py --model DIR --window 8192 --chunk-tokens 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from embedserve import Engine
+from embedserve.engine.loop import wait_all
+from embedserve.index.chunking import Chunk, Chunker
+from embedserve.models.default import default_model_path
+from embedserve.parity.datasets.pydocs import topic_pairs
+
+
+def windows(chunks: list[Chunk], counts: list[int], window: int) -> list[list[int]]:
+    """Runs of consecutive chunk indices whose tokens fit `window`."""
+    runs: list[list[int]] = [[]]
+    total = 0
+    for i, n in enumerate(counts):
+        if runs[-1] and total + n > window:
+            runs.append([])
+            total = 0
+        runs[-1].append(i)
+        total += n
+    return runs
+
+
+def embed_independent(engine: Engine, docs: list[list[Chunk]]) -> tuple[list[np.ndarray], int]:
+    out, tokens = [], 0
+    for chunks in docs:
+        res = engine.embed_outputs([c.text for c in chunks])
+        out.append(np.stack([r.embedding for r in res]))
+        tokens += sum(r.num_tokens for r in res)
+    return out, tokens
+
+
+def embed_late(
+    engine: Engine, texts: list[str], docs: list[list[Chunk]], runs: list[list[list[int]]]
+) -> tuple[list[np.ndarray], int]:
+    out, tokens = [], 0
+    for text, chunks, doc_runs in zip(texts, docs, runs, strict=True):
+        toks = []
+        for run in doc_runs:  # a document's windows submitted together, as its chunks are
+            lo, hi = chunks[run[0]].start, chunks[run[-1]].end
+            spans = [[chunks[i].start - lo, chunks[i].end - lo] for i in run]
+            toks.append(engine.tokenize_late(text[lo:hi], chunk_spans=spans))
+        rows = []
+        for tok, fin in zip(toks, wait_all(engine.submit_tokenized(toks)), strict=True):
+            assert tok.late is not None and len(tok.late.spans) == fin.vector.shape[0], (
+                "a chunk got no vector"
+            )
+            rows.append(fin.vector.numpy())
+            tokens += len(tok.token_ids)
+        out.append(np.concatenate(rows))
+    return out, tokens
+
+
+def retrieval(queries: np.ndarray, docs: list[np.ndarray], k: int = 10) -> dict[str, float]:
+    """Known-item retrieval (query i's document is document i), a document as its best chunk."""
+    scores = np.stack([(queries @ d.T).max(axis=1) for d in docs], axis=1)  # [queries, docs]
+    ranks = (scores > scores.diagonal()[:, None]).sum(axis=1)  # 0 = first
+    return {
+        f"nDCG@{k}": float(np.mean(np.where(ranks < k, 1 / np.log2(ranks + 2), 0.0))),
+        f"Recall@{k}": float(np.mean(ranks < k)),
+        "Recall@1": float(np.mean(ranks < 1)),
+        "MRR": float(np.mean(1 / (ranks + 1))),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=None, help="model directory (default: the default model)")
+    ap.add_argument("--chunk-tokens", type=int, default=128)
+    ap.add_argument("--window", type=int, default=None, help="tokens per late request (max_model_len)")
+    ap.add_argument("--max-model-len", type=int, default=None, help="engine max_model_len (MiniLM: 512)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget", type=int, default=2048, help="engine token budget")
+    args = ap.parse_args()
+    model = args.model or default_model_path()
+    pairs = topic_pairs()
+    query_texts = [q for q, _ in pairs.values()]
+    texts = [d for _, d in pairs.values()]
+    options = {"max_model_len": args.max_model_len} if args.max_model_len else {}
+    with Engine.from_pretrained(model, max_num_batched_tokens=args.budget, **options) as engine:
+        window = (args.window or engine.config.scheduler.max_model_len) - engine.tokenizer.num_special
+        chunker = Chunker(engine.tokenizer, args.chunk_tokens, 0)
+        docs = [chunker.split(t) for t in texts]
+        counts = [
+            [len(engine.tokenizer.backend.encode(c.text, add_special_tokens=False).ids) for c in cs]
+            for cs in docs
+        ]
+        runs = [windows(cs, n, window) for cs, n in zip(docs, counts, strict=True)]
+        queries = engine.embed(query_texts, truncate="end")
+        times: dict[str, list[float]] = {"independent": [], "late": []}
+        vectors: dict[str, list[np.ndarray]] = {}
+        tokens: dict[str, int] = {}
+        for _ in range(args.rounds):
+            for arm in ("independent", "late"):
+                start = time.perf_counter()
+                if arm == "late":
+                    vectors[arm], tokens[arm] = embed_late(engine, texts, docs, runs)
+                else:
+                    vectors[arm], tokens[arm] = embed_independent(engine, docs)
+                times[arm].append(time.perf_counter() - start)
+    n_chunks = sum(len(c) for c in docs)
+    print(f"model {model}; {len(texts)} documents, {n_chunks} chunks of <= {args.chunk_tokens} tokens; "
+          f"late windows of <= {window} content tokens ({sum(len(r) for r in runs)} requests); "
+          f"{args.rounds} rounds, medians")  # fmt: skip
+    print("| arm | documents/s | tokens computed | tokens/s | nDCG@10 | Recall@10 | Recall@1 | MRR |")
+    print("|---|---|---|---|---|---|---|---|")
+    for arm in ("independent", "late"):
+        t = statistics.median(times[arm])
+        m = retrieval(queries, vectors[arm])
+        quality = " | ".join(f"{m[k]:.4f}" for k in ("nDCG@10", "Recall@10", "Recall@1", "MRR"))
+        print(f"| {arm} | {len(texts) / t:.2f} | {tokens[arm]:,} | {tokens[arm] / t:,.0f} | {quality} |")
+    ratio = statistics.median(times["independent"]) / statistics.median(times["late"])
+    print(f"late / independent documents/s: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
