@@ -20,8 +20,12 @@ def _bucket(word: str) -> int:
 
 
 class WordEmbedder:
-    def __init__(self, tokenizer: Tokenizer, schema: str = "es1-words", model: str = "words") -> None:
-        self.meta = VectorMeta(model, "v1", "float32", "cpu-fp32", schema)
+    def __init__(
+        self, tokenizer: Tokenizer, schema: str = "es1-words", model: str = "words", late: bool = False
+    ) -> None:
+        self.late = late  # late chunking: a chunk's vector is its words plus half its window's
+        self.meta = VectorMeta(model, "v1", "float32", "cpu-fp32", schema + ("-late" if late else ""))
+        self.windows: list[str] = []  # every window embedded late, in order
         self.dimension = DIM
         self.tokenizer: Tokenizer | None = tokenizer
         self.max_tokens: int | None = 4096
@@ -41,6 +45,14 @@ class WordEmbedder:
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         return self._vectors(texts)
+
+    def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
+        out = []
+        for text, spans in windows:
+            self.windows.append(text)
+            rows = self._vectors([text[a:b] for a, b in spans]) + 0.5 * self._vectors([text])
+            out.append(rows / np.linalg.norm(rows, axis=1, keepdims=True))
+        return out
 
     def close(self) -> None:
         pass

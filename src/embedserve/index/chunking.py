@@ -69,7 +69,8 @@ class Chunker:
         self.max_tokens = max_tokens
         self.overlap = overlap
 
-    def _count(self, text: str) -> int:
+    def count(self, text: str) -> int:
+        """Content tokens of `text` (special tokens not included)."""
         return len(self.tokenizer.backend.encode(text, add_special_tokens=False).ids)
 
     def split(self, text: str) -> list[Chunk]:
@@ -116,7 +117,7 @@ class Chunker:
                 b -= 1
             if a == b:
                 return None, end
-            excess = self._count(text[a:b]) - self.budget
+            excess = self.count(text[a:b]) - self.budget
             if excess <= 0 or end - start == 1:
                 return Chunk(text[a:b], a, b), end
             end = max(end - excess, start + 1)

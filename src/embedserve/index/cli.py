@@ -67,6 +67,12 @@ def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -
         f"--{prefix}int8-calibration", default=None, metavar="NPY", help="int8 ranges (as `serve`)"
     )
     g.add_argument(f"--{prefix}int8-scale", type=float, default=1.0, help="int8 fixed range (as `serve`)")
+    g.add_argument(
+        f"--{prefix}late-chunking",
+        action="store_true",
+        help="late chunking: each chunk pooled inside its document (windows of the model's input; "
+        "--overlap 0); an index of its own schema, searched with this flag too (docs/late-chunking.md)",
+    )
 
 
 def _add_engine(p: argparse.ArgumentParser) -> None:

@@ -62,6 +62,7 @@ def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
         embedding_type=opt("embedding-type") or "float",
         int8_calibration=opt("int8-calibration"),
         int8_scale=opt("int8-scale") or 1.0,
+        late_chunking=bool(opt("late-chunking")),
     )
 
 
@@ -100,6 +101,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise DocumentError(f"no documents with text under {', '.join(args.paths)}")
     progress = None if args.progress == "auto" else args.progress == "on"
     if args.ray:
+        if spec.late_chunking:
+            raise StoreError("--late-chunking runs in this process for now, not on Ray (--ray)")
         from embedserve.index.ray_runner import index_with_ray, ray_session
 
         with ray_session(args.ray_address), opened_store(args) as store:

@@ -62,6 +62,12 @@ class Embedder(Protocol):
 
     def embed_queries(self, texts: list[str]) -> np.ndarray: ...
 
+    # Late chunking (`index --late-chunking`): `meta` is the late-chunked vectors' schema and
+    # `embed_late_documents` answers [chunks, dimension] per (text, chunk spans) window.
+    late: bool
+
+    def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]: ...
+
     def close(self) -> None: ...
 
 
@@ -105,3 +111,4 @@ class EmbedderSpec:
     embedding_type: str = "float"
     int8_calibration: str | None = None
     int8_scale: float = 1.0
+    late_chunking: bool = False  # documents' chunks pooled inside their windows (index/late.py)

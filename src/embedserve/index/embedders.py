@@ -41,6 +41,7 @@ def _float_embedder(spec: EmbedderSpec) -> Embedder:
             dimensions=spec.dimensions,
             tokenizer=load_tokenizer(spec.tokenizer) if spec.tokenizer else None,
             query_prompt_name=spec.query_prompt_name,
+            late=spec.late_chunking,
         )
     if spec.model is None:
         raise ValueError("an embedder needs a model or an endpoint")
@@ -53,6 +54,7 @@ def _float_embedder(spec: EmbedderSpec) -> Embedder:
         spec.model_version,
         spec.dimensions,
         spec.query_prompt_name,
+        spec.late_chunking,
     )
 
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from embedserve.embedders.engine import EngineSource, open_engine
 from embedserve.engine.engine import Engine
+from embedserve.engine.loop import wait_all
 from embedserve.engine.options import EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, Traffic, VectorMeta, pick_prompt
+from embedserve.pooling.spans import SpanPooling
 from embedserve.tokenizer import Tokenizer
 
 
@@ -30,14 +33,17 @@ class EngineEmbedder:
         model_version: str | None = None,
         dimensions: int | None = None,
         query_prompt_name: str | None = None,
+        late: bool = False,
     ) -> None:
         self.source = engine if isinstance(engine, EngineSource) else EngineSource(engine)
+        self.late = late
         self.engine = self.source.engine
         config = self.engine.config
         self.engine.check_dimensions(dimensions)
         if config.task != "embed":
             raise ModelLoadError(f"{config.model_path} is a reranker: it cannot embed documents")
-        self.meta = VectorMeta(**self.source.metadata(name, model_version).fields(dimensions))
+        meta = self.source.metadata(name, model_version)
+        self.meta = VectorMeta(**meta.fields(dimensions, late=SpanPooling.MEAN.value if late else None))
         self.dimension = dimensions or config.model.hidden_size
         self.dimensions = dimensions
         self.tokenizer: Tokenizer | None = self.engine.tokenizer
@@ -56,10 +62,11 @@ class EngineEmbedder:
         model_version: str | None = None,
         dimensions: int | None = None,
         query_prompt_name: str | None = None,
+        late: bool = False,
     ) -> EngineEmbedder:
         source = EngineSource(open_engine(model, options), options)
         try:
-            return cls(source, name or Path(model).name, model_version, dimensions, query_prompt_name)
+            return cls(source, name or Path(model).name, model_version, dimensions, query_prompt_name, late)
         except BaseException:
             source.close()
             raise
@@ -81,5 +88,17 @@ class EngineEmbedder:
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         return self._embed(texts, self._queries)
 
+    def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
+        """Each window late-chunked (engine/late.py), all submitted at once as batch traffic."""
+        prompt = self.engine.resolve_prompt(self._docs.prompt_name, None)
+        docs = [self.engine.tokenize_late(text, chunk_spans=spans, prompt=prompt) for text, spans in windows]
+        futures = self.engine.submit_tokenized(docs, dimensions=self.dimensions, priority=self._docs.priority)
+        return [_rows(fin.vector) for fin in wait_all(futures)]
+
     def close(self) -> None:
         self.source.close()
+
+
+def _rows(vector: torch.Tensor | None) -> np.ndarray:
+    assert vector is not None  # wait_all raised for a failed request
+    return vector.numpy().astype(np.float32, copy=False)

@@ -39,7 +39,9 @@ class HttpEmbedder:
         timeout_s: float = 300.0,
         max_wait_s: float = 600.0,
         transport: httpx.BaseTransport | None = None,
+        late: bool = False,
     ) -> None:
+        self.late = late
         self._endpoint = Endpoint.at(url, model=model, api_key=api_key, timeout=timeout_s)
         # Backpressure is the server working as designed: wait as told, for up to max_wait_s.
         self._client = EmbeddingsClient(
@@ -56,7 +58,11 @@ class HttpEmbedder:
             self._queries = Traffic.queries(pick_prompt(prompts, QUERY_PROMPT, query_prompt_name))
             # One tiny request tells the schema of vectors embedded with exactly these options.
             with self._errors():
-                probe = next(self._replies(["metadata probe"], self._queries))
+                probe = (
+                    self._late("metadata probe", [(0, 8)], self._queries)
+                    if late
+                    else next(self._replies(["metadata probe"], self._queries))
+                )
             self.meta = self._meta(probe)
         except BaseException:
             self._client.close()
@@ -111,21 +117,34 @@ class HttpEmbedder:
             )
         return VectorMeta(**{k: str(reply.metadata[k]) for k in _META_FIELDS})
 
+    def _late(self, text: str, spans: list[tuple[int, int]], traffic: Traffic) -> Reply:
+        """One late-chunked request: `text` with its chunks' character spans."""
+        body = self._endpoint.body(
+            self._endpoint.model, [], encoding_format="base64", priority=traffic.priority,
+            truncate=traffic.truncate, dimensions=self.dimensions, prompt_name=traffic.prompt_name,
+            late_chunking=True, chunk_spans=[list(s) for s in spans],
+        )  # fmt: skip
+        body["input"] = text
+        return self._endpoint.reply(self._client.send("POST", self._endpoint.url, body), len(spans))
+
+    def _checked(self, reply: Reply) -> np.ndarray:
+        schema = self._meta(reply).embedding_schema
+        if schema != self.meta.embedding_schema:
+            raise EndpointError(
+                f"{self._where} switched embedding_schema from {self.meta.embedding_schema} to {schema} "
+                "mid-run; stopping rather than mixing vector spaces"
+            )
+        return reply.vectors
+
     def _embed(self, texts: list[str], traffic: Traffic) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        parts = []
         with self._errors():
-            for reply in self._replies(texts, traffic):
-                schema = self._meta(reply).embedding_schema
-                if schema != self.meta.embedding_schema:
-                    raise EndpointError(
-                        f"{self._where} switched embedding_schema from "
-                        f"{self.meta.embedding_schema} to {schema} mid-run; stopping rather than mixing "
-                        "vector spaces"
-                    )
-                parts.append(reply.vectors)
-        return np.concatenate(parts)
+            return np.concatenate([self._checked(reply) for reply in self._replies(texts, traffic)])
+
+    def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
+        with self._errors():
+            return [self._checked(self._late(text, spans, self._docs)) for text, spans in windows]
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         return self._embed(texts, self._docs)

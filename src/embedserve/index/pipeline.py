@@ -25,6 +25,7 @@ from embedserve.index.chunking import Chunker
 from embedserve.index.documents import Document
 from embedserve.index.embedder import Embedder, VectorMeta
 from embedserve.index.errors import SchemaMismatchError, StoreError
+from embedserve.index.late import check_late_chunker, embed_late_rows, late_windows
 from embedserve.index.store import LIVE, MAX_TEXT_BYTES, SHADOW, Store, StoredChunk
 
 Batch = dict[str, np.ndarray]
@@ -38,13 +39,18 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def chunk_stage(docs: Batch, chunker: Chunker, schema: str) -> Batch:
-    """Columns doc_id, text -> one row per chunk: id, doc_id, chunk_idx, last_idx, text, text_hash."""
-    cols: dict[str, list[Any]] = {
-        k: [] for k in ("id", "doc_id", "chunk_idx", "last_idx", "text", "text_hash")
-    }
+def chunk_stage(docs: Batch, chunker: Chunker, schema: str, late_budget: int | None = None) -> Batch:
+    """Columns doc_id, text -> one row per chunk: id, doc_id, chunk_idx, last_idx, text, text_hash;
+    with `late_budget` (late chunking: content tokens per window) also window and window_pos,
+    and a text hash over the chunk's window (index/late.py)."""
+    names = ["id", "doc_id", "chunk_idx", "last_idx", "text", "text_hash"]
+    cols: dict[str, list[Any]] = {k: [] for k in names + (["window", "window_pos"] if late_budget else [])}
     for doc_id, text in zip(docs["doc_id"], docs["text"], strict=True):
         chunks = chunker.split(str(text))
+        placed = None
+        if late_budget is not None:
+            counts = [chunker.count(c.text) for c in chunks]
+            placed = late_windows(str(text), chunks, counts, late_budget)
         for idx, chunk in enumerate(chunks):
             if len(chunk.text.encode()) > MAX_TEXT_BYTES:
                 raise StoreError(
@@ -56,10 +62,18 @@ def chunk_stage(docs: Batch, chunker: Chunker, schema: str) -> Batch:
             cols["chunk_idx"].append(idx)
             cols["last_idx"].append(len(chunks) - 1)
             cols["text"].append(chunk.text)
-            cols["text_hash"].append(text_hash(chunk.text))
+            if placed is None:
+                cols["text_hash"].append(text_hash(chunk.text))
+                continue
+            window, pos = placed[idx]
+            cols["window"].append(window)
+            cols["window_pos"].append(pos)
+            cols["text_hash"].append(text_hash(f"{chunk.text}\0late\0{window.text}"))
     out = {k: np.asarray(v, dtype=object) for k, v in cols.items()}
     out["chunk_idx"] = np.asarray(cols["chunk_idx"], dtype=np.int64)
     out["last_idx"] = np.asarray(cols["last_idx"], dtype=np.int64)
+    if late_budget is not None:
+        out["window_pos"] = np.asarray(cols["window_pos"], dtype=np.int64)
     return out
 
 
@@ -69,7 +83,9 @@ def embed_stage(chunks: Batch, embedder: Embedder, stored_hashes: Mapping[str, s
     n = len(chunks["id"])
     todo = [i for i in range(n) if stored_hashes.get(chunks["id"][i]) != chunks["text_hash"][i]]
     vectors = np.zeros((n, embedder.dimension), dtype=np.float32)
-    if todo:
+    if todo and "window" in chunks:  # late chunking: each chunk's row of its window's request
+        vectors[todo] = embed_late_rows(chunks, todo, embedder)
+    elif todo:
         vectors[todo] = embedder.embed_documents([str(chunks["text"][i]) for i in todo])
     embedded = np.zeros(n, dtype=bool)
     embedded[todo] = True
@@ -209,10 +225,14 @@ def index_documents(
 ) -> IndexStats:
     """Index `docs` in this process; `role` is pointed at the collection once it is complete."""
     check_chunk_limit(chunker, embedder.max_tokens)
+    late_budget = None
+    if embedder.late:
+        check_late_chunker(chunker.overlap)
+        late_budget = (embedder.max_tokens or chunker.max_tokens) - chunker.tokenizer.num_special
     collection = open_collection(store, embedder.meta, embedder.dimension, role)
     stored = store.stored_chunks(collection)
     hashes = {cid: s.text_hash for cid, s in stored.items()}
-    chunks = chunk_stage(as_columns(list(docs)), chunker, embedder.meta.embedding_schema)
+    chunks = chunk_stage(as_columns(list(docs)), chunker, embedder.meta.embedding_schema, late_budget)
     n = len(chunks["id"])
     # progress=None: a bar only on a terminal (tqdm's own rule).
     bar = tqdm(total=n, unit="chunk", desc="indexing", disable=None if progress is None else not progress)

@@ -59,12 +59,17 @@ class QuantizingEmbedder:
         self.dimension = 8 * ((inner.dimension + 7) // 8) if kind.endswith("binary") else inner.dimension
         self.tokenizer: Tokenizer | None = inner.tokenizer
         self.max_tokens: int | None = inner.max_tokens
+        self.late = inner.late
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         return stored_codes(self.inner.embed_documents(texts), self.kind, self.calibration)
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         return stored_codes(self.inner.embed_queries(texts), self.kind, self.calibration)
+
+    def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
+        found = self.inner.embed_late_documents(windows)
+        return [stored_codes(rows, self.kind, self.calibration) for rows in found]
 
     def rescore_queries(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(codes to search with, the float queries to rescore with)."""

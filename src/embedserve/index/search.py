@@ -21,7 +21,7 @@ def checked_collection(store: Store, embedder: Embedder, role: str) -> str:
             stored,
             embedder.meta.embedding_schema,
             f"It was built with model {store.model_of(collection)}: query it with that model and the same "
-            "options (version, dimensions), or migrate the store (`embedserve migrate`).",
+            "options (version, dimensions, --late-chunking), or migrate the store (`embedserve migrate`).",
         )
     return collection
 
