@@ -77,6 +77,20 @@ def tokenize_late(
 ) -> Tokenized:
     """`document` (with `prompt` before it) as one sequence whose chunks are `char_spans`, or
     runs of `chunk_size` content tokens; InputTooLongError over `max_len` unless `truncate`."""
+    return late_sequence(tokenizer, document, max_len, truncate, char_spans, chunk_size, prompt, pooling)[0]
+
+
+def late_sequence(
+    tokenizer: Tokenizer,
+    document: str,
+    max_len: int,
+    truncate: Truncate,
+    char_spans: Sequence[tuple[int, int]] | None,
+    chunk_size: int | None,
+    prompt: str,
+    pooling: SpanPooling,
+) -> tuple[Tokenized, tuple[int, int]]:
+    """`tokenize_late`'s sequence and the positions [first, end) of its content tokens."""
     if (char_spans is None) == (chunk_size is None):
         raise InvalidInputError("late chunking takes chunk spans or a chunk size: one of them")
     enc, truncated = tokenizer.encoding(document, max_len, truncate, prompt)
@@ -106,12 +120,13 @@ def tokenize_late(
         if hi == content[-1][0] + 1 and enc.sequence_ids[hi:].count(None) == positions - hi:
             hi = positions  # trailing special tokens
         spans.append(ChunkSpan(i, (lo, hi), chars))
-    return Tokenized(
+    tok = Tokenized(
         token_ids=list(enc.ids),
         truncated=truncated,
         prompt_tokens=content[0][0] if prompt else 0,
         late=LateChunks(tuple(spans), pooling),
     )
+    return tok, (content[0][0], content[-1][0] + 1)
 
 
 def _by_chars(

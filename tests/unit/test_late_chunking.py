@@ -266,3 +266,71 @@ def test_refusals_name_the_problem(qwen3_dir: Path) -> None:
             engine.embed_late("a b c", chunk_size=0)
         assert engine.embed(["still fine"]).shape == (1, 64)
     assert SpanPooling("last") is SpanPooling.LAST
+
+
+# ---- documents longer than the model's input: overlapping windows ----------------------------
+
+
+def _windowed_rows(
+    path: Path, ids: list[int], content: tuple[int, int], max_len: int, overlap: int
+) -> torch.Tensor:
+    """Each position's row from the one window that owns it (docs/late-chunking.md): windows of
+    prefix + at most W content tokens + suffix, a later window's first `overlap` tokens context only."""
+    c0, c_end = content
+    prefix, suffix = ids[:c0], ids[c_end:]
+    width = max_len - len(prefix) - len(suffix)
+    rows: list[torch.Tensor | None] = [None] * len(ids)
+    start = c0
+    with torch.inference_mode():
+        while True:
+            end = min(start + width, c_end)
+            window = prefix + ids[start:end] + suffix
+            hidden = hf_model(str(path))(input_ids=torch.tensor([window])).last_hidden_state[0].float()
+            positions = list(range(c0)) + list(range(start, end)) + list(range(c_end, len(ids)))
+            first = c0 if start == c0 else start + overlap
+            for local, p in enumerate(positions):
+                owned = (p < c0 and start == c0) or (first <= p < end) or (p >= c_end and end == c_end)
+                if owned:
+                    rows[p] = hidden[local]
+            if end == c_end:
+                break
+            start = end - overlap
+    assert all(r is not None for r in rows)
+    return torch.stack(rows)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("span_pooling", ["mean", "last"])
+def test_long_documents_run_as_windows_like_the_reference(qwen3_dir: Path, span_pooling: str) -> None:
+    doc = long_text(7000)[:7000]
+    with Engine.from_pretrained(qwen3_dir, max_model_len=512, max_num_batched_tokens=256) as engine:
+        out = engine.embed_late(doc, chunk_size=100, span_pooling=span_pooling, long=True, overlap=64)
+        plan = engine.plan_late(doc, chunk_size=100, span_pooling=span_pooling, long=True, overlap=64)
+        with pytest.raises(InputTooLongError):
+            engine.embed_late(doc, chunk_size=100)
+    ids = plan.document.token_ids
+    assert len(ids) > 1200 and out.windows == len(plan.windows) >= 3 and out.overlap == 64
+    assert all(len(w.token_ids) <= 512 for w in plan.windows)
+    rows = _windowed_rows(qwen3_dir, ids, (0, len(ids) - 1), 512, 64)  # content: all but <|endoftext|>
+    spans = [c.tokens for c in out.chunks]
+    pooled = [rows[b - 1] if span_pooling == "last" else rows[a:b].mean(0) for a, b in spans]
+    want = torch.nn.functional.normalize(torch.stack(pooled), dim=-1).numpy()
+    np.testing.assert_allclose(out.embeddings, want, atol=1e-5)
+
+
+def test_long_windows_on_an_encoder_and_a_document_that_fits() -> None:
+    doc = topic("assert")
+    with Engine.from_pretrained(minilm_dir(), max_model_len=128) as engine:
+        out = engine.embed_late(doc, chunk_size=40, long=True, overlap=16, dimensions=200)
+        ids = engine.plan_late(doc, chunk_size=40, long=True, overlap=16).document.token_ids
+        short = engine.embed_late(doc[:300], chunk_size=20, long=True)
+        assert short.windows == 1 and np.array_equal(
+            short.embeddings, engine.embed_late(doc[:300], chunk_size=20).embeddings
+        )
+        with pytest.raises(InvalidInputError, match="late_overlap 63 leaves no room"):
+            engine.embed_late(doc, chunk_size=40, long=True, overlap=63)
+    assert out.windows > 1
+    rows = _windowed_rows(minilm_dir(), ids, (1, len(ids) - 1), 128, 16)  # [CLS] ... [SEP]
+    pooled = torch.stack([rows[a:b].mean(0)[:200] for a, b in (c.tokens for c in out.chunks)])
+    np.testing.assert_allclose(
+        out.embeddings, torch.nn.functional.normalize(pooled, dim=-1).numpy(), atol=1e-5
+    )

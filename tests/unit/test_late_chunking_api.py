@@ -132,3 +132,37 @@ def test_a_16k_document_against_transformers(qwen3_dir: Path, lane: int | None) 
         hidden = hf_model(str(qwen3_dir))(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
     want = torch.stack([hidden[a:b].mean(0) for a, b in (c.tokens for c in out.chunks)])
     np.testing.assert_allclose(out.embeddings, torch.nn.functional.normalize(want, dim=-1).numpy(), atol=1e-5)
+
+
+def test_long_late_chunking_through_the_api(qwen3_dir: Path) -> None:
+    doc = long_text(7000)[:7000]
+    body = {"input": doc, "late_chunking": True, "late_chunk_size": 100, "long_late_chunking": True}
+    with server_client(qwen3_dir, engine=EngineOptions(max_model_len=512)) as c:
+        engine = runtime_of(c).engine
+        assert engine is not None
+        want = engine.embed_late(doc, chunk_size=100, long=True, overlap=32)
+        got = c.post("/v1/embeddings", json={**body, "late_overlap": 32}).json()
+        assert np.array_equal(
+            np.array([d["embedding"] for d in got["data"]], dtype=np.float32), want.embeddings
+        )
+        summary = got["late_chunking"]
+        assert summary == {"num_tokens": want.num_tokens, "windows": want.windows, "overlap_tokens": 32}
+        assert want.windows >= 3 and got["usage"]["prompt_tokens"] > want.num_tokens  # overlaps count
+        default = c.post("/v1/embeddings", json=body).json()["late_chunking"]
+        assert default["overlap_tokens"] == 512 // 8
+        refusals = [
+            ({**body, "late_overlap": 300}, 400, "leaves no room"),
+            ({**body, "truncate": "end"}, 422, "truncate does not apply"),
+            (
+                {**body, "long_late_chunking": False, "late_overlap": 8},
+                422,
+                "applies with long_late_chunking",
+            ),
+            ({"input": doc, "long_late_chunking": True}, 422, "applies with late_chunking: true"),
+        ]
+        for bad, status, words in refusals:
+            r = c.post("/v1/embeddings", json=bad)
+            assert r.status_code == status and words in r.json()["error"]["message"], (bad, r.text)
+        with TestClient(gateway_app(c.app, qwen3_dir)) as g:
+            through = g.post("/v1/embeddings", json={**body, "late_overlap": 32}).json()
+    assert [d["embedding"] for d in through["data"]] == [d["embedding"] for d in got["data"]]

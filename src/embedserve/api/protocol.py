@@ -140,6 +140,12 @@ class EmbeddingRequest(BaseModel):
     span_pooling: Literal["mean", "last"] = Field(
         default="mean", description="late chunking: each chunk's mean, or its last row (causal decoders)"
     )
+    long_late_chunking: bool = Field(
+        default=False, description="late chunking: a document over max_model_len as overlapping windows"
+    )
+    late_overlap: int | None = Field(
+        default=None, ge=0, description="long late chunking: tokens windows share (default max_model_len / 8)"
+    )
 
     _validate_input = field_validator("input", mode="plain")(_check_input)
 
@@ -151,7 +157,7 @@ class EmbeddingRequest(BaseModel):
 
     @model_validator(mode="after")
     def _late_options(self) -> EmbeddingRequest:
-        late = ("chunk_spans", "late_chunk_size", "span_pooling")
+        late = ("chunk_spans", "late_chunk_size", "span_pooling", "long_late_chunking", "late_overlap")
         given = [f for f in late if f in self.model_fields_set]
         if not self.late_chunking:
             if given:
@@ -166,6 +172,10 @@ class EmbeddingRequest(BaseModel):
             raise ValueError(f"{whole[0]} goes with input as one document string, not a list of chunks")
         if self.embedding_type == "sparse":
             raise ValueError("late_chunking pools dense vectors; embedding_type 'sparse' does not apply")
+        if self.late_overlap is not None and not self.long_late_chunking:
+            raise ValueError("late_overlap applies with long_late_chunking: true")
+        if self.long_late_chunking and self.truncate != "error":
+            raise ValueError("long_late_chunking embeds the whole document: truncate does not apply")
         return self
 
     @property

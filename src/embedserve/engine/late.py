@@ -5,6 +5,7 @@ budget, chunked prefill, preemption, layer-major lane), pooled per chunk span
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ from embedserve.engine.core import Finished
 from embedserve.engine.loop import gather_all, wait_all
 from embedserve.engine.outputs import output_of
 from embedserve.errors import InvalidInputError
-from embedserve.late_chunking import check_char_spans, join_chunks, tokenize_late
+from embedserve.late_chunking import check_char_spans, join_chunks, late_sequence
+from embedserve.late_long import LongPlan, plan_windows
 from embedserve.pooling.spans import ChunkSpan, SpanPooling
 from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
 
@@ -27,6 +29,8 @@ class LateChunkOutput:
     chunks: tuple[ChunkSpan, ...]  # each row's chunk: its index, token and character ranges
     num_tokens: int  # of the whole document as the model read it
     truncated: bool  # the document was cut to max_model_len (cut-off chunks have no row)
+    windows: int = 1  # requests it ran as (long documents: overlapping windows)
+    overlap: int = 0  # content tokens consecutive windows shared
 
 
 class LateChunkingMixin:
@@ -64,9 +68,52 @@ class LateChunkingMixin:
         texts in order (joined exactly), or the whole text with `chunk_spans` ([start, end)
         characters) or `chunk_size` (content tokens per chunk). `span_pooling`: "mean", or
         "last" (a causal decoder's last row of each span)."""
+        limit = self.config.scheduler.max_model_len
+        return self._sequence(document, chunk_spans, chunk_size, span_pooling, prompt, truncate, limit)[0]
+
+    def plan_late(
+        self,
+        document: str | Sequence[str],
+        *,
+        chunk_spans: Sequence[Sequence[int]] | None = None,
+        chunk_size: int | None = None,
+        span_pooling: str = "mean",
+        prompt: str = "",
+        truncate: str = "error",
+        long: bool = False,
+        overlap: int | None = None,
+    ) -> LongPlan:
+        """The requests a late-chunked document runs as: `tokenize_late`'s one sequence, or with
+        `long` a document of any length as windows of max_model_len tokens that share `overlap`
+        content tokens (default: an eighth of max_model_len), one when it fits (late_long.py)."""
+        if not long:
+            tok = self.tokenize_late(
+                document, chunk_spans=chunk_spans, chunk_size=chunk_size, span_pooling=span_pooling,
+                prompt=prompt, truncate=truncate,
+            )  # fmt: skip
+            return LongPlan(tok, [tok], [], 0)
+        limit = self.config.scheduler.max_model_len
+        if overlap is None:
+            overlap = limit // 8
+        if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
+            raise InvalidInputError(f"late_overlap must be a non-negative integer, got {overlap!r}")
+        tok, content = self._sequence(
+            document, chunk_spans, chunk_size, span_pooling, prompt, "error", sys.maxsize
+        )
+        return plan_windows(tok, content, limit, overlap)
+
+    def _sequence(
+        self,
+        document: str | Sequence[str],
+        chunk_spans: Sequence[Sequence[int]] | None,
+        chunk_size: int | None,
+        span_pooling: str,
+        prompt: str,
+        truncate: str,
+        limit: int,
+    ) -> tuple[Tokenized, tuple[int, int]]:
         pooling = self._span_pooling(span_pooling)
         policy = Truncate.parse(truncate)
-        limit = self.config.scheduler.max_model_len
         if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)):
             raise InvalidInputError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         if chunk_size is not None and chunk_size < 1:
@@ -77,18 +124,13 @@ class LateChunkingMixin:
             if document == "":
                 raise InvalidInputError("the document is an empty string")
             spans = None if chunk_spans is None else check_char_spans(chunk_spans, len(document))
-            return tokenize_late(
-                self.tokenizer, document, limit, policy, char_spans=spans, chunk_size=chunk_size,
-                prompt=prompt, pooling=pooling,
-            )  # fmt: skip
+            return late_sequence(self.tokenizer, document, limit, policy, spans, chunk_size, prompt, pooling)
         if chunk_spans is not None or chunk_size is not None:
             raise InvalidInputError(
                 "chunk_spans and chunk_size go with a whole document, not a list of chunks"
             )
         text, spans = join_chunks(document)
-        return tokenize_late(
-            self.tokenizer, text, limit, policy, char_spans=spans, prompt=prompt, pooling=pooling
-        )
+        return late_sequence(self.tokenizer, text, limit, policy, spans, None, prompt, pooling)
 
     def _span_pooling(self, span_pooling: str) -> SpanPooling:
         cfg = self.config
@@ -124,14 +166,18 @@ class LateChunkingMixin:
         normalize: bool | None = None,
         priority: str = "online",
         truncate: str = "error",
+        long: bool = False,
+        overlap: int | None = None,
     ) -> LateChunkOutput:
         """One vector per chunk of `document`, each pooled over its own tokens after the whole
-        document ran as one sequence (`tokenize_late`); the other options as `Engine.submit`."""
-        tok, futures = self._submit_late(
+        document ran as one sequence (`tokenize_late`); `long`: a document over max_model_len
+        runs as windows sharing `overlap` tokens (`plan_late`) instead of being refused or cut
+        (`truncate`). The other options as `Engine.submit`."""
+        plan, futures = self._submit_late(
             document, chunk_spans, chunk_size, span_pooling, self.resolve_prompt(prompt_name, prompt),
-            truncate, dimensions, normalize, priority,
+            truncate, dimensions, normalize, priority, long, overlap,
         )  # fmt: skip
-        return _late_output(wait_all(futures)[0], tok)
+        return self._late_output(plan, wait_all(futures), dimensions, normalize)
 
     async def embed_late_async(
         self,
@@ -146,13 +192,15 @@ class LateChunkingMixin:
         normalize: bool | None = None,
         priority: str = "online",
         truncate: str = "error",
+        long: bool = False,
+        overlap: int | None = None,
     ) -> LateChunkOutput:
         """`embed_late`, awaited (cancelling it frees the queued document)."""
-        tok, futures = self._submit_late(
+        plan, futures = self._submit_late(
             document, chunk_spans, chunk_size, span_pooling, self.resolve_prompt(prompt_name, prompt),
-            truncate, dimensions, normalize, priority,
+            truncate, dimensions, normalize, priority, long, overlap,
         )  # fmt: skip
-        return _late_output((await gather_all(futures))[0], tok)
+        return self._late_output(plan, await gather_all(futures), dimensions, normalize)
 
     def _submit_late(
         self,
@@ -165,16 +213,27 @@ class LateChunkingMixin:
         dimensions: int | None,
         normalize: bool | None,
         priority: str,
-    ) -> tuple[Tokenized, list[Future[Finished]]]:
-        tok = self.tokenize_late(
+        long: bool,
+        overlap: int | None,
+    ) -> tuple[LongPlan, list[Future[Finished]]]:
+        plan = self.plan_late(
             document, chunk_spans=chunk_spans, chunk_size=chunk_size, span_pooling=span_pooling,
-            prompt=prompt, truncate=truncate,
+            prompt=prompt, truncate=truncate, long=long, overlap=overlap,
         )  # fmt: skip
-        futures = self.submit_tokenized([tok], dimensions=dimensions, normalize=normalize, priority=priority)
-        return tok, futures
+        if plan.raw:  # each window's raw span rows; the head applies once they are joined
+            dimensions, normalize = None, False
+        futures = self.submit_tokenized(
+            plan.windows, dimensions=dimensions, normalize=normalize, priority=priority
+        )
+        return plan, futures
 
-
-def _late_output(fin: Finished, tok: Tokenized) -> LateChunkOutput:
-    out = output_of(fin, tok)
-    assert tok.late is not None
-    return LateChunkOutput(out.embedding, tok.late.spans, out.num_tokens, tok.truncated)
+    def _late_output(
+        self, plan: LongPlan, done: list[Finished], dimensions: int | None, normalize: bool | None
+    ) -> LateChunkOutput:
+        norm = self.config.pooling.normalize if normalize is None else normalize
+        rows = [output_of(fin, tok).embedding for fin, tok in zip(done, plan.windows, strict=True)]
+        doc = plan.document
+        return LateChunkOutput(
+            plan.combine(rows, dimensions, norm), plan.spans, len(doc.token_ids), doc.truncated,
+            len(plan.windows), plan.overlap,
+        )  # fmt: skip

@@ -26,7 +26,9 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
 
     def __init__(self, gw: Pipeline, req: EmbeddingRequest) -> None:
         self.items = req.items
-        super().__init__(req, req.model, req.n_outputs or 1, req.truncate)
+        # a long late-chunked document may exceed every pool: it goes to the longest, which windows it
+        over_long = "end" if req.long_late_chunking else req.truncate
+        super().__init__(req, req.model, req.n_outputs or 1, over_long)
         self.counter = gw.counter
         self.metrics = gw.metrics
 

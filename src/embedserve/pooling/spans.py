@@ -27,6 +27,7 @@ from embedserve.pooling.state import PoolingState
 class SpanPooling(str, enum.Enum):
     MEAN = "mean"
     LAST = "last"  # the span's last row: only meaningful where attention is causal
+    SUM = "sum"  # the rows' sum: a part of a chunk whose other rows another request has (late_long.py)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class SpanPoolingState(PoolingState):
                 f"pooled {self.num_pooled_tokens} of {self.num_prompt_tokens} tokens, spans "
                 f"{missing} incomplete; refusing to return partial vectors"
             )
-        if last:
+        if last or self.late.pooling is SpanPooling.SUM:
             return self._acc
         counts = torch.tensor(self._counts, dtype=torch.float32)
         return self._acc / counts[:, None]

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from embedserve.api.multimodal import resolve_items
 from embedserve.api.protocol import ApiError, EmbeddingRequest, encode_vector, usage
 from embedserve.api.quantize import quantize, to_base64
 from embedserve.api.routes import EMBEDDINGS, too_many_inputs
 from embedserve.api.sparse import sparse_item
 from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.late_long import LongPlan
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized
@@ -25,6 +24,7 @@ class EmbeddingsJob(Job):
         super().__init__(req.model, req.n_outputs or 1)
         self.svc = svc
         self.req = req
+        self.plan: LongPlan | None = None  # late chunking: the document's window requests
 
     def tokenize(self) -> list[Tokenized]:
         svc, req = self.svc, self.req
@@ -34,18 +34,19 @@ class EmbeddingsJob(Job):
         prompt = svc.engine.resolve_prompt(req.prompt_name, req.prompt)
         if not req.late_chunking:
             return svc.engine.tokenize(resolve_items(req.items), prompt, req.truncate)
-        doc = svc.engine.tokenize_late(
+        self.plan = svc.engine.plan_late(
             req.input,  # type: ignore[arg-type]  # text, as the request's validator checked
             chunk_spans=req.chunk_spans,
             chunk_size=req.late_chunk_size,
             span_pooling=req.span_pooling,
             prompt=prompt,
             truncate=req.truncate,
+            long=req.long_late_chunking,
+            overlap=req.late_overlap,
         )
-        assert doc.late is not None
-        if len(doc.late.spans) > svc.max_inputs_per_request:
-            raise too_many_inputs(len(doc.late.spans), svc.max_inputs_per_request)
-        return [doc]
+        if len(self.plan.spans) > svc.max_inputs_per_request:
+            raise too_many_inputs(len(self.plan.spans), svc.max_inputs_per_request)
+        return self.plan.windows
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
         cache = self.svc.result_cache
@@ -58,15 +59,22 @@ class EmbeddingsJob(Job):
         # The records carry the ids with prompt and truncation applied, and the prompt's
         # length for pooling that excludes it: the engine does not tokenize again.
         req = self.req
+        dimensions, normalize = req.dimensions, req.normalize
+        if self.plan is not None and self.plan.raw:  # windows' raw rows; the head applies when joined
+            dimensions, normalize = None, False
         return await self.svc.engine.embed_tokenized_async(
-            tokenized, dimensions=req.dimensions, normalize=req.normalize, priority=req.priority
+            tokenized, dimensions=dimensions, normalize=normalize, priority=req.priority
         )
 
     def body(self, done: Computed) -> Any:
         req, svc = self.req, self.svc
         kind = req.embedding_type
-        if req.late_chunking:
-            rows, items = late_items(done)
+        late: dict[str, Any] = {}
+        if self.plan is not None:
+            normalize = svc.metadata.default_normalize if req.normalize is None else req.normalize
+            rows = self.plan.combine([o.embedding for o in done.outputs], req.dimensions, normalize)
+            items = late_items(self.plan)
+            late = {"late_chunking": late_summary(self.plan)}
         else:
             rows = done.matrix()
             items = [
@@ -86,31 +94,39 @@ class EmbeddingsJob(Job):
             {"object": "embedding", "index": item.pop("index"), "embedding": vec, **item}
             for vec, item in zip(vectors, items, strict=True)
         ]
-        late = req.span_pooling if req.late_chunking else None
+        span_pooling = req.span_pooling if req.late_chunking else None
         return {
             "object": "list",
             "data": data,
             "usage": usage(done.n_tokens),
-            **svc.metadata.fields(req.dimensions, req.normalize, svc.schema_type(kind), late),
+            **svc.metadata.fields(req.dimensions, req.normalize, svc.schema_type(kind), span_pooling),
+            **late,
         }
 
 
-def late_items(done: Computed) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """A late-chunked document's rows and one item per chunk (its index in the request, its
-    own tokens, its character and token ranges); chunks truncation cut off have none."""
-    (out,), (tok,) = done.outputs, done.tokenized
-    assert tok.late is not None
-    items = [
+def late_items(plan: LongPlan) -> list[dict[str, Any]]:
+    """One item per chunk of a late-chunked document: its index in the request, its own
+    tokens, its character and token ranges; chunks truncation cut off have none."""
+    return [
         {
             "index": c.index,
             "num_tokens": c.tokens[1] - c.tokens[0],
-            "truncated": tok.truncated,
+            "truncated": plan.document.truncated,
             "char_range": list(c.chars),
             "token_range": list(c.tokens),
         }
-        for c in tok.late.spans
+        for c in plan.spans
     ]
-    return out.embedding, items
+
+
+def late_summary(plan: LongPlan) -> dict[str, int]:
+    """What a late-chunked answer says of its document: its tokens, and the windows it ran as
+    (more than one with long_late_chunking; `usage` counts every window's tokens)."""
+    return {
+        "num_tokens": len(plan.document.token_ids),
+        "windows": len(plan.windows),
+        "overlap_tokens": plan.overlap if plan.raw else 0,
+    }
 
 
 def check_sparse_options(req: EmbeddingRequest) -> None:
