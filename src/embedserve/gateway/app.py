@@ -215,8 +215,7 @@ def _endpoint(
     async def endpoint(request: Request) -> Response:
         def start(body: bytes, timeout: float | None) -> Started:
             parsed = route.parse(body)
-            tenants = state.tenants  # what this request runs with, even if a reload swaps it
-            tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
+            tenant = state.tenant_of(request.headers, own_keys)  # kept if a reload swaps the map
             service, req = state.fleet.for_request(parsed, None if tenant is None else tenant.may_use)
             traffic_class = _traffic_class(request, *body_priority(req))
             if tenant is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +30,7 @@ from embedserve.gateway.fleet_config import FleetConfig, load_fleet
 from embedserve.gateway.forward import Forwarder
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.tenants import TenantMetrics, Tenants
+from embedserve.gateway.tenants import Tenant, TenantMetrics, Tenants
 from embedserve.gateway.upstreams import UpstreamSet
 
 if TYPE_CHECKING:
@@ -49,6 +49,12 @@ class Live:
     def keys(self, own: tuple[str, ...]) -> tuple[str, ...]:
         """Every key a client may send: the gateway's own and the tenants'."""
         return own if self.tenants is None else (*own, *self.tenants.keys())
+
+    def tenant_of(self, headers: Mapping[str, str], own: tuple[str, ...]) -> Tenant | None:
+        """The tenant a request's key names: None without a tenants map or for one of the
+        gateway's `own` keys (Tenants.of_request: 401 for any other key)."""
+        tenants = self.tenants
+        return None if tenants is None else tenants.of_request(headers, own)
 
     def swap(self, fleet: Fleet, tenants: Tenants | None) -> None:
         self.fleet, self.tenants = fleet, tenants

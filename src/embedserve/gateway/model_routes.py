@@ -47,8 +47,8 @@ def add_model_routes(
         responses={200: {"model": ModelCard}, **error_responses(*refused, 404, 503)},
     )
     async def model(model_id: str, request: Request) -> dict[str, Any]:
-        fleet, tenants = state.fleet, state.tenants
-        tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
+        fleet = state.fleet
+        tenant = state.tenant_of(request.headers, own_keys)
         served, _ = fleet.resolve(model_id, None if tenant is None else tenant.may_use)
         if tenant is not None:  # before the card: a 403, not a 503, while its pools start
             tenant.allow_model(fleet.names_of(model_id, served))
@@ -66,8 +66,8 @@ def add_model_routes(
     async def info(request: Request) -> dict[str, Any]:
         """Text Embeddings Inference's model and limits (api/tei.py), as the gateway takes them:
         the first model's (a tenant's 403 where it may not use that one)."""
-        service, tenants = state.fleet.default, state.tenants
-        tenant = None if tenants is None else tenants.of_request(request.headers, own_keys)
+        service = state.fleet.default
+        tenant = state.tenant_of(request.headers, own_keys)
         if tenant is not None:
             tenant.allow_model(state.fleet.names_of(None, service))
         card = model_card(service)

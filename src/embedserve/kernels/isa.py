@@ -46,18 +46,19 @@ _ONEDNN_ISAS = (
 
 
 @cache
-def cpu_flags() -> frozenset[str]:
-    """The first CPU's feature words (x86 `flags`, ARM `Features`); empty where unreadable."""
+def cpuinfo_lines(keys: tuple[str, ...]) -> list[str] | None:
+    """The first CPU's `/proc/cpuinfo` lines of these keys (None where unreadable)."""
     try:
         first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:
-        return frozenset()
-    words = (
-        line.split(":", 1)[1].split()
-        for line in first.splitlines()
-        if line.split(":")[0].strip() in ("flags", "Features")
-    )
-    return frozenset(w for line in words for w in line)
+        return None
+    return [line for line in first.splitlines() if line.split(":")[0].strip() in keys]
+
+
+def cpu_flags() -> frozenset[str]:
+    """The first CPU's feature words (x86 `flags`, ARM `Features`); empty where unreadable."""
+    lines = cpuinfo_lines(("flags", "Features")) or []
+    return frozenset(w for line in lines for w in line.split(":", 1)[1].split())
 
 
 def _x86() -> bool:

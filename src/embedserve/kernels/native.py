@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from embedserve.kernels.isa import cpuinfo_lines
 from embedserve.settings import settings
 
 log = logging.getLogger(__name__)
@@ -47,12 +48,10 @@ def cache_dir() -> Path:
 def _cpu_identity() -> str:
     """What -march=native compiles for: the first CPU's model and feature lines (x86
     `flags`, ARM `Features` and `CPU part`)."""
-    keys = ("model name", "flags", "Features", "CPU implementer", "CPU part")
-    try:
-        lines = Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-    except OSError:
+    lines = cpuinfo_lines(("model name", "flags", "Features", "CPU implementer", "CPU part"))
+    if lines is None:
         return platform.processor()
-    return "\n".join(line for line in lines if line.split(":")[0].strip() in keys) + platform.machine()
+    return "\n".join(lines) + platform.machine()
 
 
 def _command(compiler: str, source: Path, target: Path) -> list[str]:

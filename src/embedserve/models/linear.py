@@ -56,10 +56,10 @@ def padded_rows(rows: int) -> int:
     return -(-rows // granule) * granule
 
 
-def _rows_padded(x: torch.Tensor) -> torch.Tensor:
-    """x with zero rows appended up to `padded_rows` (a copy), or x itself."""
+def _rows_padded(x: torch.Tensor, minimum: int = 0) -> torch.Tensor:
+    """x with zero rows appended up to `padded_rows` (at least `minimum`; a copy), or x itself."""
     rows = x.shape[0] if x.dim() == 2 else 0
-    target = padded_rows(rows)
+    target = max(padded_rows(rows), minimum if rows else 0)
     if target == rows:
         return x
     out = x.new_empty(target, x.shape[1])
@@ -97,8 +97,7 @@ def _bf16_via_float32(
     takes a single row on another kernel over a plain weight, whose sums differ in the last bit
     from the same row's in a larger call, and deterministic mode must not see that."""
     rows, b = x.shape[0], None if bias is None else bias.float()
-    xf = torch.cat([x.float(), x.new_zeros(1, x.shape[1], dtype=torch.float32)]) if rows == 1 else x.float()
-    out = _onednn_linear(xf, weight.float(), b, keep_padding)
+    out = _onednn_linear(_rows_padded(x.float(), minimum=2), weight.float(), b, keep_padding)
     return (out if rows > 1 or keep_padding else out[:1]).to(torch.bfloat16)
 
 
