@@ -21,23 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from embedserve import Engine
-from embedserve.engine.loop import wait_all
 from embedserve.index.chunking import Chunk, Chunker
+from embedserve.index.engine_embedder import EngineEmbedder
+from embedserve.index.late import Window, late_windows
 from embedserve.models.default import default_model_path
 from embedserve.parity.datasets.pydocs import topic_pairs
-
-
-def windows(chunks: list[Chunk], counts: list[int], window: int) -> list[list[int]]:
-    """Runs of consecutive chunk indices whose tokens fit `window`."""
-    runs: list[list[int]] = [[]]
-    total = 0
-    for i, n in enumerate(counts):
-        if runs[-1] and total + n > window:
-            runs.append([])
-            total = 0
-        runs[-1].append(i)
-        total += n
-    return runs
 
 
 def embed_independent(engine: Engine, docs: list[list[Chunk]]) -> tuple[list[np.ndarray], int]:
@@ -49,25 +37,16 @@ def embed_independent(engine: Engine, docs: list[list[Chunk]]) -> tuple[list[np.
     return out, tokens
 
 
-def embed_late(
-    engine: Engine, texts: list[str], docs: list[list[Chunk]], runs: list[list[list[int]]]
-) -> tuple[list[np.ndarray], int]:
-    out, tokens = [], 0
-    for text, chunks, doc_runs in zip(texts, docs, runs, strict=True):
-        toks = []
-        for run in doc_runs:  # a document's windows submitted together, as its chunks are
-            lo, hi = chunks[run[0]].start, chunks[run[-1]].end
-            spans = [[chunks[i].start - lo, chunks[i].end - lo] for i in run]
-            toks.append(engine.tokenize_late(text[lo:hi], chunk_spans=spans))
-        rows = []
-        for tok, fin in zip(toks, wait_all(engine.submit_tokenized(toks)), strict=True):
-            assert tok.late is not None and len(tok.late.spans) == fin.vector.shape[0], (
-                "a chunk got no vector"
-            )
-            rows.append(fin.vector.numpy())
-            tokens += len(tok.token_ids)
+def embed_late(engine: Engine, windows: list[list[Window]]) -> tuple[list[np.ndarray], int]:
+    """The indexer's late path (`EngineEmbedder.embed_late_documents`: a document's windows
+    submitted together); tokens computed from the engine's own count."""
+    embedder = EngineEmbedder(engine, "bench", late=True)
+    before = engine.stats()["tokens_computed"]
+    out = []
+    for doc_windows in windows:
+        rows = embedder.embed_late_documents([(w.text, list(w.spans)) for w in doc_windows])
         out.append(np.concatenate(rows))
-    return out, tokens
+    return out, engine.stats()["tokens_computed"] - before
 
 
 def retrieval(queries: np.ndarray, docs: list[np.ndarray], k: int = 10) -> dict[str, float]:
@@ -100,11 +79,10 @@ def main() -> None:
         window = (args.window or engine.config.scheduler.max_model_len) - engine.tokenizer.num_special
         chunker = Chunker(engine.tokenizer, args.chunk_tokens, 0)
         docs = [chunker.split(t) for t in texts]
-        counts = [
-            [len(engine.tokenizer.backend.encode(c.text, add_special_tokens=False).ids) for c in cs]
-            for cs in docs
+        runs = [  # the indexer's windows (index/late.py)
+            list(dict.fromkeys(w for w, _ in late_windows(t, cs, chunker.count, window)))
+            for t, cs in zip(texts, docs, strict=True)
         ]
-        runs = [windows(cs, n, window) for cs, n in zip(docs, counts, strict=True)]
         queries = engine.embed(query_texts, truncate="end")
         times: dict[str, list[float]] = {"independent": [], "late": []}
         vectors: dict[str, list[np.ndarray]] = {}
@@ -113,7 +91,7 @@ def main() -> None:
             for arm in ("independent", "late"):
                 start = time.perf_counter()
                 if arm == "late":
-                    vectors[arm], tokens[arm] = embed_late(engine, texts, docs, runs)
+                    vectors[arm], tokens[arm] = embed_late(engine, runs)
                 else:
                     vectors[arm], tokens[arm] = embed_independent(engine, docs)
                 times[arm].append(time.perf_counter() - start)

@@ -98,7 +98,7 @@ def late_sequence(
     skip = len(prompt)
     content: list[tuple[int, int]] = []  # (position, document character) of each content token
     for pos, (seq, (a, b)) in enumerate(zip(enc.sequence_ids, enc.offsets, strict=True)):
-        if seq is None or b <= skip:  # a special token, or all the prompt's
+        if seq is None or (skip and b <= skip):  # a special token, or all the prompt's
             continue
         start = max(a, skip)
         first = next((c for c in range(start, b) if not text[c].isspace()), start)

@@ -42,11 +42,17 @@ class LongPlan:
     windows: list[Tokenized]  # the requests to run: [document] itself when it fits (`raw` False)
     portions: list[Portion]
     overlap: int  # content tokens consecutive windows share
+    max_len: int = 0  # tokens per window (the model's max_model_len)
 
     @property
     def raw(self) -> bool:
         """Windows answer raw span rows (submit them without dimensions or normalization)."""
         return not (len(self.windows) == 1 and self.windows[0] is self.document)
+
+    @property
+    def overlap_tokens(self) -> int:
+        """The overlap the windows really shared (0: the document ran as one request)."""
+        return self.overlap if self.raw else 0
 
     @property
     def spans(self) -> tuple[ChunkSpan, ...]:
@@ -72,14 +78,15 @@ def plan_windows(doc: Tokenized, content: tuple[int, int], max_len: int, overlap
     late, ids = doc.late, doc.token_ids
     assert late is not None
     if len(ids) <= max_len:
-        return LongPlan(doc, [doc], [], overlap)
+        return LongPlan(doc, [doc], [], overlap, max_len)
     c0, c_end = content
     prefix, suffix = ids[:c0], ids[c_end:]
     width = max_len - len(prefix) - len(suffix)
     if width <= 2 * overlap:
         raise InvalidInputError(
-            f"late_overlap {overlap} leaves no room: a window holds {width} content tokens beside the "
-            "prompt and the special tokens, and the overlap must be under half of that"
+            f"a window of max_model_len {max_len} tokens holds {max(width, 0)} of the document's beside "
+            f"its {len(prefix) + len(suffix)} prompt and special tokens; the overlap ({overlap} tokens, "
+            "late_overlap) must be under half of that: lower it or shorten the prompt"
         )
     last = late.pooling is SpanPooling.LAST
     windows: list[Tokenized] = []
@@ -105,5 +112,5 @@ def plan_windows(doc: Tokenized, content: tuple[int, int], max_len: int, overlap
                 Tokenized(window, doc.truncated, doc.prompt_tokens, late=LateChunks(tuple(spans), pooling))
             )
         if end == c_end:
-            return LongPlan(doc, windows, portions, overlap)
+            return LongPlan(doc, windows, portions, overlap, max_len)
         start = end - overlap

@@ -24,6 +24,7 @@ class WordEmbedder:
         self, tokenizer: Tokenizer, schema: str = "es1-words", model: str = "words", late: bool = False
     ) -> None:
         self.late = late  # late chunking: a chunk's vector is its words plus half its window's
+        self.late_prompt_tokens = 0
         self.meta = VectorMeta(model, "v1", "float32", "cpu-fp32", schema + ("-late" if late else ""))
         self.windows: list[str] = []  # every window embedded late, in order
         self.dimension = DIM

@@ -55,7 +55,7 @@ def test_windows_hold_whole_consecutive_chunks_within_the_budget(chunker: Chunke
     text = DOCS[0].text
     chunks = chunker.split(text)
     counts = [chunker.count(c.text) for c in chunks]
-    placed = late_windows(text, chunks, counts, 70)
+    placed = late_windows(text, chunks, chunker.count, 70)
     windows = list(dict.fromkeys(w for w, _ in placed))
     assert len(windows) > 1
     for w in windows:
@@ -63,6 +63,19 @@ def test_windows_hold_whole_consecutive_chunks_within_the_budget(chunker: Chunke
         assert members == list(range(members[0], members[-1] + 1))  # consecutive
         assert sum(counts[i] for i in members) <= 70
         assert [w.text[a:b] for a, b in w.spans] == [chunks[i].text for i in members]
+
+
+def test_windows_count_the_gaps_between_chunks(chunker: Chunker) -> None:
+    """Chunks are stripped: the text between them (paragraph breaks, double spaces) is a token
+    of its own in byte-level BPE, and a window packed on the chunks' counts alone runs over."""
+    text = "\n\n".join(f"Paragraph {i}.  It has words, more words and a list:\n- item {i}" for i in range(40))
+    chunks = chunker.split(text)
+    for budget in (40, 64, 100, 250):
+        windows = list(dict.fromkeys(w for w, _ in late_windows(text, chunks, chunker.count, budget)))
+        assert all(chunker.count(w.text) <= budget for w in windows)
+        assert sum(len(w.spans) for w in windows) == len(chunks)
+    packed = list(dict.fromkeys(w for w, _ in late_windows(text, chunks, chunker.count, 250)))
+    assert max(chunker.count(w.text) for w in packed) > 200  # packed close to the limit, not far below
 
 
 def test_index_stores_each_chunk_as_its_window_row_and_reruns_embed_nothing(
@@ -76,7 +89,7 @@ def test_index_stores_each_chunk_as_its_window_row_and_reruns_embed_nothing(
     text = DOCS[1].text
     chunks = chunker.split(text)
     budget = 72 - chunker.tokenizer.num_special
-    placed = late_windows(text, chunks, [chunker.count(c.text) for c in chunks], budget)
+    placed = late_windows(text, chunks, chunker.count, budget)
     stored = _vectors(store, collection, "doc-1")
     for i, (window, pos) in enumerate(placed):
         want = emb.embed_late_documents([(window.text, list(window.spans))])[0][pos]
@@ -90,7 +103,10 @@ def test_index_stores_each_chunk_as_its_window_row_and_reruns_embed_nothing(
     third = WordEmbedder(chunker.tokenizer, late=True)
     third.max_tokens = 72
     stats = index_documents(edited, third, store, chunker, progress=False)
-    assert len(third.windows) == 1 and 1 < stats.embedded < n_windows
+    (window,) = third.windows  # the first window of doc-2 (its boundaries did not move)
+    assert window.startswith("Phrase 0 ") and stats.embedded == stats.chunks - stats.skipped > 1
+    assert stats.embedded < len(chunker.split(DOCS[2].text)) < stats.chunks  # not the whole document
+    assert n_windows > 4
 
 
 def test_overlapping_chunks_are_refused(store: Store) -> None:
@@ -124,7 +140,7 @@ def test_cli_index_and_search_with_late_chunking(
         chunker = Chunker(engine.tokenizer, 64, 0)
         text = topic("pass")
         chunks = chunker.split(text)
-        placed = late_windows(text, chunks, [chunker.count(c.text) for c in chunks], 256 - 1)
+        placed = late_windows(text, chunks, chunker.count, 256 - 1)
         for i, (window, pos) in enumerate(placed):
             want = engine.embed_late(window.text, chunk_spans=[list(s) for s in window.spans]).embeddings[pos]
             assert np.allclose(stored[i], want, atol=1e-5)

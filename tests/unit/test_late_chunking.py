@@ -18,7 +18,6 @@ from embedserve.config import PoolingMethod
 from embedserve.engine.builder import build_engine
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.late_chunking import join_chunks, tokenize_late
-from embedserve.pooling.spans import SpanPooling
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.tokenizer import Tokenizer, Truncate
 from tests.helpers.real_text import long_text, topic
@@ -49,6 +48,25 @@ def _reference(path: Path, ids: list[int], spans: list[tuple[int, int]], last: b
 
 def _ranges(out: object) -> list[tuple[int, int]]:
     return [c.tokens for c in out.chunks]  # type: ignore[attr-defined]
+
+
+def _spans_by_rule(path: Path, chunks: list[str]) -> list[tuple[int, int]]:
+    """Each chunk's token range by docs/late-chunking.md's rule, from tokenizers directly: a
+    token goes to the chunk holding its first non-space character; the trailing
+    <|endoftext|> joins the last chunk."""
+    from tokenizers import Tokenizer as HF
+
+    text = "".join(chunks)
+    enc = HF.from_file(str(path / "tokenizer.json")).encode(text)
+    bounds = list(itertools.accumulate(len(c) for c in chunks))
+    owner = []
+    for (a, b), special in zip(enc.offsets, enc.special_tokens_mask, strict=True):
+        if special:
+            owner.append(len(chunks) - 1)
+            continue
+        first = next((i for i in range(a, b) if not text[i].isspace()), a)
+        owner.append(next(k for k, end in enumerate(bounds) if first < end))
+    return [(owner.index(k), len(owner) - owner[::-1].index(k)) for k in range(len(chunks))]
 
 
 # ---- spans from the tokenizer ----------------------------------------------------------------
@@ -94,7 +112,7 @@ def test_a_word_goes_with_its_first_character_not_the_space_before_it() -> None:
     "chunks",
     [
         ["naïve café ", "😀 emoji ", "e\u0301t\u00e9 done"],  # emoji, combining mark at a join
-        ["straw", "berry fields", " and more"],  # a word cut in two: its token starts in chunk 0
+        ["The strawb", "erry fields", " and more"],  # " strawberry" is one token, from chunk 0
         ["日本語の", "テキスト", "です。"],
     ],
 )
@@ -108,6 +126,8 @@ def test_unicode_at_the_joins_partitions_the_content(chunks: list[str]) -> None:
     assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))  # no gap, no overlap
     # one tokenization of the joined text (Qwen's tokenizer composes e + U+0301 into é: NFC)
     assert tok.backend.decode(t.token_ids[:-1]) == unicodedata.normalize("NFC", text)
+    if chunks[0] == "The strawb":  # the merged token starts in chunk 0, so chunk 0 owns it
+        assert tok.backend.decode(t.token_ids[slice(*ranges[0])]) == "The strawberry"
 
 
 def test_a_chunk_without_a_token_of_its_own_is_refused_naming_it() -> None:
@@ -171,7 +191,8 @@ def test_parity_with_transformers_across_budgets_and_the_lane(qwen3_dir: Path) -
             if name == "layer-major lane":
                 assert engine.stats()["layer_major_finished"] == 1
         ids = engine.tokenize_late(chunks).token_ids
-        if ref is None:
+        if ref is None:  # the spans by the documented rule, from the tokenizer alone
+            assert _ranges(out) == _spans_by_rule(qwen3_dir, chunks)
             ref = _reference(qwen3_dir, ids, _ranges(out))
         assert out.embeddings.shape == (7, 64) and [c.index for c in out.chunks] == list(range(7))
         np.testing.assert_allclose(out.embeddings, ref, atol=1e-5, err_msg=name)
@@ -264,8 +285,15 @@ def test_refusals_name_the_problem(qwen3_dir: Path) -> None:
             engine.embed_late(["a b"], span_pooling="max")
         with pytest.raises(InvalidInputError, match="chunk_size must be a positive"):
             engine.embed_late("a b c", chunk_size=0)
+        with pytest.raises(InvalidInputError, match="span_pooling must be"):
+            engine.embed_late(["a b"], span_pooling="sum")  # internal: a long document's window parts
+        with pytest.raises(InvalidInputError, match="dimensions must be"):
+            engine.embed_late(["a b"], long=True, dimensions=0)
+        with pytest.raises(InvalidInputError, match="overlap applies to long documents"):
+            engine.embed_late(["a b"], overlap=4)
+        with pytest.raises(InvalidInputError, match="truncate does not apply"):
+            engine.embed_late(["a b"], long=True, truncate="end")
         assert engine.embed(["still fine"]).shape == (1, 64)
-    assert SpanPooling("last") is SpanPooling.LAST
 
 
 # ---- documents longer than the model's input: overlapping windows ----------------------------
@@ -326,7 +354,7 @@ def test_long_windows_on_an_encoder_and_a_document_that_fits() -> None:
         assert short.windows == 1 and np.array_equal(
             short.embeddings, engine.embed_late(doc[:300], chunk_size=20).embeddings
         )
-        with pytest.raises(InvalidInputError, match="late_overlap 63 leaves no room"):
+        with pytest.raises(InvalidInputError, match=r"overlap \(63 tokens, late_overlap\) must be under half"):
             engine.embed_late(doc, chunk_size=40, long=True, overlap=63)
     assert out.windows > 1
     rows = _windowed_rows(minilm_dir(), ids, (1, len(ids) - 1), 128, 16)  # [CLS] ... [SEP]

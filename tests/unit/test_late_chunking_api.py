@@ -107,6 +107,16 @@ def test_refusals_are_clear_and_disturb_nothing(qwen3_dir: Path) -> None:
         assert c.post("/v1/embeddings", json={"input": CHUNKS, **late}).status_code == 200
 
 
+def test_the_request_limit_counts_chunks(qwen3_dir: Path) -> None:
+    with server_client(qwen3_dir, max_inputs_per_request=4) as c:
+        r = c.post("/v1/embeddings", json={"input": list("abcde"), "late_chunking": True})
+        assert r.status_code == 400 and "5 inputs" in r.json()["error"]["message"]
+        doc = {"input": "one two three four five six", "late_chunking": True, "late_chunk_size": 1}
+        r = c.post("/v1/embeddings", json=doc)
+        assert r.status_code == 400 and "at most 4 vectors" in r.json()["error"]["message"]
+        assert c.post("/v1/embeddings", json={**doc, "late_chunk_size": 2}).status_code == 200
+
+
 def test_an_encoder_refuses_span_pooling_last() -> None:
     from tests.helpers.tiny_bert import minilm_dir
 
@@ -148,10 +158,15 @@ def test_long_late_chunking_through_the_api(qwen3_dir: Path) -> None:
         summary = got["late_chunking"]
         assert summary == {"num_tokens": want.num_tokens, "windows": want.windows, "overlap_tokens": 32}
         assert want.windows >= 3 and got["usage"]["prompt_tokens"] > want.num_tokens  # overlaps count
-        default = c.post("/v1/embeddings", json=body).json()["late_chunking"]
-        assert default["overlap_tokens"] == 512 // 8
+        default = c.post("/v1/embeddings", json=body).json()
+        assert default["late_chunking"]["overlap_tokens"] == 512 // 8
+        # the window layout is part of the schema (a chunk's vector depends on it)
+        plain = c.post(
+            "/v1/embeddings", json={**body, "long_late_chunking": False, "input": doc[:500]}
+        ).json()
+        assert len({got["embedding_schema"], default["embedding_schema"], plain["embedding_schema"]}) == 3
         refusals = [
-            ({**body, "late_overlap": 300}, 400, "leaves no room"),
+            ({**body, "late_overlap": 300}, 400, "must be under half of that"),
             ({**body, "truncate": "end"}, 422, "truncate does not apply"),
             (
                 {**body, "long_late_chunking": False, "late_overlap": 8},
@@ -166,3 +181,7 @@ def test_long_late_chunking_through_the_api(qwen3_dir: Path) -> None:
         with TestClient(gateway_app(c.app, qwen3_dir)) as g:
             through = g.post("/v1/embeddings", json={**body, "late_overlap": 32}).json()
     assert [d["embedding"] for d in through["data"]] == [d["embedding"] for d in got["data"]]
+    assert (
+        through["late_chunking"] == got["late_chunking"]
+        and through["embedding_schema"] == got["embedding_schema"]
+    )

@@ -91,8 +91,8 @@ def _one_vector_per_input(body: Any, n: int) -> bool:
     if not isinstance(data, list):
         return False
     indices = [d["index"] for d in data]
-    if data and all("token_range" in d for d in data):  # one late-chunked document: its chunks
-        return n == 1 and indices == sorted(set(indices))  # (truncation may drop the last ones)
+    if data and all("token_range" in d for d in data):  # one late-chunked document: its chunks,
+        return n == 1 and indices == list(range(indices[0], indices[0] + len(indices)))  # a cut drops ends
     return sorted(indices) == list(range(n))
 
 

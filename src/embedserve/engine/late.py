@@ -44,6 +44,9 @@ class LateChunkingMixin:
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
         raise NotImplementedError  # Engine's
 
+    def check_dimensions(self, dimensions: int | None) -> None:
+        raise NotImplementedError  # Engine's
+
     def submit_tokenized(
         self,
         tokenized: list[Tokenized],
@@ -87,11 +90,15 @@ class LateChunkingMixin:
         `long` a document of any length as windows of max_model_len tokens that share `overlap`
         content tokens (default: an eighth of max_model_len), one when it fits (late_long.py)."""
         if not long:
+            if overlap is not None:
+                raise InvalidInputError("overlap applies to long documents (long=True)")
             tok = self.tokenize_late(
                 document, chunk_spans=chunk_spans, chunk_size=chunk_size, span_pooling=span_pooling,
                 prompt=prompt, truncate=truncate,
             )  # fmt: skip
             return LongPlan(tok, [tok], [], 0)
+        if truncate != "error":
+            raise InvalidInputError("a long document runs whole as windows: truncate does not apply")
         limit = self.config.scheduler.max_model_len
         if overlap is None:
             overlap = limit // 8
@@ -142,10 +149,9 @@ class LateChunkingMixin:
             )
         if cfg.task != "embed":
             raise InvalidInputError(f"model {self.name} is a {cfg.task} model: late chunking embeds")
-        try:
-            pooling = SpanPooling(span_pooling)
-        except ValueError:
-            raise InvalidInputError(f"span_pooling must be 'mean' or 'last', got {span_pooling!r}") from None
+        pooling = {"mean": SpanPooling.MEAN, "last": SpanPooling.LAST}.get(span_pooling)
+        if pooling is None:
+            raise InvalidInputError(f"span_pooling must be 'mean' or 'last', got {span_pooling!r}")
         if pooling is SpanPooling.LAST and not cfg.model.is_causal:
             raise InvalidInputError(
                 f"span_pooling 'last' reads each span's last row, which sees only the text before "
@@ -216,6 +222,7 @@ class LateChunkingMixin:
         long: bool,
         overlap: int | None,
     ) -> tuple[LongPlan, list[Future[Finished]]]:
+        self.check_dimensions(dimensions)  # the windows' rows are sliced after they are joined
         plan = self.plan_late(
             document, chunk_spans=chunk_spans, chunk_size=chunk_size, span_pooling=span_pooling,
             prompt=prompt, truncate=truncate, long=long, overlap=overlap,
@@ -235,5 +242,5 @@ class LateChunkingMixin:
         doc = plan.document
         return LateChunkOutput(
             plan.combine(rows, dimensions, norm), plan.spans, len(doc.token_ids), doc.truncated,
-            len(plan.windows), plan.overlap,
+            len(plan.windows), plan.overlap_tokens,
         )  # fmt: skip

@@ -62,6 +62,9 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
         prompt_tokens = sum(int(u.get("prompt_tokens", 0)) for u in usages)
         total_tokens = sum(int(u.get("total_tokens", 0)) for u in usages)
         meta = {key: ",".join(sorted({str(r.body.get(key)) for r in results})) for key in _METADATA}
+        late = {}
+        if self.req.late_chunking:  # the document's tokens, windows and overlap, as the pool ran it
+            late["late_chunking"] = results[0].body.get("late_chunking")
         return {
             "object": "list",
             "data": data,
@@ -69,6 +72,7 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
             "model": name or str(results[0].body.get("model")),
             **meta,
             "embedding_schema": schemas.pop(),
+            **late,
         }
 
     def _placed(self, results: Sequence[PartResult], counts: Sequence[int]) -> list[dict[str, Any]]:

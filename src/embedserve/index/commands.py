@@ -101,8 +101,6 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise DocumentError(f"no documents with text under {', '.join(args.paths)}")
     progress = None if args.progress == "auto" else args.progress == "on"
     if args.ray:
-        if spec.late_chunking:
-            raise StoreError("--late-chunking runs in this process for now, not on Ray (--ray)")
         from embedserve.index.ray_runner import index_with_ray, ray_session
 
         with ray_session(args.ray_address), opened_store(args) as store:

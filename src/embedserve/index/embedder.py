@@ -63,8 +63,10 @@ class Embedder(Protocol):
     def embed_queries(self, texts: list[str]) -> np.ndarray: ...
 
     # Late chunking (`index --late-chunking`): `meta` is the late-chunked vectors' schema and
-    # `embed_late_documents` answers [chunks, dimension] per (text, chunk spans) window.
+    # `embed_late_documents` answers [chunks, dimension] per (text, chunk spans) window; a
+    # window holds the document prompt's `late_prompt_tokens` too (0 where unknown).
     late: bool
+    late_prompt_tokens: int
 
     def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]: ...
 

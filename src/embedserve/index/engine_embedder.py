@@ -52,6 +52,10 @@ class EngineEmbedder:
         self._queries = Traffic.queries(pick_prompt(config.prompts, QUERY_PROMPT, query_prompt_name))
         # The engine validates a prompt name only when it embeds: fail now, not mid-run.
         self.engine.resolve_prompt(self._queries.prompt_name, None)
+        doc_prompt = self.engine.resolve_prompt(self._docs.prompt_name, None)
+        self.late_prompt_tokens = len(
+            self.engine.tokenizer.backend.encode(doc_prompt, add_special_tokens=False)
+        )
 
     @classmethod
     def load(

@@ -42,6 +42,7 @@ class HttpEmbedder:
         late: bool = False,
     ) -> None:
         self.late = late
+        self.late_prompt_tokens = 0  # the server's document prompt is not known here
         self._endpoint = Endpoint.at(url, model=model, api_key=api_key, timeout=timeout_s)
         # Backpressure is the server working as designed: wait as told, for up to max_wait_s.
         self._client = EmbeddingsClient(

@@ -9,13 +9,14 @@ the whole document when it fits:
     windows   [c0 c1 c2 c3] [c4 c5 c6]        each <= the model's max_model_len
 
 A chunk's stored text hash covers its window's text, so editing one chunk re-embeds every
-chunk of its window (their vectors saw the edit); windows depend only on the document, so a
-resumed run embeds the same windows.
+chunk of its window (their vectors saw the edit), and the later windows of that document too
+where the edit moved their boundaries; windows depend only on the document, so a resumed run
+embeds the same windows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,23 +35,26 @@ class Window:
 
 
 def late_windows(
-    text: str, chunks: Sequence[Chunk], counts: Sequence[int], budget: int
+    text: str, chunks: Sequence[Chunk], count: Callable[[str], int], budget: int
 ) -> list[tuple[Window, int]]:
-    """Each chunk's window and its position in it; `counts`: each chunk's content tokens,
-    `budget`: content tokens per window (the model's input limit less its special tokens)."""
-    runs: list[list[int]] = []
-    total = budget + 1
-    for i, n in enumerate(counts):
-        if total + n > budget:
-            runs.append([])
-            total = 0
-        runs[-1].append(i)
-        total += n
+    """Each chunk's window and its position in it; `count`: a text's content tokens (the
+    chunker's), `budget`: content tokens per window (the model's input limit less its special
+    tokens and the document prompt). A window grows chunk by chunk on the chunks' counts, then
+    shrinks until its own text (with the gaps between the chunks) fits."""
+    counts = [count(c.text) for c in chunks]
     placed: list[tuple[Window, int]] = []
-    for run in runs:
-        lo, hi = chunks[run[0]].start, chunks[run[-1]].end
-        window = Window(text[lo:hi], tuple((chunks[i].start - lo, chunks[i].end - lo) for i in run))
-        placed += [(window, pos) for pos in range(len(run))]
+    i = 0
+    while i < len(chunks):
+        j, total = i + 1, counts[i]
+        while j < len(chunks) and total + counts[j] + 1 <= budget:  # + 1: the gap's token, if any
+            total += counts[j] + 1
+            j += 1
+        while j > i + 1 and count(text[chunks[i].start : chunks[j - 1].end]) > budget:
+            j -= 1
+        lo = chunks[i].start
+        window = Window(text[lo : chunks[j - 1].end], tuple((c.start - lo, c.end - lo) for c in chunks[i:j]))
+        placed += [(window, pos) for pos in range(j - i)]
+        i = j
     return placed
 
 

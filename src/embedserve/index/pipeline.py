@@ -47,10 +47,7 @@ def chunk_stage(docs: Batch, chunker: Chunker, schema: str, late_budget: int | N
     cols: dict[str, list[Any]] = {k: [] for k in names + (["window", "window_pos"] if late_budget else [])}
     for doc_id, text in zip(docs["doc_id"], docs["text"], strict=True):
         chunks = chunker.split(str(text))
-        placed = None
-        if late_budget is not None:
-            counts = [chunker.count(c.text) for c in chunks]
-            placed = late_windows(str(text), chunks, counts, late_budget)
+        placed = None if late_budget is None else late_windows(str(text), chunks, chunker.count, late_budget)
         for idx, chunk in enumerate(chunks):
             if len(chunk.text.encode()) > MAX_TEXT_BYTES:
                 raise StoreError(
@@ -85,6 +82,8 @@ def embed_stage(chunks: Batch, embedder: Embedder, stored_hashes: Mapping[str, s
     vectors = np.zeros((n, embedder.dimension), dtype=np.float32)
     if todo and "window" in chunks:  # late chunking: each chunk's row of its window's request
         vectors[todo] = embed_late_rows(chunks, todo, embedder)
+    elif todo and embedder.late:
+        raise StoreError("a late-chunking embedder needs its chunks' windows (chunk_stage's late_budget)")
     elif todo:
         vectors[todo] = embedder.embed_documents([str(chunks["text"][i]) for i in todo])
     embedded = np.zeros(n, dtype=bool)
@@ -228,7 +227,8 @@ def index_documents(
     late_budget = None
     if embedder.late:
         check_late_chunker(chunker.overlap)
-        late_budget = (embedder.max_tokens or chunker.max_tokens) - chunker.tokenizer.num_special
+        limit = embedder.max_tokens or chunker.max_tokens
+        late_budget = limit - chunker.tokenizer.num_special - embedder.late_prompt_tokens
     collection = open_collection(store, embedder.meta, embedder.dimension, role)
     stored = store.stored_chunks(collection)
     hashes = {cid: s.text_hash for cid, s in stored.items()}

@@ -60,6 +60,7 @@ class QuantizingEmbedder:
         self.tokenizer: Tokenizer | None = inner.tokenizer
         self.max_tokens: int | None = inner.max_tokens
         self.late = inner.late
+        self.late_prompt_tokens = inner.late_prompt_tokens
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         return stored_codes(self.inner.embed_documents(texts), self.kind, self.calibration)

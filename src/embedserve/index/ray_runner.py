@@ -111,6 +111,8 @@ def index_with_ray(
     docs: list[Document], spec: EmbedderSpec, store: Store, args: argparse.Namespace, progress: bool | None
 ) -> IndexStats:
     """Run inside `ray_session`."""
+    if spec.late_chunking:  # its stages embed chunks alone: never under the late schema
+        raise StoreError("--late-chunking runs in this process for now, not on Ray (--ray)")
     import ray
 
     actors, gpus = _ray_resources(spec, args)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from embedserve.api.multimodal import resolve_items
 from embedserve.api.protocol import ApiError, EmbeddingRequest, encode_vector, usage
 from embedserve.api.quantize import quantize, to_base64
-from embedserve.api.routes import EMBEDDINGS, too_many_inputs
+from embedserve.api.routes import EMBEDDINGS
 from embedserve.api.sparse import sparse_item
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.late_long import LongPlan
@@ -44,8 +46,9 @@ class EmbeddingsJob(Job):
             long=req.long_late_chunking,
             overlap=req.late_overlap,
         )
-        if len(self.plan.spans) > svc.max_inputs_per_request:
-            raise too_many_inputs(len(self.plan.spans), svc.max_inputs_per_request)
+        limit, n = svc.max_inputs_per_request, len(self.plan.spans)
+        if n > limit:
+            raise ApiError(400, f"the document has {n} chunks: one request answers at most {limit} vectors")
         return self.plan.windows
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
@@ -70,13 +73,14 @@ class EmbeddingsJob(Job):
         req, svc = self.req, self.svc
         kind = req.embedding_type
         late: dict[str, Any] = {}
+        rows: np.ndarray | list[np.ndarray]
         if self.plan is not None:
             normalize = svc.metadata.default_normalize if req.normalize is None else req.normalize
             rows = self.plan.combine([o.embedding for o in done.outputs], req.dimensions, normalize)
             items = late_items(self.plan)
             late = {"late_chunking": late_summary(self.plan)}
         else:
-            rows = done.matrix()
+            rows = [o.embedding for o in done.outputs]  # not one matrix: a SPLADE row is vocabulary-wide
             items = [
                 {"index": i, "num_tokens": out.num_tokens, "truncated": tok.truncated}
                 for i, (out, tok) in enumerate(zip(done.outputs, done.tokenized, strict=True))
@@ -88,13 +92,17 @@ class EmbeddingsJob(Job):
         elif kind == "float":
             vectors = [encode_vector(row, req.encoding_format) for row in rows]
         else:  # compressed (extension): ints, or their raw bytes in base64
-            q = quantize(rows, kind, svc.calibration)
+            q = quantize(np.asarray(rows), kind, svc.calibration)
             vectors = [to_base64(v) if req.encoding_format == "base64" else v.tolist() for v in q]
         data = [
             {"object": "embedding", "index": item.pop("index"), "embedding": vec, **item}
             for vec, item in zip(vectors, items, strict=True)
         ]
-        span_pooling = req.span_pooling if req.late_chunking else None
+        span_pooling = (
+            None
+            if self.plan is None
+            else late_schema_key(self.plan, req.span_pooling, req.long_late_chunking)
+        )
         return {
             "object": "list",
             "data": data,
@@ -119,13 +127,21 @@ def late_items(plan: LongPlan) -> list[dict[str, Any]]:
     ]
 
 
+def late_schema_key(plan: LongPlan, span_pooling: str, long: bool) -> str:
+    """What a late-chunked vector's schema records: its span pooling, and for long documents
+    the window layout (max_model_len and overlap: a chunk's vector depends on them)."""
+    if not long:
+        return span_pooling
+    return f"{span_pooling};windows={plan.max_len}/{plan.overlap}"
+
+
 def late_summary(plan: LongPlan) -> dict[str, int]:
     """What a late-chunked answer says of its document: its tokens, and the windows it ran as
     (more than one with long_late_chunking; `usage` counts every window's tokens)."""
     return {
         "num_tokens": len(plan.document.token_ids),
         "windows": len(plan.windows),
-        "overlap_tokens": plan.overlap if plan.raw else 0,
+        "overlap_tokens": plan.overlap_tokens,
     }
 
 
