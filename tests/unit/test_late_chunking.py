@@ -354,7 +354,9 @@ def test_long_windows_on_an_encoder_and_a_document_that_fits() -> None:
         assert short.windows == 1 and np.array_equal(
             short.embeddings, engine.embed_late(doc[:300], chunk_size=20).embeddings
         )
-        with pytest.raises(InvalidInputError, match=r"overlap \(63 tokens, late_overlap\) must be under half"):
+        with pytest.raises(
+            InvalidInputError, match=r"overlap \(63 tokens, late_overlap\) must be under half"
+        ):
             engine.embed_late(doc, chunk_size=40, long=True, overlap=63)
     assert out.windows > 1
     rows = _windowed_rows(minilm_dir(), ids, (1, len(ids) - 1), 128, 16)  # [CLS] ... [SEP]

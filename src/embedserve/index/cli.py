@@ -68,6 +68,17 @@ def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -
     )
     g.add_argument(f"--{prefix}int8-scale", type=float, default=1.0, help="int8 fixed range (as `serve`)")
     g.add_argument(
+        f"--{prefix}sparse",
+        action="store_true",
+        help="the model is a SPLADE model (a SparseEncoder directory): a sparse index, inner product",
+    )
+    g.add_argument(
+        f"--{prefix}sparse-model",
+        default=None,
+        metavar="DIR",
+        help="a SPLADE model beside the dense --model: a hybrid index (index --hybrid), search fuses both",
+    )
+    g.add_argument(
         f"--{prefix}late-chunking",
         action="store_true",
         help="late chunking: each chunk pooled inside its document (windows of the model's input; "
@@ -117,6 +128,9 @@ def register(sub: Any) -> None:
     from embedserve.index import commands
 
     p = sub.add_parser("index", help="chunk, embed and store documents in a vector database")
+    p.add_argument(
+        "--hybrid", action="store_true", help="dense + sparse vectors per chunk (with --sparse-model DIR)"
+    )
     _add_chunking(p)
     _add_store(p)
     _add_embedder(p)
@@ -133,6 +147,13 @@ def register(sub: Any) -> None:
         metavar="N",
         help="compressed index: take the top N by the compressed search, reorder by the float query",
     )
+    p.add_argument(
+        "--hybrid",
+        default=None,
+        metavar="FUSION",
+        help="a hybrid index's fusion: rrf (default) or weighted:W_DENSE,W_SPARSE (with --sparse-model)",
+    )
+    p.add_argument("--depth", type=positive_int, default=100, help="hybrid: candidates per ranking fused")
     p.add_argument("--filter", default="", help="Milvus filter expression, e.g. 'doc_id like \"pep-08%%\"'")
     p.add_argument("--json", action="store_true", help="print [{doc_id, chunk_idx, score, text}]")
     p.add_argument("--index", default=LIVE, choices=[LIVE, SHADOW, PREVIOUS], help="which index to search")

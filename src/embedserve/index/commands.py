@@ -63,6 +63,8 @@ def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
         int8_calibration=opt("int8-calibration"),
         int8_scale=opt("int8-scale") or 1.0,
         late_chunking=bool(opt("late-chunking")),
+        sparse=bool(opt("sparse")),
+        sparse_model=opt("sparse-model"),
     )
 
 
@@ -96,6 +98,12 @@ def built(spec: EmbedderSpec) -> Iterator[Embedder]:
 
 def cmd_index(args: argparse.Namespace) -> int:
     spec = embedder_spec(args)
+    hybrid = bool(getattr(args, "hybrid", False))
+    if hybrid != (spec.sparse_model is not None):
+        raise StoreError(
+            "--hybrid stores a dense --model's vectors and a SPLADE --sparse-model's: pass both flags "
+            "(one model giving both, as BGE-M3 does, is not supported yet)"
+        )
     docs = list(read_documents(args.paths))
     if not docs:
         raise DocumentError(f"no documents with text under {', '.join(args.paths)}")
@@ -123,9 +131,13 @@ def _print_stats(s: IndexStats, role: str) -> None:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from embedserve.index.search import search
+    from embedserve.index.sparse import Fusion
 
     with opened_store(args) as store, built(embedder_spec(args)) as embedder:
-        hits = search(store, embedder, [args.query], args.k, args.filter, args.index, args.rescore)[0]
+        fusion = None if args.hybrid is None else Fusion.parse(args.hybrid)
+        hits = search(
+            store, embedder, [args.query], args.k, args.filter, args.index, args.rescore, fusion, args.depth
+        )[0]
     if args.json:
         json.dump(
             [{"doc_id": h.doc_id, "chunk_idx": h.chunk_idx, "score": h.score, "text": h.text} for h in hits],

@@ -114,3 +114,5 @@ class EmbedderSpec:
     int8_calibration: str | None = None
     int8_scale: float = 1.0
     late_chunking: bool = False  # documents' chunks pooled inside their windows (index/late.py)
+    sparse: bool = False  # the model is a SPLADE model: a sparse index (index/sparse.py)
+    sparse_model: str | None = None  # a SPLADE model beside the dense one: a hybrid index

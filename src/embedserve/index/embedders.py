@@ -12,6 +12,8 @@ from embedserve.index.errors import StoreError
 
 
 def build_embedder(spec: EmbedderSpec) -> Embedder:
+    if spec.sparse or spec.sparse_model is not None:
+        return _sparse_embedder(spec)
     inner = _float_embedder(spec)
     if spec.embedding_type == "float":
         return inner
@@ -27,6 +29,36 @@ def build_embedder(spec: EmbedderSpec) -> Embedder:
         return QuantizingEmbedder(inner, spec.embedding_type, cal)
     except BaseException:
         inner.close()
+        raise
+
+
+def _sparse_embedder(spec: EmbedderSpec) -> Embedder:
+    """--sparse (the model is a SPLADE model) or a hybrid index (--sparse-model beside it)."""
+    from embedserve.index.engine_embedder import EngineEmbedder
+    from embedserve.index.sparse import HybridEmbedder, SparseEmbedder
+
+    if spec.embedding_type != "float":
+        raise StoreError("--sparse and --sparse-model store float weights: --embedding-type does not apply")
+    if spec.sparse and spec.sparse_model is not None:
+        raise StoreError("pass --sparse (a SPLADE --model) or --sparse-model (beside a dense one), not both")
+    if spec.sparse_model is None:
+        inner = _float_embedder(spec)
+        try:
+            return SparseEmbedder(inner)  # type: ignore[return-value]  # its vectors are sparse rows
+        except BaseException:
+            inner.close()
+            raise
+    sparse = EngineEmbedder.load(spec.sparse_model, spec.engine)
+    try:
+        dense = _float_embedder(spec)
+    except BaseException:
+        sparse.close()
+        raise
+    try:
+        return HybridEmbedder(dense, SparseEmbedder(sparse))
+    except BaseException:
+        dense.close()
+        sparse.close()
         raise
 
 

@@ -26,6 +26,7 @@ from embedserve.index.documents import Document
 from embedserve.index.embedder import Embedder, VectorMeta
 from embedserve.index.errors import SchemaMismatchError, StoreError
 from embedserve.index.late import check_late_chunker, embed_late_rows, late_windows
+from embedserve.index.sparse import DENSE, SPARSE, vector_sources
 from embedserve.index.store import LIVE, MAX_TEXT_BYTES, SHADOW, Store, StoredChunk
 
 Batch = dict[str, np.ndarray]
@@ -75,20 +76,32 @@ def chunk_stage(docs: Batch, chunker: Chunker, schema: str, late_budget: int | N
 
 
 def embed_stage(chunks: Batch, embedder: Embedder, stored_hashes: Mapping[str, str]) -> Batch:
-    """Adds `vector` [n, dim] and `embedded`: chunks already stored with the same text are not
-    embedded (zero vector, embedded False) but still pass on, so the writer sees every chunk."""
+    """Adds each vector field (`vector` [n, dim]; `sparse`: {id: weight} rows, index/sparse.py)
+    and `embedded`: chunks already stored with the same text are not embedded (zero or empty
+    vectors, embedded False) but still pass on, so the writer sees every chunk."""
     n = len(chunks["id"])
     todo = [i for i in range(n) if stored_hashes.get(chunks["id"][i]) != chunks["text_hash"][i]]
-    vectors = np.zeros((n, embedder.dimension), dtype=np.float32)
-    if todo and "window" in chunks:  # late chunking: each chunk's row of its window's request
-        vectors[todo] = embed_late_rows(chunks, todo, embedder)
-    elif todo and embedder.late:
-        raise StoreError("a late-chunking embedder needs its chunks' windows (chunk_stage's late_budget)")
-    elif todo:
-        vectors[todo] = embedder.embed_documents([str(chunks["text"][i]) for i in todo])
+    texts = [str(chunks["text"][i]) for i in todo]
+    out = dict(chunks)
+    for field, source in vector_sources(embedder).items():
+        if field == SPARSE:
+            rows = np.empty(n, dtype=object)
+            rows[:] = [{} for _ in range(n)]
+            for i, row in zip(todo, source.embed_documents(texts) if todo else [], strict=True):
+                rows[i] = row
+            out[field] = rows
+            continue
+        vectors = np.zeros((n, source.dimension), dtype=np.float32)
+        if todo and "window" in chunks:  # late chunking: each chunk's row of its window's request
+            vectors[todo] = embed_late_rows(chunks, todo, source)
+        elif todo and source.late:
+            raise StoreError("a late-chunking embedder needs its chunks' windows (chunk_stage's late_budget)")
+        elif todo:
+            vectors[todo] = source.embed_documents(texts)
+        out[field] = vectors
     embedded = np.zeros(n, dtype=bool)
     embedded[todo] = True
-    return {**chunks, "vector": vectors, "embedded": embedded}
+    return {**out, "embedded": embedded}
 
 
 @dataclass
@@ -127,10 +140,11 @@ class Writer:
             self.last_idx[str(batch["doc_id"][i])] = int(batch["last_idx"][i])
             if not batch["embedded"][i]:
                 continue
+            vectors = {f: batch[f][i] for f in (DENSE, SPARSE) if f in batch}
             rows.append(
                 {
                     "id": str(batch["id"][i]),
-                    "vector": batch["vector"][i].tolist(),
+                    **{f: v if f == SPARSE else v.tolist() for f, v in vectors.items()},
                     "doc_id": str(batch["doc_id"][i]),
                     "chunk_idx": int(batch["chunk_idx"][i]),
                     "text": str(batch["text"][i]),
@@ -161,7 +175,9 @@ class Writer:
         return self.stats
 
 
-def open_collection(store: Store, meta: VectorMeta, dimension: int, role: str) -> str:
+def open_collection(
+    store: Store, meta: VectorMeta, dimension: int, role: str, fields: Sequence[str] = (DENSE,)
+) -> str:
     """The collection of `meta`'s schema, after checking it may serve `role`.
 
     `live` (plain indexing) must already serve this schema or not exist yet: adding vectors of
@@ -182,7 +198,7 @@ def open_collection(store: Store, meta: VectorMeta, dimension: int, role: str) -
             raise StoreError(
                 f"the live index already has this embedder's schema {schema}; nothing to migrate"
             )
-    return store.ensure_collection(meta, dimension)
+    return store.ensure_collection(meta, dimension, fields)
 
 
 DEFAULT_CHUNK_TOKENS = 512
@@ -229,7 +245,8 @@ def index_documents(
         check_late_chunker(chunker.overlap)
         limit = embedder.max_tokens or chunker.max_tokens
         late_budget = limit - chunker.tokenizer.num_special - embedder.late_prompt_tokens
-    collection = open_collection(store, embedder.meta, embedder.dimension, role)
+    fields = tuple(vector_sources(embedder))
+    collection = open_collection(store, embedder.meta, embedder.dimension, role, fields)
     stored = store.stored_chunks(collection)
     hashes = {cid: s.text_hash for cid, s in stored.items()}
     chunks = chunk_stage(as_columns(list(docs)), chunker, embedder.meta.embedding_schema, late_budget)

@@ -111,8 +111,8 @@ def index_with_ray(
     docs: list[Document], spec: EmbedderSpec, store: Store, args: argparse.Namespace, progress: bool | None
 ) -> IndexStats:
     """Run inside `ray_session`."""
-    if spec.late_chunking:  # its stages embed chunks alone: never under the late schema
-        raise StoreError("--late-chunking runs in this process for now, not on Ray (--ray)")
+    if spec.late_chunking or spec.sparse or spec.sparse_model:  # its stages store dense rows of chunks alone
+        raise StoreError("--late-chunking, --sparse and --hybrid run in this process for now, not on Ray")
     import ray
 
     actors, gpus = _ray_resources(spec, args)

@@ -6,6 +6,7 @@ from embedserve.errors import InvalidInputError
 from embedserve.index.embedder import Embedder
 from embedserve.index.errors import SchemaMismatchError
 from embedserve.index.quantized import QuantizingEmbedder
+from embedserve.index.sparse import DENSE, SPARSE, Fusion, vector_sources
 from embedserve.index.store import LIVE, Hit, Store
 
 MAX_CHUNK_HITS = 16384  # Milvus's largest top-k
@@ -21,7 +22,8 @@ def checked_collection(store: Store, embedder: Embedder, role: str) -> str:
             stored,
             embedder.meta.embedding_schema,
             f"It was built with model {store.model_of(collection)}: query it with that model and the same "
-            "options (version, dimensions, --late-chunking), or migrate the store (`embedserve migrate`).",
+            "options (version, dimensions, --late-chunking, --sparse, --sparse-model), or migrate the store "
+            "(`embedserve migrate`).",
         )
     return collection
 
@@ -34,12 +36,25 @@ def search(
     filter_expr: str = "",
     role: str = LIVE,
     rescore: int = 0,
+    fusion: Fusion | None = None,
+    depth: int = 100,
 ) -> list[list[Hit]]:
     """Top-k chunks per query. `rescore` (compressed indexes): fetch that many chunks by the
-    compressed search, then order them by the float query x their decoded codes."""
+    compressed search, then order them by the float query x their decoded codes. A sparse
+    index is searched by inner product; a hybrid one fuses its dense and sparse top `depth`
+    with `fusion` (default rrf, index/sparse.py)."""
     if k < 1 or k > MAX_CHUNK_HITS:
         raise InvalidInputError(f"k must be in [1, {MAX_CHUNK_HITS}], got {k}")
+    sources = vector_sources(embedder)
+    if fusion is not None and set(sources) != {DENSE, SPARSE}:
+        raise InvalidInputError("--hybrid fuses a hybrid index's two rankings: pass --sparse-model too")
     collection = checked_collection(store, embedder, role)
+    if set(sources) == {SPARSE}:
+        return store.search(collection, sources[SPARSE].embed_queries(queries), k, filter_expr, field=SPARSE)
+    if SPARSE in sources:
+        dense, sparse = sources[DENSE].embed_queries(queries), sources[SPARSE].embed_queries(queries)
+        ranker = (fusion or Fusion("rrf")).ranker()
+        return store.hybrid_search(collection, dense, sparse, k, max(depth, k), ranker, filter_expr)
     if rescore and isinstance(embedder, QuantizingEmbedder):
         codes, floats = embedder.rescore_queries(queries)
         depth = min(max(rescore, k), MAX_CHUNK_HITS)

@@ -83,8 +83,9 @@ class Store:
 
     # ---- collections ---------------------------------------------------------------------
 
-    def ensure_collection(self, meta: VectorMeta, dimension: int) -> str:
-        """The collection of `meta`'s schema, created on first use."""
+    def ensure_collection(self, meta: VectorMeta, dimension: int, fields: Sequence[str] = ("vector",)) -> str:
+        """The collection of `meta`'s schema, created on first use; `fields`: its vector fields,
+        `vector` (dense, cosine) and / or `sparse` (SPARSE_FLOAT_VECTOR, inner product)."""
         name = collection_name(meta.embedding_schema)
         if self.client.has_collection(name):
             self._check_schema(name, meta.embedding_schema)
@@ -93,15 +94,19 @@ class Store:
 
         schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=64)
-        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dimension)
+        index = self.client.prepare_index_params()
+        if "vector" in fields:
+            schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dimension)
+            index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
+        if "sparse" in fields:
+            schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+            index.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="IP")
         schema.add_field("doc_id", DataType.VARCHAR, max_length=2048)
         schema.add_field("chunk_idx", DataType.INT64)
         schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
         schema.add_field("text_hash", DataType.VARCHAR, max_length=64)
         for field in META_FIELDS:
             schema.add_field(field, DataType.VARCHAR, max_length=512)
-        index = self.client.prepare_index_params()
-        index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
         described = " ".join(f"{k}={v}" for k, v in meta.fields().items())
         self.client.create_collection(
             name,
@@ -225,8 +230,10 @@ class Store:
         filter_expr: str = "",
         with_text: bool = True,
         with_vectors: bool = False,
+        field: str = "vector",
     ) -> list[list[Hit]]:
-        """Top-k chunks per query vector by cosine similarity (text left empty unless asked)."""
+        """Top-k chunks per query vector by cosine similarity, or per sparse query (`field`
+        "sparse": `{id: weight}` rows) by inner product (text left empty unless asked)."""
         self._load(collection)
         fields = [
             "doc_id",
@@ -237,13 +244,42 @@ class Store:
         try:
             results = self.client.search(
                 collection,
-                data=[v.tolist() for v in vectors],
+                data=[v if isinstance(v, dict) else v.tolist() for v in vectors],
+                anns_field=field,
                 limit=k,
                 filter=filter_expr,
                 output_fields=fields,
             )
         except Exception as e:  # a bad --filter expression lands here
             raise StoreError(f"search in {collection} failed: {e}") from None
+        return self._hits(results, with_vectors)
+
+    def hybrid_search(
+        self, collection: str, dense: np.ndarray, sparse: list[dict[int, float]], k: int, depth: int,
+        ranker: Any, filter_expr: str = "",
+    ) -> list[list[Hit]]:  # fmt: skip
+        """Top-k chunks per query fusing its dense (top `depth` by cosine) and sparse (top
+        `depth` by inner product) rankings with `ranker` (index/sparse.py's Fusion)."""
+        from pymilvus import AnnSearchRequest
+
+        self._load(collection)
+        out = []
+        try:
+            for d, s in zip(dense, sparse, strict=True):
+                requests = [
+                    AnnSearchRequest([d.tolist()], "vector", {"metric_type": "COSINE"}, depth, filter_expr),
+                    AnnSearchRequest([s], "sparse", {"metric_type": "IP"}, depth, filter_expr),
+                ]
+                found = self.client.hybrid_search(
+                    collection, requests, ranker, limit=k, output_fields=["doc_id", "chunk_idx", "text"]
+                )
+                out += self._hits(found, False)
+        except Exception as e:  # a bad --filter expression lands here
+            raise StoreError(f"hybrid search in {collection} failed: {e}") from None
+        return out
+
+    @staticmethod
+    def _hits(results: Any, with_vectors: bool) -> list[list[Hit]]:
         return [
             [
                 Hit(

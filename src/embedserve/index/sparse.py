@@ -1,0 +1,153 @@
+"""Sparse and hybrid indexes (`index --sparse`, `index --hybrid --sparse-model DIR`).
+
+A SPLADE model's vectors are vocabulary-wide term weights with few non-zeros; Milvus stores
+them as a SPARSE_FLOAT_VECTOR field (`{vocabulary id: weight}`) searched by inner product, as
+SPLADE scores. A hybrid index holds both fields per chunk, the dense model's `vector` and the
+SPLADE model's `sparse`, and a search fuses the two rankings in Milvus (`hybrid_search`):
+reciprocal rank fusion (`rrf`, k = 60) or a weighted sum of the two scores
+(`weighted:W_DENSE,W_SPARSE`).
+
+    collection    id | vector (dense, COSINE) | sparse (SPARSE_FLOAT_VECTOR, IP) | doc_id ...
+    --sparse             -                       the SPLADE model's
+    --hybrid             the dense model's       the SPLADE model's
+
+The index's schema is the sparse vectors' (as `serve` reports them for `embedding_type:
+sparse`), or for a hybrid index one made of both models' schemas: neither model can be
+swapped without building a new index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from embedserve.index.embedder import Embedder, VectorMeta
+from embedserve.index.errors import StoreError
+from embedserve.schema import compressed_schema
+from embedserve.tokenizer import Tokenizer
+
+DENSE, SPARSE = "vector", "sparse"  # the collection's vector fields
+RRF_K = 60
+
+
+def sparse_rows(vectors: np.ndarray) -> list[dict[int, float]]:
+    """Each vocabulary-wide row's non-zero weights, as Milvus takes a sparse vector."""
+    rows = []
+    for v in vectors:
+        idx = np.flatnonzero(v)
+        rows.append({int(i): float(v[i]) for i in idx})
+    return rows
+
+
+class SparseEmbedder:
+    """A SPLADE model's embedder whose vectors are sparse rows (`sparse_rows`)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        engine = getattr(inner, "engine", None)
+        if engine is None or engine.sparse_head is None:
+            model = inner.meta.model
+            raise StoreError(
+                f"--sparse stores a SPLADE model's vectors: {model} is not one (a sentence-transformers "
+                "SparseEncoder directory, served in this process with --model)"
+            )
+        if inner.late:
+            raise StoreError("late chunking pools dense vectors: it does not combine with a sparse index")
+        self.inner = inner
+        self.meta: VectorMeta = replace(
+            inner.meta, embedding_schema=compressed_schema(inner.meta.embedding_schema, "sparse")
+        )
+        self.dimension = int(engine.config.model.vocab_size)
+        self.tokenizer: Tokenizer | None = inner.tokenizer
+        self.max_tokens: int | None = inner.max_tokens
+        self.late = False
+        self.late_prompt_tokens = 0
+
+    def embed_documents(self, texts: list[str]) -> list[dict[int, float]]:
+        return sparse_rows(self.inner.embed_documents(texts))
+
+    def embed_queries(self, texts: list[str]) -> list[dict[int, float]]:
+        return sparse_rows(self.inner.embed_queries(texts))
+
+    def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
+        raise StoreError("late chunking does not combine with a sparse index")
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class HybridEmbedder:
+    """A dense embedder and a SPLADE one for the same chunks: each chunk gets both vectors."""
+
+    def __init__(self, dense: Embedder, sparse: SparseEmbedder) -> None:
+        if dense.late:
+            raise StoreError("late chunking does not combine with a hybrid index (its sparse side)")
+        self.dense, self.sparse = dense, sparse
+        d, s = dense.meta, sparse.meta
+        joined = f"{d.embedding_schema}|hybrid|{s.embedding_schema}"
+        self.meta = VectorMeta(
+            model=f"{d.model}+{s.model}",
+            model_version=f"{d.model_version}+{s.model_version}",
+            dtype=f"{d.dtype}+{s.dtype}",
+            backend_profile=f"{d.backend_profile}+{s.backend_profile}",
+            embedding_schema="es1-" + hashlib.sha256(joined.encode()).hexdigest()[:16],
+        )
+        self.dimension = dense.dimension
+        self.tokenizer: Tokenizer | None = dense.tokenizer  # chunks are cut in the dense model's tokens
+        limits = [m for m in (dense.max_tokens, sparse.max_tokens) if m is not None]
+        self.max_tokens: int | None = min(limits) if limits else None
+        self.late = False
+        self.late_prompt_tokens = 0
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        return self.dense.embed_documents(texts)
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        return self.dense.embed_queries(texts)
+
+    def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
+        raise StoreError("late chunking does not combine with a hybrid index")
+
+    def close(self) -> None:
+        try:
+            self.dense.close()
+        finally:
+            self.sparse.close()
+
+
+def vector_sources(embedder: Any) -> dict[str, Any]:
+    """The collection's vector fields and the embedder filling each."""
+    if isinstance(embedder, HybridEmbedder):
+        return {DENSE: embedder.dense, SPARSE: embedder.sparse}
+    if isinstance(embedder, SparseEmbedder):
+        return {SPARSE: embedder}
+    return {DENSE: embedder}
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """How a hybrid search fuses its two rankings."""
+
+    kind: str  # "rrf" or "weighted"
+    weights: tuple[float, float] = (1.0, 1.0)  # dense, sparse (weighted)
+
+    @classmethod
+    def parse(cls, text: str) -> Fusion:
+        if text == "rrf":
+            return cls("rrf")
+        if text.startswith("weighted:"):
+            parts = text.removeprefix("weighted:").split(",")
+            try:
+                weights = tuple(float(p) for p in parts)
+            except ValueError:
+                weights = ()
+            if len(weights) == 2 and all(w >= 0 for w in weights) and sum(weights) > 0:
+                return cls("weighted", (weights[0], weights[1]))
+        raise StoreError(f"--hybrid {text!r}: expected rrf or weighted:W_DENSE,W_SPARSE (two weights >= 0)")
+
+    def ranker(self) -> Any:
+        from pymilvus import RRFRanker, WeightedRanker
+
+        return RRFRanker(RRF_K) if self.kind == "rrf" else WeightedRanker(*self.weights)
