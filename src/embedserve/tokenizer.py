@@ -52,6 +52,8 @@ class Tokenized:
     multimodal: MultimodalState | None = None
     # A late-chunked document: its chunks' token spans, one vector each (late_chunking.py).
     late: LateChunks | None = None
+    # An inference-free SPLADE query: answered from static weights, no model (engine/static.py).
+    static: bool = False
 
 
 class Tokenizer:

@@ -40,3 +40,26 @@ def build_splade(dst: Path, strategy: str = "max", activation: str = "relu", see
     enc = SparseEncoder(modules=[MLMTransformer(str(mlm)), SpladePooling(strategy, activation)], device="cpu")
     enc.save(str(dst))
     return dst
+
+
+def build_inference_free(dst: Path, splade: Path, seed: int = 0) -> Path:
+    """An inference-free SPLADE directory at `dst`: a sentence-transformers Router whose queries
+    run a SparseStaticEmbedding (seeded weights, one per vocabulary id) and whose documents run
+    `splade`'s MLM checkpoint with max pooling, saved by sentence-transformers itself."""
+    if (dst / "modules.json").exists():
+        return dst
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Router
+    from sentence_transformers.sparse_encoder.modules import (
+        MLMTransformer,
+        SparseStaticEmbedding,
+        SpladePooling,
+    )
+
+    mlm = MLMTransformer(str(splade.with_name(splade.name + "-mlm")))
+    gen = torch.Generator().manual_seed(seed)
+    weight = 3.0 * torch.rand(mlm.tokenizer.vocab_size, generator=gen)
+    static = SparseStaticEmbedding(tokenizer=mlm.tokenizer, weight=weight, frozen=True)
+    router = Router.for_query_document(query_modules=[static], document_modules=[mlm, SpladePooling("max")])
+    SparseEncoder(modules=[router], device="cpu", similarity_fn_name="dot").save(str(dst))
+    return dst

@@ -18,6 +18,7 @@ from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager
 from embedserve.models.build import open_model
 from embedserve.models.decoder import DecoderModel
+from embedserve.models.router import StaticQueries
 from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.models.sparse_head import SparseHead, load_sparse_head
@@ -39,6 +40,7 @@ class EngineParts:
     sparse_head: SparseHead | None = None  # SPLADE models only (their pooling folds through it)
     workers: TensorParallelRunner | None = None  # tensor_parallel_size > 1: the ranks to watch and stop
     prompter: MultimodalPrompter | None = None  # multimodal models: parts -> tokens + images
+    static_queries: StaticQueries | None = None  # inference-free SPLADE: queries without the model
 
 
 def build_engine(
@@ -75,7 +77,10 @@ def build_engine(
     if config.pooling.splade is not None:
         sparse = load_sparse_head(files.weights(), config.model, *config.pooling.splade)
     score = _score_head(config, files, tokenizer)
-    return EngineParts(config, core, tokenizer, score, sparse, loaded.workers, prompter)
+    static = (
+        None if files.query_encoder is None else StaticQueries(files.query_encoder, config.model.vocab_size)
+    )
+    return EngineParts(config, core, tokenizer, score, sparse, loaded.workers, prompter, static)
 
 
 def pick_runner(loaded: Loaded) -> ModelRunner:

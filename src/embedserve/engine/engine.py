@@ -15,11 +15,13 @@ from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.classify import ClassifyMixin
 from embedserve.engine.core import Finished
 from embedserve.engine.late import LateChunkingMixin
-from embedserve.engine.loop import EngineLoop, gather_all, wait_all
+from embedserve.engine.loop import EngineLoop, wait_all
 from embedserve.engine.multimodal import text_items, tokenize_multimodal
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of, parse_priority
+from embedserve.engine.prefix import PromptCacheMixin
 from embedserve.engine.rerank import RerankMixin
+from embedserve.engine.static import StaticQueryMixin
 from embedserve.errors import InvalidInputError
 from embedserve.request import EmbedParams, Request
 from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
@@ -32,7 +34,7 @@ __all__ = ["EmbeddingOutput", "Engine", "Inputs", "output_of"]  # the outputs' t
 Inputs = Sequence[str] | Sequence[Sequence[int]] | str | Sequence[Any]
 
 
-class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin):
+class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, StaticQueryMixin):
     def __init__(self, parts: EngineParts | Callable[[], EngineParts]) -> None:
         """Run built `parts`, or build them with `parts()` on the engine loop's thread: the
         thread that then runs the model (loop.py: one OpenMP pool, not two)."""
@@ -42,6 +44,7 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin):
         self.score_head = self._loop.parts.score_head  # rerankers, classifiers (rerank.py, classify.py)
         self.sparse_head = self._loop.parts.sparse_head  # SPLADE: term weights over the vocabulary
         self.multimodal = self._loop.parts.prompter is not None  # takes image parts
+        self.static_queries = self._loop.parts.static_queries  # inference-free SPLADE (engine/static.py)
         # What errors call the model: its directory's name, or the name a server serves it as.
         self.name = Path(self.config.model_path).name
         self._ids = itertools.count()
@@ -147,7 +150,10 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin):
         """
         self.check_dimensions(dimensions)
         parse_priority(priority)
-        tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
+        if self.routes_statically(prompt_name):
+            tokenized = self.tokenize_static(inputs)
+        else:
+            tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
         return self.submit_tokenized(
             tokenized, dimensions=dimensions, normalize=normalize, priority=priority
         ), tokenized
@@ -162,27 +168,9 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin):
     ) -> list[Future[Finished]]:
         """Queue inputs that `tokenize()` already produced (a server counts tokens first);
         options as `submit`."""
+        if any(t.static for t in tokenized):  # inference-free queries: answered without the model
+            return self.static_results(tokenized)
         return self._loop.submit(self._requests(tokenized, dimensions, normalize, priority))
-
-    def cache_prompt(self, prompt: str) -> int:
-        """Keep `prompt`'s K/V in the prefix cache for good (its full blocks and its tail), so
-        every input embedded with it computes only its own tokens; returns the prompt's tokens
-        (0: prefix caching is off). The server does it for the model's prompts at warm-up."""
-        futures, n = self._pin(prompt)
-        wait_all(futures)
-        return n
-
-    async def cache_prompt_async(self, prompt: str) -> int:
-        futures, n = self._pin(prompt)
-        await gather_all(futures)
-        return n
-
-    def _pin(self, prompt: str) -> tuple[list[Future[Finished]], int]:
-        if not (self.config.cache.prefix_caching and prompt):
-            return [], 0
-        (req,) = self._requests(self.tokenize(["warm"], prompt), None, None, "online")
-        req.pin_prefix = self.tokenizer.count_prompt_tokens(prompt)
-        return self._loop.submit([req]), req.pin_prefix
 
     def embed_outputs(
         self,

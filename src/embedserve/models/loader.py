@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from embedserve.config import PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
 from embedserve.models.registry import model_config_from_hf, sliding_window
+from embedserve.models.router import router_dirs
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
 
 if TYPE_CHECKING:
@@ -123,6 +124,17 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
     root = Path(path)
     if not root.is_dir():
         raise ModelLoadError(f"model path {root} is not a directory")
+    routed = router_dirs(root)
+    if routed is not None:  # inference-free SPLADE: the document side's model, the query module beside
+        files = read_model_dir(routed.document, pooling, normalize)
+        cfg = _read_json(routed.pooling / "config.json")
+        splade = (str(cfg.get("activation_function", "relu")), str(cfg.get("pooling_strategy", "max")))
+        pool = override_pooling(PoolingConfig(PoolingMethod.SPLADE, False, True, splade), pooling, normalize)
+        prompts, default_prompt_name = _prompts(root)
+        return replace(
+            files, path=root, pooling=pool, prompts=prompts, default_prompt_name=default_prompt_name,
+            query_encoder=routed.query,
+        )  # fmt: skip
     if not (root / "config.json").exists():
         raise ModelLoadError(f"{root} has no config.json")
     raw = _read_json(root / "config.json")
@@ -132,13 +144,7 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
         raise ModelLoadError(f"{root} has no tokenizer.json")
     fallback = default_pooling(model)
     pool = override_pooling(_pooling_from_st(root, fallback.method) or fallback, pooling, normalize)
-    st_cfg = root / "config_sentence_transformers.json"
-    prompts: dict[str, str] = {}
-    default_prompt_name = None
-    if st_cfg.exists():
-        meta = _read_json(st_cfg)
-        prompts = {str(k): str(v) for k, v in (meta.get("prompts") or {}).items()}
-        default_prompt_name = meta.get("default_prompt_name")
+    prompts, default_prompt_name = _prompts(root)
     bert_cfg = root / "sentence_bert_config.json"
     max_seq = _read_json(bert_cfg).get("max_seq_length") if bert_cfg.exists() else None
     return ModelFiles(
@@ -153,6 +159,16 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
         sliding_window=sliding_window(raw),
         multimodal=_multimodal(raw, root) if model.model_type == "qwen3_vl" else None,
     )
+
+
+def _prompts(root: Path) -> tuple[dict[str, str], str | None]:
+    """The prompt table and default prompt name of config_sentence_transformers.json."""
+    st_cfg = root / "config_sentence_transformers.json"
+    if not st_cfg.exists():
+        return {}, None
+    meta = _read_json(st_cfg)
+    prompts = {str(k): str(v) for k, v in (meta.get("prompts") or {}).items()}
+    return prompts, meta.get("default_prompt_name")
 
 
 def _multimodal(raw: dict[str, Any], root: Path) -> Qwen3VLSpec:

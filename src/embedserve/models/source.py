@@ -32,6 +32,7 @@ class ModelSource(ABC):
     max_seq_length: int | None = None
     sliding_window: int | None = None
     multimodal: Qwen3VLSpec | None = None  # a Qwen3-VL directory: tower, M-RoPE, image preprocessing
+    query_encoder: Path | None = None  # inference-free SPLADE: the static query module's folder
 
     @abstractmethod
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:

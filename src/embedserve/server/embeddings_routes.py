@@ -34,6 +34,8 @@ class EmbeddingsJob(Job):
         svc.engine.check_dimensions(req.dimensions)
         svc.check_types([req.embedding_type], req.dimensions)
         prompt = svc.engine.resolve_prompt(req.prompt_name, req.prompt)
+        if svc.engine.routes_statically(req.prompt_name) and not req.late_chunking:
+            return svc.engine.tokenize_static(req.items)  # inference-free SPLADE queries: no model
         if not req.late_chunking:
             return svc.engine.tokenize(resolve_items(req.items), prompt, req.truncate)
         self.plan = svc.engine.plan_late(

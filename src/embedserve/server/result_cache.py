@@ -67,8 +67,9 @@ class ResultCache:
 
     @staticmethod
     def key(schema: str, tok: Tokenized) -> bytes | None:
-        """The entry's key, or None for an input that is not cached (images, late chunks)."""
-        if tok.multimodal is not None or tok.late is not None:
+        """The entry's key, or None for an input that is not cached (images, late chunks, static
+        queries: answered without the model anyway)."""
+        if tok.multimodal is not None or tok.late is not None or tok.static:
             return None
         h = hashlib.sha256(schema.encode())
         h.update(tok.prompt_tokens.to_bytes(4, "little"))

@@ -1,0 +1,68 @@
+"""Inference-free SPLADE's queries on the engine (models/router.py): tokenized without special
+tokens, answered at once from the static weights, no request queued, no step run.
+`StaticQueryMixin` gives `Engine` the route; engine.py sends a query there when the request asks
+for the model's `query` prompt (`prompt_name`, Cohere's `input_type: search_query`)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from embedserve.config import EngineConfig
+from embedserve.engine.core import Finished
+from embedserve.errors import InvalidInputError
+from embedserve.models.router import QUERY_PROMPT_NAME, StaticQueries
+from embedserve.models.sparse_head import SparseHead
+from embedserve.request import EmbedParams, Request, RequestStatus
+from embedserve.tokenizer import Tokenized, Tokenizer
+
+
+class StaticQueryMixin:
+    config: EngineConfig
+    tokenizer: Tokenizer
+    sparse_head: SparseHead | None
+    static_queries: StaticQueries | None
+    _ids: itertools.count[int]
+
+    def routes_statically(self, prompt_name: str | None) -> bool:
+        """Whether inputs with this prompt name skip the model (an inference-free model's queries)."""
+        return self.static_queries is not None and prompt_name == QUERY_PROMPT_NAME
+
+    def tokenize_static(self, inputs: str | Sequence[Any]) -> list[Tokenized]:
+        """Queries as the static module reads them: no special tokens, cut at its max length."""
+        assert self.static_queries is not None
+        items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
+        if len(items) == 0:
+            raise InvalidInputError("inputs is empty: pass at least one string")
+        out = []
+        for i, text in enumerate(items):
+            try:
+                ids = self.static_queries.ids(text, self.tokenizer.backend)
+            except InvalidInputError as e:
+                raise InvalidInputError(f"input {i}: {e}") from None
+            out.append(Tokenized(token_ids=ids, truncated=False, static=True))
+        return out
+
+    def static_results(self, tokenized: list[Tokenized]) -> list[Future[Finished]]:
+        """Each query's vector, already answered (no engine step)."""
+        assert self.static_queries is not None
+        if not all(t.static for t in tokenized):
+            raise InvalidInputError("inference-free queries and documents go in separate requests")
+        method = self.config.pooling.method
+        out: list[Future[Finished]] = []
+        for t in tokenized:
+            req = Request(
+                next(self._ids),
+                t.token_ids,
+                EmbedParams(normalize=False),
+                method,
+                sparse_head=self.sparse_head,
+            )
+            req.status, req.first_scheduled_time = RequestStatus.FINISHED, req.arrival_time
+            future: Future[Finished] = Future()
+            future.set_result(Finished(req, self.static_queries.vector(t.token_ids), None, time.monotonic()))
+            out.append(future)
+        return out
