@@ -12,15 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from embedserve.config import EngineConfig, PoolingMethod
+from embedserve.config import PoolingMethod
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import gather_all, wait_all
 from embedserve.engine.outputs import output_of
+from embedserve.engine.rerank import HeadMixin
 from embedserve.errors import InvalidInputError
 from embedserve.late_chunking import check_char_spans, join_chunks, late_sequence
 from embedserve.late_long import LongPlan, plan_windows
 from embedserve.pooling.spans import ChunkSpan, SpanPooling
-from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
+from embedserve.tokenizer import Tokenized, Truncate
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,10 @@ class LateChunkOutput:
     overlap: int = 0  # content tokens consecutive windows shared
 
 
-class LateChunkingMixin:
-    """What late chunking takes from Engine: its config, tokenizer, name and submission."""
+class LateChunkingMixin(HeadMixin):
+    """What late chunking takes from Engine beyond HeadMixin's (config, tokenizer, submission):
+    its name, prompts and dimension check."""
 
-    config: EngineConfig
-    tokenizer: Tokenizer
     multimodal: bool
     name: str
 
@@ -45,16 +45,6 @@ class LateChunkingMixin:
         raise NotImplementedError  # Engine's
 
     def check_dimensions(self, dimensions: int | None) -> None:
-        raise NotImplementedError  # Engine's
-
-    def submit_tokenized(
-        self,
-        tokenized: list[Tokenized],
-        *,
-        dimensions: int | None = None,
-        normalize: bool | None = None,
-        priority: str = "online",
-    ) -> list[Future[Finished]]:
         raise NotImplementedError  # Engine's
 
     def tokenize_late(
