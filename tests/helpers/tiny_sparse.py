@@ -63,3 +63,38 @@ def build_inference_free(dst: Path, splade: Path, seed: int = 0) -> Path:
     router = Router.for_query_document(query_modules=[static], document_modules=[mlm, SpladePooling("max")])
     SparseEncoder(modules=[router], device="cpu", similarity_fn_name="dot").save(str(dst))
     return dst
+
+
+def build_bge_m3(dst: Path, seed: int = 0) -> Path:
+    """A tiny BGE-M3-shaped directory: a random XLM-R encoder (MiniLM's WordPiece vocabulary),
+    CLS pooling + Normalize (its dense vectors), and a seeded `sparse_linear.pt` beside it (its
+    lexical weights, as BAAI/bge-m3 ships them)."""
+    if (dst / "sparse_linear.pt").exists():
+        return dst
+    import transformers
+
+    from tests.helpers.tiny_bert import TOKENIZER_FILES
+    from tests.helpers.tiny_models import write_st_files
+
+    dst.mkdir(parents=True, exist_ok=True)
+    config = transformers.XLMRobertaConfig(
+        vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=1026, type_vocab_size=1, pad_token_id=0,
+    )  # fmt: skip
+    model = transformers.XLMRobertaModel(config, add_pooling_layer=False)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            base = 1.0 if "LayerNorm.weight" in name else 0.0
+            p.copy_(base + (0.2 if base else 0.3) * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(dst, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        (dst / name).write_bytes((minilm_dir() / name).read_bytes())
+    write_st_files(dst, 64, "cls", True, {}, 1024)
+    linear = torch.nn.Linear(64, 1)
+    with torch.no_grad():
+        linear.weight.copy_(0.1 * torch.randn(linear.weight.shape, generator=gen))
+        linear.bias.fill_(0.05)
+    torch.save(linear.state_dict(), dst / "sparse_linear.pt")
+    (dst / "colbert_linear.pt").write_bytes(b"")  # present in BGE-M3; its multi-vectors are not served yet
+    return dst

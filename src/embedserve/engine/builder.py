@@ -18,6 +18,7 @@ from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager
 from embedserve.models.build import open_model
 from embedserve.models.decoder import DecoderModel
+from embedserve.models.lexical_head import LexicalHead, load_lexical_head
 from embedserve.models.router import StaticQueries
 from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head
 from embedserve.models.source import ModelSource, override_pooling
@@ -40,6 +41,7 @@ class EngineParts:
     sparse_head: SparseHead | None = None  # SPLADE models only (their pooling folds through it)
     workers: TensorParallelRunner | None = None  # tensor_parallel_size > 1: the ranks to watch and stop
     prompter: MultimodalPrompter | None = None  # multimodal models: parts -> tokens + images
+    lexical_head: LexicalHead | None = None  # BGE-M3: sparse vectors beside its dense ones
     static_queries: StaticQueries | None = None  # inference-free SPLADE: queries without the model
 
 
@@ -80,7 +82,15 @@ def build_engine(
     static = (
         None if files.query_encoder is None else StaticQueries(files.query_encoder, config.model.vocab_size)
     )
-    return EngineParts(config, core, tokenizer, score, sparse, loaded.workers, prompter, static)
+    lexical = None
+    if files.lexical_head is not None:
+        specials = {i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special}
+        model = config.model
+        lexical = load_lexical_head(files.lexical_head, model.hidden_size, model.vocab_size, specials)
+    return EngineParts(
+        config, core, tokenizer, score, sparse, loaded.workers, prompter,
+        static_queries=static, lexical_head=lexical,
+    )  # fmt: skip
 
 
 def pick_runner(loaded: Loaded) -> ModelRunner:

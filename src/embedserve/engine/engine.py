@@ -15,6 +15,7 @@ from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.classify import ClassifyMixin
 from embedserve.engine.core import Finished
 from embedserve.engine.late import LateChunkingMixin
+from embedserve.engine.lexical import LexicalMixin
 from embedserve.engine.loop import EngineLoop, wait_all
 from embedserve.engine.multimodal import text_items, tokenize_multimodal
 from embedserve.engine.options import EngineOptions
@@ -34,7 +35,7 @@ __all__ = ["EmbeddingOutput", "Engine", "Inputs", "output_of"]  # the outputs' t
 Inputs = Sequence[str] | Sequence[Sequence[int]] | str | Sequence[Any]
 
 
-class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, StaticQueryMixin):
+class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, StaticQueryMixin, LexicalMixin):
     def __init__(self, parts: EngineParts | Callable[[], EngineParts]) -> None:
         """Run built `parts`, or build them with `parts()` on the engine loop's thread: the
         thread that then runs the model (loop.py: one OpenMP pool, not two)."""
@@ -45,6 +46,7 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         self.sparse_head = self._loop.parts.sparse_head  # SPLADE: term weights over the vocabulary
         self.multimodal = self._loop.parts.prompter is not None  # takes image parts
         self.static_queries = self._loop.parts.static_queries  # inference-free SPLADE (engine/static.py)
+        self.lexical_head = self._loop.parts.lexical_head  # BGE-M3's sparse vectors (engine/lexical.py)
         # What errors call the model: its directory's name, or the name a server serves it as.
         self.name = Path(self.config.model_path).name
         self._ids = itertools.count()

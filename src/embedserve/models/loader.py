@@ -23,6 +23,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.config import PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
+from embedserve.models.lexical_head import LEXICAL_FILE
 from embedserve.models.registry import model_config_from_hf, sliding_window
 from embedserve.models.router import router_dirs
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
@@ -158,6 +159,7 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
         max_seq_length=int(max_seq) if max_seq else None,
         sliding_window=sliding_window(raw),
         multimodal=_multimodal(raw, root) if model.model_type == "qwen3_vl" else None,
+        lexical_head=root / LEXICAL_FILE if (root / LEXICAL_FILE).exists() else None,
     )
 
 

@@ -54,8 +54,9 @@ class SparseHead:
         return int(self.decoder.shape[0])
 
     @torch.inference_mode()
-    def weights(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows [k, hidden] -> the fold of their term weights, [vocab] float32 (max or sum)."""
+    def weights(self, rows: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """rows [k, hidden] -> the fold of their term weights, [vocab] float32 (max or sum);
+        `ids` (the rows' token ids) are not needed here."""
         out: torch.Tensor | None = None
         for lo in range(0, rows.shape[0], ROWS_PER_SLICE):
             w = self._term_weights(rows[lo : lo + ROWS_PER_SLICE].float())

@@ -12,6 +12,7 @@ from embedserve.errors import InternalEngineError
 from embedserve.pooling.methods import finalize, fold, rows_to_pool, unread_prefix
 
 if TYPE_CHECKING:
+    from embedserve.models.lexical_head import LexicalHead
     from embedserve.models.sparse_head import SparseHead
 
 
@@ -28,7 +29,8 @@ class PoolingState:
         num_prompt_tokens: int,
         excluded_prefix: int = 0,
         deterministic_chunk: int | None = None,
-        sparse_head: SparseHead | None = None,
+        sparse_head: SparseHead | LexicalHead | None = None,
+        token_ids: list[int] | None = None,
     ) -> None:
         if (method is PoolingMethod.SPLADE) != (sparse_head is not None):
             raise InternalEngineError("SPLADE pooling needs the model's sparse head, and only it uses one")
@@ -36,6 +38,8 @@ class PoolingState:
         # SPLADE: each block of rows becomes term weights [vocab] (max or sum over its tokens)
         # and folds into the accumulator the same way; rows are never kept.
         self.sparse_head = sparse_head
+        # BGE-M3's lexical head weighs each row by its token id (models/lexical_head.py).
+        self.token_ids = None if token_ids is None else torch.tensor(token_ids, dtype=torch.long)
         self.num_prompt_tokens = num_prompt_tokens
         # MEAN pooling of a model with `include_prompt: false` leaves out the prompt's tokens.
         self.excluded_prefix = excluded_prefix
@@ -73,12 +77,15 @@ class PoolingState:
         """Fold chunk [start, start+n); `rows` are its selected rows, [k, hidden]."""
         lo = self._check(start, n, rows)
         head = self.sparse_head
-        for part in self._blocks(start + lo, rows):
+        first = start + lo
+        for part in self._blocks(first, rows):
             if head is None:
                 self._acc = fold(self.method, self._acc, part)
             elif part.shape[0]:
-                weights = head.weights(part)
+                ids = None if self.token_ids is None else self.token_ids[first : first + part.shape[0]]
+                weights = head.weights(part, ids)
                 self._acc = weights if self._acc is None else head.combine(self._acc, weights)
+            first += part.shape[0]
         self.num_rows += rows.shape[0]
         self.num_pooled_tokens = start + n
 

@@ -57,13 +57,16 @@ class EmbeddingsJob(Job):
         cache = self.svc.result_cache
         if cache is None:
             return await self._compute(tokenized)
-        schema = self.svc.metadata.schema(self.req.dimensions, self.req.normalize)
+        kind = "sparse" if self.req.embedding_type == "sparse" else "float"  # BGE-M3 serves both
+        schema = self.svc.metadata.schema(self.req.dimensions, self.req.normalize, kind)
         return await cache.through(schema, tokenized, self._compute)
 
     async def _compute(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
         # The records carry the ids with prompt and truncation applied, and the prompt's
         # length for pooling that excludes it: the engine does not tokenize again.
-        req = self.req
+        req, engine = self.req, self.svc.engine
+        if req.embedding_type == "sparse" and engine.lexical_head is not None:  # BGE-M3's lexical weights
+            return await engine.embed_lexical_tokenized_async(tokenized, priority=req.priority)
         dimensions, normalize = req.dimensions, req.normalize
         if self.plan is not None and self.plan.raw:  # windows' raw rows; the head applies when joined
             dimensions, normalize = None, False

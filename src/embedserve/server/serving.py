@@ -78,6 +78,18 @@ class EmbeddingService:
         """Refuse (400) a type the model does not produce (sparse vs dense) or a compressed type
         this server cannot produce at that width."""
         sparse = self.engine.sparse_head is not None
+        if self.engine.lexical_head is not None:  # BGE-M3: dense or sparse, one at a time
+            if "sparse" in kinds and len(kinds) > 1:
+                raise ApiError(
+                    400,
+                    f"model {self.metadata.model} answers dense and sparse vectors in separate requests "
+                    "for now (one pass for both is not built yet): ask for 'sparse' alone",
+                )
+            if "sparse" in kinds and dimensions is not None:
+                raise ApiError(
+                    400, "dimensions does not apply to sparse vectors (one weight per vocabulary id)"
+                )
+            return self._check_compressed(kinds, dimensions)
         wrong = next((k for k in kinds if (k == "sparse") != sparse), None)
         if wrong is not None:
             name = self.metadata.model
@@ -90,8 +102,11 @@ class EmbeddingService:
             raise ApiError(
                 400,
                 f"model {name} produces dense vectors: sparse vectors come from a SPLADE model "
-                "(a sentence-transformers SparseEncoder directory)",
+                "(a sentence-transformers SparseEncoder directory) or BGE-M3 (with its sparse_linear.pt)",
             )
+        self._check_compressed(kinds, dimensions)
+
+    def _check_compressed(self, kinds: list[str], dimensions: int | None) -> None:
         dim = dimensions or self.metadata.hidden_size
         if any(k in ("int8", "uint8") for k in kinds):
             try:

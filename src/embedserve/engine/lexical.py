@@ -1,0 +1,79 @@
+"""BGE-M3's sparse vectors on the engine: the same requests as its dense ones (batching, token
+budget, chunked prefill, preemption), pooled through its lexical head (models/lexical_head.py)
+instead of its CLS row. `LexicalMixin` gives `Engine` the methods; a BGE-M3 model answers dense
+requests as any encoder."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from embedserve.config import PoolingMethod
+from embedserve.engine.core import Finished
+from embedserve.engine.loop import EngineLoop, gather_all, wait_all
+from embedserve.engine.outputs import EmbeddingOutput, output_of
+from embedserve.engine.rerank import HeadMixin
+from embedserve.errors import InvalidInputError
+from embedserve.models.lexical_head import LexicalHead
+from embedserve.pooling.state import PoolingState
+from embedserve.request import Request
+from embedserve.tokenizer import Tokenized
+
+
+class LexicalMixin(HeadMixin):
+    lexical_head: LexicalHead | None
+    name: str
+    _loop: EngineLoop
+
+    def _requests(
+        self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str
+    ) -> list[Request]:
+        raise NotImplementedError  # Engine's
+
+    def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
+        raise NotImplementedError  # Engine's
+
+    def tokenize(
+        self, inputs: Any, prompt: str = "", truncate: str = "error", max_len: int | None = None
+    ) -> list[Tokenized]:
+        raise NotImplementedError  # Engine's
+
+    def submit_lexical(self, tokenized: list[Tokenized], priority: str = "online") -> list[Future[Finished]]:
+        """Queue tokenized inputs for their lexical weights ([vocab] vectors, unnormalized)."""
+        head = self.lexical_head
+        if head is None:
+            raise InvalidInputError(
+                f"model {self.name} has no lexical head (BGE-M3's sparse_linear.pt): its vectors are dense"
+            )
+        requests = self._requests(tokenized, None, False, priority)
+        chunk = self.config.scheduler.deterministic_chunk
+        for req in requests:  # every row folds through the head, keyed by its token id
+            ids = req.token_ids
+            req.pooling = PoolingState(PoolingMethod.SPLADE, len(ids), 0, chunk, head, ids)
+        return self._loop.submit(requests)
+
+    async def embed_lexical_tokenized_async(
+        self, tokenized: list[Tokenized], *, priority: str = "online"
+    ) -> list[EmbeddingOutput]:
+        futures = self.submit_lexical(tokenized, priority)
+        return [output_of(f, t) for f, t in zip(await gather_all(futures), tokenized, strict=True)]
+
+    def embed_lexical(
+        self,
+        inputs: str | Sequence[str],
+        *,
+        prompt_name: str | None = None,
+        prompt: str | None = None,
+        priority: str = "online",
+        truncate: str = "error",
+    ) -> np.ndarray:
+        """BGE-M3's lexical weights per input: float32 [n, vocab], the largest weight per token id
+        (special tokens left out); options as `Engine.submit`."""
+        tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
+        futures = self.submit_lexical(tokenized, priority)
+        return np.stack(
+            [output_of(f, t).embedding for f, t in zip(wait_all(futures), tokenized, strict=True)]
+        )

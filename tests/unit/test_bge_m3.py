@@ -1,0 +1,79 @@
+"""BGE-M3 (an XLM-R encoder with `sparse_linear.pt`): dense vectors are its normalized CLS rows;
+sparse vectors are FlagEmbedding's lexical weights (relu(sparse_linear(row)), the largest per
+token id, special tokens left out), computed here from transformers' last_hidden_state; across
+batches; through /v1/embeddings, /embed_sparse and /v2/embed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embedserve import Engine
+from tests.helpers.inprocess import server_client
+from tests.helpers.real_text import topic
+from tests.helpers.reference import hf_model
+from tests.helpers.tiny_sparse import build_bge_m3
+
+TEXTS = ["What is BGE M3?", topic("assert")[:1500], "Defination of BM25 [UNK] word"]
+
+
+@pytest.fixture(scope="module")
+def m3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bge_m3(tmp_path_factory.mktemp("bge-m3") / "m3")
+
+
+def _reference(path: Path, ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(normalized CLS rows, lexical weights as FlagEmbedding's _process_token_weights)."""
+    from tokenizers import Tokenizer
+
+    state = torch.load(path / "sparse_linear.pt", weights_only=True)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    unused = {tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[UNK]")}
+    dense, sparse = [], []
+    with torch.inference_mode():
+        for seq in ids:
+            hidden = hf_model(str(path))(input_ids=torch.tensor([seq])).last_hidden_state[0].float()
+            dense.append(torch.nn.functional.normalize(hidden[0], dim=-1).numpy())
+            weights = torch.relu(hidden @ state["weight"][0] + state["bias"][0]).numpy()
+            vec = np.zeros(30522, dtype=np.float32)
+            for w, i in zip(weights, seq, strict=True):
+                if i not in unused and w > 0 and w > vec[i]:
+                    vec[i] = w
+            sparse.append(vec)
+    return np.stack(dense), np.stack(sparse)
+
+
+def test_dense_and_lexical_weights_equal_the_reference(m3: Path) -> None:
+    with Engine.from_pretrained(m3, max_num_batched_tokens=1024) as engine:
+        ids = [t.token_ids for t in engine.tokenize(TEXTS)]
+        dense = engine.embed(TEXTS)
+        sparse = engine.embed_lexical(TEXTS)
+        alone = np.stack([engine.embed_lexical([t])[0] for t in TEXTS])
+    want_dense, want_sparse = _reference(m3, ids)
+    np.testing.assert_allclose(dense, want_dense, atol=1e-5)
+    assert [np.flatnonzero(s).tolist() for s in sparse] == [np.flatnonzero(w).tolist() for w in want_sparse]
+    np.testing.assert_allclose(sparse, want_sparse, atol=1e-5)
+    np.testing.assert_allclose(sparse, alone, atol=1e-6)  # batched as alone
+    assert 0 < np.count_nonzero(sparse[1]) < len(set(ids[1]))  # some weights are zero, specials never
+
+
+def test_the_routes_serve_both_kinds(m3: Path) -> None:
+    with server_client(m3) as c:
+        dense = c.post("/v1/embeddings", json={"input": TEXTS}).json()
+        sparse = c.post("/v1/embeddings", json={"input": TEXTS, "embedding_type": "sparse"}).json()
+        assert dense["embedding_schema"] != sparse["embedding_schema"]
+        again = c.post("/v1/embeddings", json={"input": TEXTS}).json()  # no cache mix-up of the two
+        assert [d["embedding"] for d in again["data"]] == [d["embedding"] for d in dense["data"]]
+        tei = c.post("/embed_sparse", json={"inputs": TEXTS}).json()
+        assert [[e["index"] for e in t] for t in tei] == [d["embedding"]["indices"] for d in sparse["data"]]
+        v2 = c.post("/v2/embed", json={"texts": TEXTS, "embedding_types": ["sparse"]}).json()
+        assert [e["indices"] for e in v2["embeddings"]["sparse"]] == [
+            d["embedding"]["indices"] for d in sparse["data"]
+        ]
+        both = c.post("/v2/embed", json={"texts": TEXTS, "embedding_types": ["float", "sparse"]})
+        assert both.status_code == 400 and "separate requests" in both.json()["error"]["message"]
+        dims = c.post("/v1/embeddings", json={"input": "x", "embedding_type": "sparse", "dimensions": 8})
+        assert dims.status_code == 400 and "dimensions" in dims.json()["error"]["message"]
