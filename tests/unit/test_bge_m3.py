@@ -26,12 +26,13 @@ def m3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _reference(path: Path, ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(normalized CLS rows, lexical weights as FlagEmbedding's _process_token_weights)."""
-    from tokenizers import Tokenizer
+    """(normalized CLS rows, lexical weights as FlagEmbedding's _process_token_weights, its
+    unused tokens from transformers' tokenizer: cls, eos, pad, unk)."""
+    from transformers import AutoTokenizer
 
     state = torch.load(path / "sparse_linear.pt", weights_only=True)
-    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-    unused = {tok.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]", "[UNK]")}
+    tok = AutoTokenizer.from_pretrained(str(path))
+    unused = {tok.cls_token_id, tok.eos_token_id, tok.pad_token_id, tok.unk_token_id}
     dense, sparse = [], []
     with torch.inference_mode():
         for seq in ids:
@@ -61,9 +62,10 @@ def test_dense_and_lexical_weights_equal_the_reference(m3: Path) -> None:
 
 
 def test_the_routes_serve_both_kinds(m3: Path) -> None:
-    with server_client(m3) as c:
-        dense = c.post("/v1/embeddings", json={"input": TEXTS}).json()
+    with server_client(m3, result_cache_entries=16) as c:
         sparse = c.post("/v1/embeddings", json={"input": TEXTS, "embedding_type": "sparse"}).json()
+        dense = c.post("/v1/embeddings", json={"input": TEXTS}).json()
+        assert all(len(d["embedding"]) == 64 for d in dense["data"])  # not the cached sparse rows
         assert dense["embedding_schema"] != sparse["embedding_schema"]
         again = c.post("/v1/embeddings", json={"input": TEXTS}).json()  # no cache mix-up of the two
         assert [d["embedding"] for d in again["data"]] == [d["embedding"] for d in dense["data"]]

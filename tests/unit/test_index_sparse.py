@@ -116,6 +116,8 @@ def test_cli_sparse_and_hybrid_and_their_refusals(
         (["index", str(docs), *db, *chunking, *hybrid], "pass both flags"),
         (["search", "x", *db, *hybrid, "--hybrid", "max"], "expected rrf or weighted"),
         (["search", "x", *db, "--hybrid", "rrf"], "pass --sparse-model too"),
+        (["search", "x", *db, *hybrid, "--hybrid", "weighted:2,1"], "weights in [0, 1]"),
+        (["index", str(docs), *db, *chunking, "--model", str(splade)], "is a SPLADE model"),
     ]
     for argv, words in refusals:
         assert main(argv) == 2, argv

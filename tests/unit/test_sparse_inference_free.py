@@ -77,3 +77,11 @@ def test_the_routes_answer_queries_and_documents(
             r = c.post("/v1/embeddings", json=bad)
             assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
         assert c.post("/v1/embeddings", json={**body, "input": "still fine"}).status_code == 200
+        long = {**body, "input": "word " * 600}
+        r = c.post("/v1/embeddings", json=long)
+        assert r.status_code == 400 and "600 tokens" in r.json()["error"]["message"]
+        cut = c.post("/v1/embeddings", json={**long, "truncate": "end"}).json()["data"][0]
+        assert cut["truncated"] is True and cut["num_tokens"] == 512
+        unit = c.post("/v1/embeddings", json={**body, "normalize": True, "encoding_format": "float"}).json()
+        values = unit["data"][0]["embedding"]["values"]
+        assert abs(sum(v * v for v in values) - 1.0) < 1e-5

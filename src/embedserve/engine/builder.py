@@ -18,7 +18,7 @@ from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager
 from embedserve.models.build import open_model
 from embedserve.models.decoder import DecoderModel
-from embedserve.models.lexical_head import LexicalHead, load_lexical_head
+from embedserve.models.lexical_head import LexicalHead, load_lexical_head, unused_ids
 from embedserve.models.router import StaticQueries
 from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head
 from embedserve.models.source import ModelSource, override_pooling
@@ -84,7 +84,7 @@ def build_engine(
     )
     lexical = None
     if files.lexical_head is not None:
-        specials = {i for i, t in tokenizer.backend.get_added_tokens_decoder().items() if t.special}
+        specials = unused_ids(files.lexical_head.parent, tokenizer.backend)
         model = config.model
         lexical = load_lexical_head(files.lexical_head, model.hidden_size, model.vocab_size, specials)
     return EngineParts(

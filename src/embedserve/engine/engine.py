@@ -152,10 +152,9 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         """
         self.check_dimensions(dimensions)
         parse_priority(priority)
-        if self.routes_statically(prompt_name):
-            tokenized = self.tokenize_static(inputs)
-        else:
-            tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
+        text_prompt = self.resolve_prompt(prompt_name, prompt)
+        static = self.routes_statically(prompt_name)  # inference-free SPLADE's queries (engine/static.py)
+        tokenized = (self.tokenize_static if static else self.tokenize)(inputs, text_prompt, truncate)
         return self.submit_tokenized(
             tokenized, dimensions=dimensions, normalize=normalize, priority=priority
         ), tokenized
@@ -171,7 +170,7 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         """Queue inputs that `tokenize()` already produced (a server counts tokens first);
         options as `submit`."""
         if any(t.static for t in tokenized):  # inference-free queries: answered without the model
-            return self.static_results(tokenized)
+            return self.static_results(tokenized, normalize)
         return self._loop.submit(self._requests(tokenized, dimensions, normalize, priority))
 
     def embed_outputs(

@@ -41,14 +41,17 @@ class LexicalMixin(HeadMixin):
     ) -> list[Tokenized]:
         raise NotImplementedError  # Engine's
 
-    def submit_lexical(self, tokenized: list[Tokenized], priority: str = "online") -> list[Future[Finished]]:
-        """Queue tokenized inputs for their lexical weights ([vocab] vectors, unnormalized)."""
+    def submit_lexical(
+        self, tokenized: list[Tokenized], priority: str = "online", normalize: bool | None = None
+    ) -> list[Future[Finished]]:
+        """Queue tokenized inputs for their lexical weights ([vocab] vectors; L2-normalized only
+        when asked: FlagEmbedding's are not)."""
         head = self.lexical_head
         if head is None:
             raise InvalidInputError(
                 f"model {self.name} has no lexical head (BGE-M3's sparse_linear.pt): its vectors are dense"
             )
-        requests = self._requests(tokenized, None, False, priority)
+        requests = self._requests(tokenized, None, bool(normalize), priority)
         chunk = self.config.scheduler.deterministic_chunk
         for req in requests:  # every row folds through the head, keyed by its token id
             ids = req.token_ids
@@ -56,9 +59,9 @@ class LexicalMixin(HeadMixin):
         return self._loop.submit(requests)
 
     async def embed_lexical_tokenized_async(
-        self, tokenized: list[Tokenized], *, priority: str = "online"
+        self, tokenized: list[Tokenized], *, priority: str = "online", normalize: bool | None = None
     ) -> list[EmbeddingOutput]:
-        futures = self.submit_lexical(tokenized, priority)
+        futures = self.submit_lexical(tokenized, priority, normalize)
         return [output_of(f, t) for f, t in zip(await gather_all(futures), tokenized, strict=True)]
 
     def embed_lexical(

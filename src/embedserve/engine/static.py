@@ -13,11 +13,12 @@ from typing import Any
 
 from embedserve.config import EngineConfig
 from embedserve.engine.core import Finished
-from embedserve.errors import InvalidInputError
+from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.models.router import QUERY_PROMPT_NAME, StaticQueries
 from embedserve.models.sparse_head import SparseHead
+from embedserve.pooling.head import apply_head
 from embedserve.request import EmbedParams, Request, RequestStatus
-from embedserve.tokenizer import Tokenized, Tokenizer
+from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
 
 
 class StaticQueryMixin:
@@ -31,38 +32,45 @@ class StaticQueryMixin:
         """Whether inputs with this prompt name skip the model (an inference-free model's queries)."""
         return self.static_queries is not None and prompt_name == QUERY_PROMPT_NAME
 
-    def tokenize_static(self, inputs: str | Sequence[Any]) -> list[Tokenized]:
-        """Queries as the static module reads them: no special tokens, cut at its max length."""
-        assert self.static_queries is not None
+    def tokenize_static(
+        self, inputs: str | Sequence[Any], prompt: str = "", truncate: str = "error"
+    ) -> list[Tokenized]:
+        """Queries as the static module reads them: the prompt before each, no special tokens;
+        over its max length refused or cut as `truncate` says."""
+        static = self.static_queries
+        assert static is not None
+        policy = Truncate.parse(truncate)
         items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
         if len(items) == 0:
             raise InvalidInputError("inputs is empty: pass at least one string")
         out = []
         for i, text in enumerate(items):
             try:
-                ids = self.static_queries.ids(text, self.tokenizer.backend)
+                ids = static.ids(text, prompt, self.tokenizer.backend)
             except InvalidInputError as e:
                 raise InvalidInputError(f"input {i}: {e}") from None
-            out.append(Tokenized(token_ids=ids, truncated=False, static=True))
+            n = static.max_length
+            if len(ids) > n and policy is Truncate.ERROR:
+                raise InputTooLongError(len(ids), n, index=i)
+            cut = ids[:n] if policy is Truncate.END else ids[-n:]
+            out.append(Tokenized(token_ids=cut, truncated=len(cut) < len(ids), static=True))
         return out
 
-    def static_results(self, tokenized: list[Tokenized]) -> list[Future[Finished]]:
-        """Each query's vector, already answered (no engine step)."""
-        assert self.static_queries is not None
+    def static_results(self, tokenized: list[Tokenized], normalize: bool | None) -> list[Future[Finished]]:
+        """Each query's vector (L2-normalized if asked; None: the model's default), already
+        answered: no engine step."""
+        static = self.static_queries
+        assert static is not None
         if not all(t.static for t in tokenized):
             raise InvalidInputError("inference-free queries and documents go in separate requests")
-        method = self.config.pooling.method
+        pool = self.config.pooling
+        params = EmbedParams(normalize=pool.normalize if normalize is None else normalize)
         out: list[Future[Finished]] = []
         for t in tokenized:
-            req = Request(
-                next(self._ids),
-                t.token_ids,
-                EmbedParams(normalize=False),
-                method,
-                sparse_head=self.sparse_head,
-            )
+            req = Request(next(self._ids), t.token_ids, params, pool.method, sparse_head=self.sparse_head)
             req.status, req.first_scheduled_time = RequestStatus.FINISHED, req.arrival_time
+            vector = apply_head(static.vector(t.token_ids), None, params.normalize)
             future: Future[Finished] = Future()
-            future.set_result(Finished(req, self.static_queries.vector(t.token_ids), None, time.monotonic()))
+            future.set_result(Finished(req, vector, None, time.monotonic()))
             out.append(future)
         return out

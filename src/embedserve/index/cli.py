@@ -166,6 +166,9 @@ def register(sub: Any) -> None:
     m = sub.add_parser("migrate", help="model upgrades: build a shadow index, compare, cut over, roll back")
     msub = m.add_subparsers(dest="migrate_command", required=True)
     p = msub.add_parser("build", help="index documents with a new model into the shadow index")
+    p.add_argument(
+        "--hybrid", action="store_true", help="dense + sparse vectors per chunk (with --sparse-model DIR)"
+    )
     _add_chunking(p)
     _add_store(p)
     _add_embedder(p, who="new model")

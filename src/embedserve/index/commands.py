@@ -133,8 +133,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     from embedserve.index.search import search
     from embedserve.index.sparse import Fusion
 
+    fusion = None if args.hybrid is None else Fusion.parse(args.hybrid)  # before any model loads
     with opened_store(args) as store, built(embedder_spec(args)) as embedder:
-        fusion = None if args.hybrid is None else Fusion.parse(args.hybrid)
         hits = search(
             store, embedder, [args.query], args.k, args.filter, args.index, args.rescore, fusion, args.depth
         )[0]

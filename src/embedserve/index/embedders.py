@@ -42,7 +42,7 @@ def _sparse_embedder(spec: EmbedderSpec) -> Embedder:
     if spec.sparse and spec.sparse_model is not None:
         raise StoreError("pass --sparse (a SPLADE --model) or --sparse-model (beside a dense one), not both")
     if spec.sparse_model is None:
-        inner = _float_embedder(spec)
+        inner = _float_embedder(spec, sparse=True)
         try:
             return SparseEmbedder(inner)  # type: ignore[return-value]  # its vectors are sparse rows
         except BaseException:
@@ -62,7 +62,20 @@ def _sparse_embedder(spec: EmbedderSpec) -> Embedder:
         raise
 
 
-def _float_embedder(spec: EmbedderSpec) -> Embedder:
+def _float_embedder(spec: EmbedderSpec, sparse: bool = False) -> Embedder:
+    """The dense embedder a spec names (`sparse`: a SPLADE model's, wrapped by the caller)."""
+    inner = _dense_or_splade(spec)
+    engine = getattr(inner, "engine", None)
+    if not sparse and engine is not None and engine.sparse_head is not None:
+        inner.close()
+        raise StoreError(
+            f"{spec.model} is a SPLADE model: its vectors go in a sparse index (--sparse), or beside a "
+            "dense model's (--hybrid --sparse-model)"
+        )
+    return inner
+
+
+def _dense_or_splade(spec: EmbedderSpec) -> Embedder:
     if spec.endpoint is not None:
         from embedserve.index.http_embedder import HttpEmbedder
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from embedserve.index.embedder import Embedder
 from embedserve.index.errors import StoreError
-from embedserve.index.search import MAX_CHUNK_HITS, checked_collection, rank_documents
+from embedserve.index.search import MAX_CHUNK_HITS, checked_collection, rank_documents, search
+from embedserve.index.sparse import DENSE, SPARSE, Fusion, vector_sources
 from embedserve.index.store import LIVE, PREVIOUS, SHADOW, Store
 from embedserve.parity.metrics import mean_over, overlap_at, retrieval_scores
 
@@ -41,12 +42,22 @@ def _side(store: Store, embedder: Embedder, role: str) -> dict[str, Any]:
 
 
 def _rankings(
-    store: Store, embedder: Embedder, collection: str, queries: Mapping[str, str], depth: int
+    store: Store, embedder: Embedder, collection: str, queries: Mapping[str, str], depth: int, role: str
 ) -> dict[str, list[str]]:
     qids = list(queries)
-    vectors = embedder.embed_queries([queries[q] for q in qids])
     limit = min(depth * _CHUNKS_PER_DOC, MAX_CHUNK_HITS)
+    sources = vector_sources(embedder)
     out: dict[str, list[str]] = {}
+    if SPARSE in sources:  # sparse or hybrid: the index's own search (index/search.py)
+        fusion = Fusion("rrf") if DENSE in sources else None
+        for start in range(0, len(qids), 32):
+            batch = qids[start : start + 32]
+            hits = search(
+                store, embedder, [queries[q] for q in batch], limit, role=role, fusion=fusion, depth=limit
+            )
+            out.update({qid: rank_documents(h, depth) for qid, h in zip(batch, hits, strict=True)})
+        return out
+    vectors = embedder.embed_queries([queries[q] for q in qids])
     # Modest search batches keep each answer (queries x limit hits) small.
     for start in range(0, len(qids), 32):
         hits = store.search(collection, vectors[start : start + 32], limit, with_text=False)
@@ -68,8 +79,8 @@ def shadow_report(
         raise StoreError("the query set is empty")
     live = _side(store, live_embedder, LIVE)
     shadow = _side(store, shadow_embedder, SHADOW)
-    runs_live = _rankings(store, live_embedder, live["collection"], queries, depth)
-    runs_shadow = _rankings(store, shadow_embedder, shadow["collection"], queries, depth)
+    runs_live = _rankings(store, live_embedder, live["collection"], queries, depth, LIVE)
+    runs_shadow = _rankings(store, shadow_embedder, shadow["collection"], queries, depth, SHADOW)
     overlaps = np.asarray([overlap_at(runs_live[q], runs_shadow[q], OVERLAP_K) for q in queries])
     report: dict[str, Any] = {
         "live": live,

@@ -46,6 +46,10 @@ def search(
     if k < 1 or k > MAX_CHUNK_HITS:
         raise InvalidInputError(f"k must be in [1, {MAX_CHUNK_HITS}], got {k}")
     sources = vector_sources(embedder)
+    if not 1 <= depth <= MAX_CHUNK_HITS:
+        raise InvalidInputError(f"depth must be in [1, {MAX_CHUNK_HITS}], got {depth}")
+    if rescore and SPARSE in sources:
+        raise InvalidInputError("rescoring applies to compressed indexes, not sparse or hybrid ones")
     if fusion is not None and set(sources) != {DENSE, SPARSE}:
         raise InvalidInputError("--hybrid fuses a hybrid index's two rankings: pass --sparse-model too")
     collection = checked_collection(store, embedder, role)

@@ -84,6 +84,12 @@ class HybridEmbedder:
     def __init__(self, dense: Embedder, sparse: SparseEmbedder) -> None:
         if dense.late:
             raise StoreError("late chunking does not combine with a hybrid index (its sparse side)")
+        d_tok, s_tok = dense.tokenizer, sparse.tokenizer
+        if d_tok is not None and s_tok is not None and d_tok.backend.get_vocab() != s_tok.backend.get_vocab():
+            raise StoreError(
+                "a hybrid index cuts chunks in one tokenizer: the dense and the SPLADE model must share "
+                "theirs (their vocabularies differ)"
+            )
         self.dense, self.sparse = dense, sparse
         d, s = dense.meta, sparse.meta
         joined = f"{d.embedding_schema}|hybrid|{s.embedding_schema}"
@@ -102,10 +108,10 @@ class HybridEmbedder:
         self.late_prompt_tokens = 0
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
-        return self.dense.embed_documents(texts)
+        raise StoreError("a hybrid index embeds each side apart (index/sparse.py vector_sources)")
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
-        return self.dense.embed_queries(texts)
+        raise StoreError("a hybrid index searches each side apart (index/search.py)")
 
     def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
         raise StoreError("late chunking does not combine with a hybrid index")
@@ -143,9 +149,11 @@ class Fusion:
                 weights = tuple(float(p) for p in parts)
             except ValueError:
                 weights = ()
-            if len(weights) == 2 and all(w >= 0 for w in weights) and sum(weights) > 0:
+            if len(weights) == 2 and all(0 <= w <= 1 for w in weights) and sum(weights) > 0:
                 return cls("weighted", (weights[0], weights[1]))
-        raise StoreError(f"--hybrid {text!r}: expected rrf or weighted:W_DENSE,W_SPARSE (two weights >= 0)")
+        raise StoreError(
+            f"--hybrid {text!r}: expected rrf or weighted:W_DENSE,W_SPARSE (two weights in [0, 1])"
+        )
 
     def ranker(self) -> Any:
         from pymilvus import RRFRanker, WeightedRanker

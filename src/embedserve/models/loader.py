@@ -132,6 +132,7 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
         splade = (str(cfg.get("activation_function", "relu")), str(cfg.get("pooling_strategy", "max")))
         pool = override_pooling(PoolingConfig(PoolingMethod.SPLADE, False, True, splade), pooling, normalize)
         prompts, default_prompt_name = _prompts(root)
+        prompts = {"query": "", "document": "", **prompts}  # the routes a request names (models/router.py)
         return replace(
             files, path=root, pooling=pool, prompts=prompts, default_prompt_name=default_prompt_name,
             query_encoder=routed.query,

@@ -80,12 +80,12 @@ class StaticQueries:
         limit = cfg.get("model_max_length", 512)
         self.max_length = int(limit) if isinstance(limit, (int, float)) and limit < 1e9 else 512
 
-    def ids(self, text: str, fallback: HFTokenizer) -> list[int]:
-        """The query's token ids as the static module reads them: no special tokens, cut."""
+    def ids(self, text: str, prompt: str, fallback: HFTokenizer) -> list[int]:
+        """The query's token ids as the static module reads them: the prompt before it, no
+        special tokens, uncut (the caller applies the truncation policy at `max_length`)."""
         if not isinstance(text, str) or text == "":
             raise InvalidInputError("a query is a non-empty string")
-        tok = self.tokenizer or fallback
-        return tok.encode(text, add_special_tokens=False).ids[: self.max_length]
+        return list((self.tokenizer or fallback).encode(prompt + text, add_special_tokens=False).ids)
 
     def vector(self, ids: list[int]) -> torch.Tensor:
         out = np.zeros_like(self.weight)

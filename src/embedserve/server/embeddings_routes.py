@@ -35,7 +35,7 @@ class EmbeddingsJob(Job):
         svc.check_types([req.embedding_type], req.dimensions)
         prompt = svc.engine.resolve_prompt(req.prompt_name, req.prompt)
         if svc.engine.routes_statically(req.prompt_name) and not req.late_chunking:
-            return svc.engine.tokenize_static(req.items)  # inference-free SPLADE queries: no model
+            return svc.engine.tokenize_static(req.items, prompt, req.truncate)  # inference-free: no model
         if not req.late_chunking:
             return svc.engine.tokenize(resolve_items(req.items), prompt, req.truncate)
         self.plan = svc.engine.plan_late(
@@ -58,7 +58,7 @@ class EmbeddingsJob(Job):
         if cache is None:
             return await self._compute(tokenized)
         kind = "sparse" if self.req.embedding_type == "sparse" else "float"  # BGE-M3 serves both
-        schema = self.svc.metadata.schema(self.req.dimensions, self.req.normalize, kind)
+        schema = self.svc.metadata.schema(self.req.dimensions, self._normalize(), kind)
         return await cache.through(schema, tokenized, self._compute)
 
     async def _compute(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
@@ -66,13 +66,21 @@ class EmbeddingsJob(Job):
         # length for pooling that excludes it: the engine does not tokenize again.
         req, engine = self.req, self.svc.engine
         if req.embedding_type == "sparse" and engine.lexical_head is not None:  # BGE-M3's lexical weights
-            return await engine.embed_lexical_tokenized_async(tokenized, priority=req.priority)
+            return await engine.embed_lexical_tokenized_async(
+                tokenized, priority=req.priority, normalize=req.normalize
+            )
         dimensions, normalize = req.dimensions, req.normalize
         if self.plan is not None and self.plan.raw:  # windows' raw rows; the head applies when joined
             dimensions, normalize = None, False
         return await self.svc.engine.embed_tokenized_async(
             tokenized, dimensions=dimensions, normalize=normalize, priority=req.priority
         )
+
+    def _normalize(self) -> bool | None:
+        """The request's normalize as its vectors' schema records it: BGE-M3's sparse vectors are
+        unnormalized unless asked (the model's default is its dense vectors')."""
+        lexical = self.req.embedding_type == "sparse" and self.svc.engine.lexical_head is not None
+        return bool(self.req.normalize) if lexical else self.req.normalize
 
     def body(self, done: Computed) -> Any:
         req, svc = self.req, self.svc
@@ -112,7 +120,7 @@ class EmbeddingsJob(Job):
             "object": "list",
             "data": data,
             "usage": usage(done.n_tokens),
-            **svc.metadata.fields(req.dimensions, req.normalize, svc.schema_type(kind), span_pooling),
+            **svc.metadata.fields(req.dimensions, self._normalize(), svc.schema_type(kind), span_pooling),
             **late,
         }
 
