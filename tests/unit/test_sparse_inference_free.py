@@ -85,3 +85,21 @@ def test_the_routes_answer_queries_and_documents(
         unit = c.post("/v1/embeddings", json={**body, "normalize": True, "encoding_format": "float"}).json()
         values = unit["data"][0]["embedding"]["values"]
         assert abs(sum(v * v for v in values) - 1.0) < 1e-5
+
+
+def test_the_gateway_counts_queries_as_the_pools_do(model_dir: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from tests.helpers.inprocess import gateway_app
+
+    body = {"input": QUERIES, "embedding_type": "sparse", "prompt_name": "query"}
+    with server_client(model_dir) as c:
+        direct = c.post("/v1/embeddings", json=body).json()
+        with TestClient(gateway_app(c.app, model_dir)) as g:
+            through = g.post("/v1/embeddings", json=body).json()
+            metrics = g.get("/metrics").text
+    assert [d["embedding"] for d in through["data"]] == [d["embedding"] for d in direct["data"]]
+    mismatches = [
+        line for line in metrics.splitlines() if line.startswith("embedserve_gateway_count_mismatches")
+    ]
+    assert all(line.endswith(" 0.0") for line in mismatches), mismatches

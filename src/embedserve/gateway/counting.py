@@ -20,6 +20,7 @@ from embedserve.api.routes import wrong_task
 from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter, text_items
 from embedserve.errors import InvalidInputError
 from embedserve.models.build import open_model
+from embedserve.models.router import StaticQueries
 from embedserve.models.score_head import YES_NO, rerank_kind
 from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
 from embedserve.tokenizer import Tokenizer, Truncate, resolve_prompt, tokenize_inputs
@@ -43,10 +44,18 @@ class TokenCounter:
         self._pair_types = source.model.type_vocab_size > 1
         # A multimodal model: its chat format, images counted from their size (vision/prompt.py).
         self.prompter = None if source.multimodal is None else multimodal_prompter(source, None, None)
+        # Inference-free SPLADE: its queries are counted as its static module reads them.
+        queries = source.query_encoder
+        self.static = None if queries is None else StaticQueries(queries, source.model.vocab_size)
 
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
         """The engine's rules, shared with it (embedserve.tokenizer.resolve_prompt)."""
         return resolve_prompt(self.prompts, self.default_prompt_name, prompt_name, prompt)
+
+    def count_static(self, items: Sequence[Any], prompt: str) -> list[int]:
+        """Inference-free queries' tokens, as the pools count them (engine/static.py)."""
+        assert self.static is not None
+        return [len(self.static.ids(_text_only(x), prompt, self.tokenizer.backend)) for x in items]
 
     def count(self, items: Sequence[Any], prompt: str) -> list[int]:
         """Tokens per input (prompt and special tokens included); raises naming the first bad one."""

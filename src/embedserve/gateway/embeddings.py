@@ -14,6 +14,7 @@ from embedserve.api.routes import EMBEDDINGS
 from embedserve.gateway.forward import PartResult
 from embedserve.gateway.jobs import Job
 from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+from embedserve.models.router import QUERY_PROMPT_NAME
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
         prompt = self.counter.resolve_prompt(self.req.prompt_name, self.req.prompt)
         if self.req.late_chunking:
             return self.counter.count(["".join(str(x) for x in self.items)], prompt)
+        if self.counter.static is not None and self.req.prompt_name == QUERY_PROMPT_NAME:
+            return self.counter.count_static(self.items, prompt)  # inference-free SPLADE's queries
         return self.counter.count(self.items, prompt)
 
     def payload(self, indices: Sequence[int], traffic_class: str) -> dict[str, Any]:
