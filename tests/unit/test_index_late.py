@@ -157,6 +157,7 @@ def test_an_endpoint_embeds_late_windows_as_the_engine_does(qwen3_dir: Path) -> 
         http = HttpEmbedder(base, late=True)
         try:
             got = http.embed_late_documents(windows)
+            query = http.embed_queries(["what does assert do"])  # plain requests, their own schema
         finally:
             http.close()
     with Engine.from_pretrained(qwen3_dir) as engine:
@@ -164,6 +165,7 @@ def test_an_endpoint_embeds_late_windows_as_the_engine_does(qwen3_dir: Path) -> 
         want = local.embed_late_documents(windows)
         plain = EngineEmbedder(engine, "qwen3")
         assert plain.meta.embedding_schema != local.meta.embedding_schema
+        assert np.allclose(query, local.embed_queries(["what does assert do"]), atol=1e-6)
     assert http.meta.embedding_schema == local.meta.embedding_schema
     for g, w in zip(got, want, strict=True):
         assert g.shape == (2, 64) and np.allclose(g, w, atol=1e-6)

@@ -112,8 +112,8 @@ def test_cli_sparse_and_hybrid_and_their_refusals(
         assert len(json.loads(capsys.readouterr().out.splitlines()[-1])) == 10
     refusals = [
         (["index", str(docs), *db, *chunking, "--model", str(minilm_dir()), "--sparse"], "is not one"),
-        (["index", str(docs), *db, *chunking, "--hybrid"], "pass both flags"),
-        (["index", str(docs), *db, *chunking, *hybrid], "pass both flags"),
+        (["index", str(docs), *db, *chunking, "--hybrid"], "pass --sparse-model DIR"),
+        (["index", str(docs), *db, *chunking, *hybrid], "add --hybrid"),
         (["search", "x", *db, *hybrid, "--hybrid", "max"], "expected rrf or weighted"),
         (["search", "x", *db, "--hybrid", "rrf"], "pass --sparse-model too"),
         (["search", "x", *db, *hybrid, "--hybrid", "weighted:2,1"], "weights in [0, 1]"),

@@ -83,6 +83,10 @@ class EmbeddingResponse(BaseModel):
     dtype: str
     backend_profile: str
     embedding_schema: str = Field(description="vectors with different schemas are not comparable")
+    late_chunking: dict[str, int] | None = Field(
+        default=None,
+        description="late chunking: the document's num_tokens, the windows it ran as, their overlap_tokens",
+    )
 
 
 class ModelCard(BaseModel):

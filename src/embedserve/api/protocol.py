@@ -167,7 +167,9 @@ class EmbeddingRequest(BaseModel):
             raise ValueError("late_chunking takes text: a document's chunks, or the document")
         whole = [f for f in late[:2] if f in given]
         if isinstance(self.input, str) and len(whole) != 1:
-            raise ValueError("late_chunking on one document string takes chunk_spans or late_chunk_size")
+            raise ValueError(
+                "late_chunking on one document string takes chunk_spans or late_chunk_size (one)"
+            )
         if not isinstance(self.input, str) and whole:
             raise ValueError(f"{whole[0]} goes with input as one document string, not a list of chunks")
         if self.embedding_type == "sparse":

@@ -82,7 +82,7 @@ def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -
         f"--{prefix}late-chunking",
         action="store_true",
         help="late chunking: each chunk pooled inside its document (windows of the model's input; "
-        "--overlap 0); an index of its own schema, searched with this flag too (docs/late-chunking.md)",
+        "chunks do not overlap); an index of its own schema, searched with this flag too",
     )
 
 
@@ -104,7 +104,12 @@ def _add_chunking(p: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens per chunk, special tokens included (default: 512, or the model's limit if lower)",
     )
-    g.add_argument("--overlap", type=int, default=64, help="tokens shared by consecutive chunks")
+    g.add_argument(
+        "--overlap",
+        type=int,
+        default=None,
+        help="tokens consecutive chunks share (64; 0 with --late-chunking)",
+    )
     g.add_argument(
         "--batch-size", type=positive_int, default=128, help="chunks embedded and written per batch"
     )

@@ -16,6 +16,7 @@ from embedserve.index.documents import read_documents
 from embedserve.index.embedder import Embedder, EmbedderSpec
 from embedserve.index.embedders import build_embedder, source_fields
 from embedserve.index.errors import DocumentError, StoreError
+from embedserve.index.late import chunk_overlap
 from embedserve.index.pipeline import IndexStats, chunk_tokens, index_documents
 from embedserve.index.store import Store
 
@@ -71,7 +72,8 @@ def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
 def make_chunker(embedder: Embedder, args: argparse.Namespace) -> Chunker:
     if embedder.tokenizer is None:
         raise StoreError("chunking needs the model's tokenizer: pass --tokenizer with --endpoint")
-    return Chunker(embedder.tokenizer, chunk_tokens(args.max_tokens, embedder.max_tokens), args.overlap)
+    overlap = chunk_overlap(args.overlap, embedder.late)
+    return Chunker(embedder.tokenizer, chunk_tokens(args.max_tokens, embedder.max_tokens), overlap)
 
 
 @contextlib.contextmanager
@@ -99,11 +101,13 @@ def built(spec: EmbedderSpec) -> Iterator[Embedder]:
 def cmd_index(args: argparse.Namespace) -> int:
     spec = embedder_spec(args)
     hybrid = bool(getattr(args, "hybrid", False))
-    if hybrid != (spec.sparse_model is not None):
+    if hybrid and spec.sparse_model is None:
         raise StoreError(
-            "--hybrid stores a dense --model's vectors and a SPLADE --sparse-model's: pass both flags "
+            "--hybrid stores a dense --model's vectors beside a SPLADE model's: pass --sparse-model DIR "
             "(one model giving both, as BGE-M3 does, is not supported yet)"
         )
+    if spec.sparse_model is not None and not hybrid:
+        raise StoreError("--sparse-model builds a hybrid index: add --hybrid")
     docs = list(read_documents(args.paths))
     if not docs:
         raise DocumentError(f"no documents with text under {', '.join(args.paths)}")
@@ -114,7 +118,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         with ray_session(args.ray_address), opened_store(args) as store:
             stats = index_with_ray(docs, spec, store, args, progress)
     else:
-        with opened_store(args) as store, built(spec) as embedder:
+        with built(spec) as embedder, opened_store(args) as store:  # a refused model leaves no store file
             chunker = make_chunker(embedder, args)
             stats = index_documents(docs, embedder, store, chunker, args.role, args.batch_size, progress)
     _print_stats(stats, args.role)

@@ -59,11 +59,10 @@ class HttpEmbedder:
             self._queries = Traffic.queries(pick_prompt(prompts, QUERY_PROMPT, query_prompt_name))
             # One tiny request tells the schema of vectors embedded with exactly these options.
             with self._errors():
-                probe = (
-                    self._late("metadata probe", [(0, 8)], self._queries)
-                    if late
-                    else next(self._replies(["metadata probe"], self._queries))
-                )
+                plain = next(self._replies(["metadata probe"], self._queries))
+                probe = self._late("metadata probe", [(0, 8)], self._queries) if late else plain
+            # queries are plain requests even for a late-chunked index: their own schema
+            self._query_schema = self._meta(plain).embedding_schema
             self.meta = self._meta(probe)
         except BaseException:
             self._client.close()
@@ -128,11 +127,11 @@ class HttpEmbedder:
         body["input"] = text
         return self._endpoint.reply(self._client.send("POST", self._endpoint.url, body), len(spans))
 
-    def _checked(self, reply: Reply) -> np.ndarray:
-        schema = self._meta(reply).embedding_schema
-        if schema != self.meta.embedding_schema:
+    def _checked(self, reply: Reply, expected: str | None = None) -> np.ndarray:
+        schema, want = self._meta(reply).embedding_schema, expected or self.meta.embedding_schema
+        if schema != want:
             raise EndpointError(
-                f"{self._where} switched embedding_schema from {self.meta.embedding_schema} to {schema} "
+                f"{self._where} switched embedding_schema from {want} to {schema} "
                 "mid-run; stopping rather than mixing vector spaces"
             )
         return reply.vectors
@@ -141,7 +140,8 @@ class HttpEmbedder:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         with self._errors():
-            return np.concatenate([self._checked(reply) for reply in self._replies(texts, traffic)])
+            want = self._query_schema if traffic is self._queries else None
+            return np.concatenate([self._checked(r, want) for r in self._replies(texts, traffic)])
 
     def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
         with self._errors():

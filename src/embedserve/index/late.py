@@ -58,6 +58,13 @@ def late_windows(
     return placed
 
 
+def chunk_overlap(overlap: int | None, late: bool) -> int:
+    """--overlap: by default 64 tokens, none for late chunking (each chunk sees its document)."""
+    if overlap is not None:
+        return overlap
+    return 0 if late else 64
+
+
 def check_late_chunker(overlap: int) -> None:
     if overlap:
         raise StoreError(

@@ -192,7 +192,10 @@ def open_collection(
                 "refusing to index into the live index",
                 live_schema,
                 schema,
-                "To move the store to this model, build a shadow index: `embedserve migrate build`.",
+                "If it was built with other options (--late-chunking, --sparse, --sparse-model, "
+                "--dimensions, --embedding-type), pass the same; to move the store to this model, build a "
+                "shadow index: "
+                "`embedserve migrate build`.",
             )
         if role == SHADOW and live_schema == schema:
             raise StoreError(

@@ -28,6 +28,7 @@ from embedserve.index.documents import Document
 from embedserve.index.embedder import EmbedderSpec, VectorMeta
 from embedserve.index.embedders import build_embedder
 from embedserve.index.errors import SchemaMismatchError, StoreError
+from embedserve.index.late import chunk_overlap
 from embedserve.index.pipeline import (
     Batch,
     IndexStats,
@@ -121,7 +122,9 @@ def index_with_ray(
     info: Described = ray.get(ray.remote(num_gpus=gpus)(_describe).remote(spec))
     if info.tokenizer is None:
         raise StoreError("chunking needs the model's tokenizer: pass --tokenizer with --endpoint")
-    chunker = Chunker(info.tokenizer, chunk_tokens(args.max_tokens, info.max_tokens), args.overlap)
+    chunker = Chunker(
+        info.tokenizer, chunk_tokens(args.max_tokens, info.max_tokens), chunk_overlap(args.overlap, False)
+    )
     check_chunk_limit(chunker, info.max_tokens)
     collection = open_collection(store, info.meta, info.dimension, args.role)
     stored = store.stored_chunks(collection)

@@ -152,7 +152,7 @@ class Fusion:
             if len(weights) == 2 and all(0 <= w <= 1 for w in weights) and sum(weights) > 0:
                 return cls("weighted", (weights[0], weights[1]))
         raise StoreError(
-            f"--hybrid {text!r}: expected rrf or weighted:W_DENSE,W_SPARSE (two weights in [0, 1])"
+            f"--hybrid {text!r}: expected rrf or weighted:W_DENSE,W_SPARSE (weights in [0, 1], not both 0)"
         )
 
     def ranker(self) -> Any:

@@ -139,7 +139,8 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
         "object": "model",
         "created": int(time.time()),
         "owned_by": "embedserve",
-        **meta.fields(),
+        # a SPLADE model's vectors are all sparse: the schema its answers carry
+        **meta.fields(embedding_type="sparse" if service.engine.sparse_head is not None else "float"),
         "dimensions": meta.hidden_size,
         "max_model_len": meta.max_model_len,
         "pooling": pooling.method.value,

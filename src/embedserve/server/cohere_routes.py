@@ -31,7 +31,8 @@ class CohereEmbedJob(EmbeddingsJob):
             k: meta.schema(req.output_dimension, None, svc.schema_type(quantized_type(k)))
             for k in req.embedding_types
         }
-        metadata = {**meta.fields(req.output_dimension), "embedding_schemas": schemas}
+        kind = "sparse" if svc.engine.sparse_head is not None else "float"  # a SPLADE model's: sparse
+        metadata = {**meta.fields(req.output_dimension, embedding_type=kind), "embedding_schemas": schemas}
         vectors = embeddings_by_type(done.matrix(), list(req.embedding_types), svc.calibration)
         return cohere_body(req, vectors, done.n_tokens, metadata)
 
