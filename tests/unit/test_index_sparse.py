@@ -17,7 +17,7 @@ from embedserve.index.documents import Document
 from embedserve.index.engine_embedder import EngineEmbedder
 from embedserve.index.errors import StoreError
 from embedserve.index.pipeline import index_documents
-from embedserve.index.search import search
+from embedserve.index.search import rank_documents, search
 from embedserve.index.sparse import Fusion, HybridEmbedder, SparseEmbedder
 from embedserve.index.store import Store
 from tests.helpers.real_text import topic
@@ -128,3 +128,25 @@ def test_late_chunking_does_not_combine_with_sparse(engines: tuple[Engine, Engin
     _, engine = engines
     with pytest.raises(StoreError, match="late chunking"):
         SparseEmbedder(EngineEmbedder(engine, "splade", late=True))
+
+
+def test_a_hybrid_shadow_index_is_compared_with_a_dense_live_one(
+    engines: tuple[Engine, Engine], store: Store
+) -> None:
+    from embedserve.index.migrate import shadow_report
+    from embedserve.index.store import SHADOW
+
+    dense_engine, sparse_engine = engines
+    chunker = Chunker(dense_engine.tokenizer, 64, 0)
+    live = EngineEmbedder(dense_engine, "minilm")
+    hybrid = HybridEmbedder(
+        EngineEmbedder(dense_engine, "minilm"), SparseEmbedder(EngineEmbedder(sparse_engine, "s"))
+    )
+    index_documents(DOCS, live, store, chunker, progress=False)
+    index_documents(DOCS, hybrid, store, chunker, role=SHADOW, progress=False)
+    queries = {f"q{i}": q for i, q in enumerate(QUERIES)}
+    report = shadow_report(store, live, hybrid, queries, None, depth=5)
+    fused = search(store, hybrid, QUERIES, k=200, role=SHADOW, fusion=Fusion.parse("rrf"), depth=200)
+
+    assert report["top10"]["shadow"] == {f"q{i}": rank_documents(h, 5) for i, h in enumerate(fused)}
+    assert report["shadow"]["model"] == "minilm+s" and report["live"]["model"] == "minilm"
