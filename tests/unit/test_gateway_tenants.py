@@ -25,8 +25,9 @@ from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.fleet_config import parse_fleet
 from embedserve.gateway.live import Live
+from embedserve.gateway.quota import Bucket
 from embedserve.gateway.tenant_config import TenantConfig, parse_tenants
-from embedserve.gateway.tenants import TENANT_OWNER, Bucket, Tenants
+from embedserve.gateway.tenants import TENANT_OWNER, Tenants
 from tests.helpers.gateway_fakes import LONG, fake_gateway
 from tests.helpers.server_process import words
 

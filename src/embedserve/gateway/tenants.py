@@ -28,38 +28,11 @@ from embedserve.batch.store import owner_of
 from embedserve.gateway.config import GatewayConfigError
 from embedserve.gateway.fair import CURRENT_TENANT, QUEUE_OBSERVER
 from embedserve.gateway.metrics import TIME_BUCKETS
+from embedserve.gateway.quota import Bucket, Clock, quota_bucket
 from embedserve.gateway.tenant_config import TenantConfig
 
-Clock = Callable[[], float]
 TENANT_OWNER = "tenant:"  # a tenant's batches' owner: this and its name (batch/store.py `_owner`)
 T = TypeVar("T")
-
-
-class Bucket:
-    """Refilled continuously at `per_minute` a minute, holding at most a minute's worth. A take
-    larger than that waits for a full bucket and leaves it in debt (it is never refused forever)."""
-
-    def __init__(self, per_minute: int, clock: Clock = time.monotonic) -> None:
-        self.rate = per_minute / 60.0
-        self.capacity = float(per_minute)
-        self.level = self.capacity
-        self.clock = clock
-        self._at = clock()
-
-    def _refill(self) -> None:
-        now = self.clock()
-        self.level = min(self.capacity, self.level + (now - self._at) * self.rate)
-        self._at = now
-
-    def wait_s(self, n: int) -> float:
-        """0 when `n` may be taken now, else the seconds until it may."""
-        self._refill()
-        need = min(float(n), self.capacity)
-        return 0.0 if self.level >= need else (need - self.level) / self.rate
-
-    def take(self, n: int) -> None:
-        self._refill()
-        self.level -= n
 
 
 class Tenant:
@@ -76,8 +49,8 @@ class Tenant:
         """New settings (a reload): requests running keep counting in `active`, and a quota
         whose rate did not change keeps its bucket's level."""
         self.config = config
-        self.tokens = _bucket(self.tokens, config.tokens_per_minute, self.clock)
-        self.requests = _bucket(self.requests, config.requests_per_minute, self.clock)
+        self.tokens = quota_bucket(self.tokens, config.tokens_per_minute, self.clock)
+        self.requests = quota_bucket(self.requests, config.requests_per_minute, self.clock)
 
     def may_use(self, names: Iterable[str | None]) -> bool:
         """The tenant may use a model known by any of `names` (as asked, as served, its aliases)."""
@@ -184,14 +157,6 @@ class Tenant:
             "rate_limit_error",
             {"Retry-After": str(retry)},
         )
-
-
-def _bucket(current: Bucket | None, per_minute: int | None, clock: Clock) -> Bucket | None:
-    if per_minute is None:
-        return None
-    if current is not None and current.capacity == per_minute:
-        return current
-    return Bucket(per_minute, clock)
 
 
 class TenantMetrics:
