@@ -61,6 +61,20 @@ def test_dense_and_lexical_weights_equal_the_reference(m3: Path) -> None:
     assert 0 < np.count_nonzero(sparse[1]) < len(set(ids[1]))  # some weights are zero, specials never
 
 
+def test_one_pass_gives_both_as_the_reference(m3: Path) -> None:
+    import asyncio
+
+    with Engine.from_pretrained(m3) as engine:
+        tokenized = engine.tokenize(TEXTS)
+        dense, sparse, outputs = asyncio.run(engine.embed_dense_and_lexical_async(tokenized, dimensions=32))
+        steps = engine.stats()["steps"]
+    want_dense, want_sparse = _reference(m3, [t.token_ids for t in tokenized])
+    want_dense = torch.nn.functional.normalize(torch.from_numpy(want_dense[:, :32]), dim=-1).numpy()
+    np.testing.assert_allclose(dense, want_dense, atol=1e-5)  # Matryoshka 32, normalized after slicing
+    np.testing.assert_allclose(sparse, want_sparse, atol=1e-5)
+    assert steps == 1 and [o.num_tokens for o in outputs] == [len(t.token_ids) for t in tokenized]
+
+
 def test_the_routes_serve_both_kinds(m3: Path) -> None:
     with server_client(m3, result_cache_entries=16) as c:
         sparse = c.post("/v1/embeddings", json={"input": TEXTS, "embedding_type": "sparse"}).json()
@@ -72,10 +86,10 @@ def test_the_routes_serve_both_kinds(m3: Path) -> None:
         tei = c.post("/embed_sparse", json={"inputs": TEXTS}).json()
         assert [[e["index"] for e in t] for t in tei] == [d["embedding"]["indices"] for d in sparse["data"]]
         v2 = c.post("/v2/embed", json={"texts": TEXTS, "embedding_types": ["sparse"]}).json()
-        assert [e["indices"] for e in v2["embeddings"]["sparse"]] == [
-            d["embedding"]["indices"] for d in sparse["data"]
-        ]
-        both = c.post("/v2/embed", json={"texts": TEXTS, "embedding_types": ["float", "sparse"]})
-        assert both.status_code == 400 and "separate requests" in both.json()["error"]["message"]
+        indices = [d["embedding"]["indices"] for d in sparse["data"]]
+        assert [e["indices"] for e in v2["embeddings"]["sparse"]] == indices
+        both = c.post("/v2/embed", json={"texts": TEXTS, "embedding_types": ["float", "sparse"]}).json()
+        assert both["embeddings"]["float"] == [d["embedding"] for d in dense["data"]]  # one pass, both
+        assert [e["indices"] for e in both["embeddings"]["sparse"]] == indices
         dims = c.post("/v1/embeddings", json={"input": "x", "embedding_type": "sparse", "dimensions": 8})
         assert dims.status_code == 400 and "dimensions" in dims.json()["error"]["message"]

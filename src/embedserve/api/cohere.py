@@ -82,12 +82,14 @@ def quantized_type(kind: str) -> str:
 
 
 def embeddings_by_type(
-    vectors: np.ndarray, kinds: list[str], calibration: Calibration
+    vectors: np.ndarray, kinds: list[str], calibration: Calibration, sparse: np.ndarray | None = None
 ) -> dict[str, list[Any]]:
+    """Each type's vectors from the float `vectors`; `sparse`: vocabulary-sized rows beside them
+    (BGE-M3's lexical weights from the same pass), else `vectors` themselves are (SPLADE)."""
     out: dict[str, list[Any]] = {}
     for kind in dict.fromkeys(kinds):  # each type once, in the order asked
         if kind == "sparse":  # the vocabulary-sized rows' non-zero entries
-            out[kind] = [sparse_item(v) for v in vectors]
+            out[kind] = [sparse_item(v) for v in (vectors if sparse is None else sparse)]
             continue
         q = quantize(vectors, quantized_type(kind), calibration)
         out[kind] = [to_base64(v) for v in q] if kind == "base64" else q.tolist()

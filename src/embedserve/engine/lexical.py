@@ -10,17 +10,39 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+import torch
 
 from embedserve.config import PoolingMethod
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop, gather_all, wait_all
 from embedserve.engine.outputs import EmbeddingOutput, output_of
 from embedserve.engine.rerank import HeadMixin
-from embedserve.errors import InvalidInputError
+from embedserve.errors import InternalEngineError, InvalidInputError
 from embedserve.models.lexical_head import LexicalHead
+from embedserve.pooling.head import apply_head
 from embedserve.pooling.state import PoolingState
 from embedserve.request import Request
 from embedserve.tokenizer import Tokenized
+
+
+class DenseAndLexical(PoolingState):
+    """One pass, both of BGE-M3's vectors: the lexical fold over every row, and the CLS row kept
+    (position 0) for the dense vector; `finish` returns [CLS row | lexical weights]."""
+
+    def reset(self) -> None:
+        super().reset()
+        self._cls: torch.Tensor | None = None
+
+    def update(self, start: int, n: int, rows: torch.Tensor) -> None:
+        if start == 0 and rows.shape[0]:
+            self._cls = rows[0].float().clone()
+        super().update(start, n, rows)
+
+    def finish(self) -> torch.Tensor:
+        lexical = super().finish()
+        if self._cls is None:
+            raise InternalEngineError("the CLS row was never pooled")
+        return torch.cat([self._cls, lexical])
 
 
 class LexicalMixin(HeadMixin):
@@ -34,6 +56,9 @@ class LexicalMixin(HeadMixin):
         raise NotImplementedError  # Engine's
 
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
+        raise NotImplementedError  # Engine's
+
+    def check_dimensions(self, dimensions: int | None) -> None:
         raise NotImplementedError  # Engine's
 
     def tokenize(
@@ -51,12 +76,52 @@ class LexicalMixin(HeadMixin):
             raise InvalidInputError(
                 f"model {self.name} has no lexical head (BGE-M3's sparse_linear.pt): its vectors are dense"
             )
-        requests = self._requests(tokenized, None, bool(normalize), priority)
+        return self._loop.submit(
+            self._lexical_requests(tokenized, head, bool(normalize), priority, PoolingState)
+        )
+
+    def _lexical_requests(
+        self,
+        tokenized: list[Tokenized],
+        head: LexicalHead,
+        normalize: bool,
+        priority: str,
+        state: type[PoolingState],
+    ) -> list[Request]:
+        requests = self._requests(tokenized, None, normalize, priority)
         chunk = self.config.scheduler.deterministic_chunk
         for req in requests:  # every row folds through the head, keyed by its token id
             ids = req.token_ids
-            req.pooling = PoolingState(PoolingMethod.SPLADE, len(ids), 0, chunk, head, ids)
-        return self._loop.submit(requests)
+            req.pooling = state(PoolingMethod.SPLADE, len(ids), 0, chunk, head, ids)
+        return requests
+
+    async def embed_dense_and_lexical_async(
+        self,
+        tokenized: list[Tokenized],
+        *,
+        dimensions: int | None = None,
+        normalize: bool | None = None,
+        priority: str = "online",
+    ) -> tuple[np.ndarray, np.ndarray, list[EmbeddingOutput]]:
+        """BGE-M3's dense vectors (its CLS rows, sliced to `dimensions`, normalized as its pooling
+        says unless `normalize`) and its lexical weights (unnormalized) from one pass; the
+        outputs carry the timings."""
+        head = self.lexical_head
+        if head is None or self.config.pooling.method is not PoolingMethod.CLS:
+            raise InvalidInputError(
+                f"model {self.name} does not give dense and lexical vectors from one pass"
+            )
+        self.check_dimensions(dimensions)
+        requests = self._lexical_requests(tokenized, head, False, priority, DenseAndLexical)
+        done = await gather_all(self._loop.submit(requests))
+        outputs = [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
+        hidden = self.config.model.hidden_size
+        norm = self.config.pooling.normalize if normalize is None else normalize
+        dense = [
+            apply_head(torch.from_numpy(o.embedding[:hidden].copy()), dimensions, norm).numpy()
+            for o in outputs
+        ]
+        return np.stack(dense), np.stack([o.embedding[hidden:] for o in outputs]), outputs
 
     async def embed_lexical_tokenized_async(
         self, tokenized: list[Tokenized], *, priority: str = "online", normalize: bool | None = None

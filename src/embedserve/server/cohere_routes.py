@@ -4,10 +4,14 @@ in every requested type with a schema per type; the shapes are in api/cohere.py.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+import numpy as np
 
 from embedserve.api.cohere import CohereEmbedRequest, cohere_body, embeddings_by_type, quantized_type
 from embedserve.api.routes import COHERE_EMBED
+from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.server.embeddings_routes import EmbeddingsJob
 from embedserve.server.pipeline import Computed, ServerRoute
 from embedserve.server.serving import EmbeddingService
@@ -21,8 +25,25 @@ class CohereEmbedJob(EmbeddingsJob):
 
     def tokenize(self) -> list[Tokenized]:
         req = self.cohere
-        self.svc.check_types([quantized_type(k) for k in req.embedding_types], req.output_dimension)
+        kinds = [quantized_type(k) for k in req.embedding_types]
+        self.svc.check_types(kinds, req.output_dimension, one_pass=True)
+        self.both = "sparse" in kinds and len(set(kinds)) > 1  # BGE-M3: dense and sparse, one pass
+        self.lexical: np.ndarray | None = None
+        if self.both:  # the sparse side's checks; the dense side's dimensions apply
+            return self.svc.engine.tokenize(list(req.texts), self.prompt(), self.req.truncate)
         return super().tokenize()
+
+    def prompt(self) -> str:
+        return self.svc.engine.resolve_prompt(self.req.prompt_name, self.req.prompt)
+
+    async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
+        if not self.both:
+            return await super().run(tokenized)
+        req = self.cohere
+        dense, self.lexical, outputs = await self.svc.engine.embed_dense_and_lexical_async(
+            tokenized, dimensions=req.output_dimension, priority=self.req.priority
+        )
+        return [dataclasses.replace(o, embedding=d) for o, d in zip(outputs, dense, strict=True)]
 
     def body(self, done: Computed) -> dict[str, Any]:
         req, svc = self.cohere, self.svc
@@ -33,7 +54,7 @@ class CohereEmbedJob(EmbeddingsJob):
         }
         kind = "sparse" if svc.engine.sparse_head is not None else "float"  # a SPLADE model's: sparse
         metadata = {**meta.fields(req.output_dimension, embedding_type=kind), "embedding_schemas": schemas}
-        vectors = embeddings_by_type(done.matrix(), list(req.embedding_types), svc.calibration)
+        vectors = embeddings_by_type(done.matrix(), list(req.embedding_types), svc.calibration, self.lexical)
         return cohere_body(req, vectors, done.n_tokens, metadata)
 
 

@@ -74,18 +74,18 @@ class EmbeddingService:
                 {"Retry-After": wait},
             ) from None
 
-    def check_types(self, kinds: list[str], dimensions: int | None) -> None:
+    def check_types(self, kinds: list[str], dimensions: int | None, one_pass: bool = False) -> None:
         """Refuse (400) a type the model does not produce (sparse vs dense) or a compressed type
         this server cannot produce at that width."""
         sparse = self.engine.sparse_head is not None
         if self.engine.lexical_head is not None:  # BGE-M3: dense or sparse, one at a time
-            if "sparse" in kinds and len(kinds) > 1:
+            if "sparse" in kinds and len(kinds) > 1 and not one_pass:
                 raise ApiError(
                     400,
-                    f"model {self.metadata.model} answers dense and sparse vectors in separate requests "
-                    "for now (one pass for both is not built yet): ask for 'sparse' alone",
+                    f"model {self.metadata.model} answers dense and sparse vectors in separate requests on "
+                    "this route (POST /v2/embed with embedding_types ['float', 'sparse']: both, one pass)",
                 )
-            if "sparse" in kinds and dimensions is not None:
+            if kinds == ["sparse"] and dimensions is not None:
                 raise ApiError(
                     400, "dimensions does not apply to sparse vectors (one weight per vocabulary id)"
                 )
