@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from embedserve.settings import settings
 from tests.helpers.tiny_models import build_decoder
+
+if TYPE_CHECKING:
+    from embedserve.index.store import Store
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -74,3 +78,13 @@ def qwen3_vl_dir(models_dir: Path) -> Path:
     from tests.helpers.tiny_vl import build_vl
 
     return build_vl(models_dir / "qwen3_vl")
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A Milvus Lite store of the test's own, closed after it (the index tests')."""
+    from embedserve.index.store import Store
+
+    s = Store(str(tmp_path / "store.db"))
+    yield s
+    s.close()

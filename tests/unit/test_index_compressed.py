@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,13 +32,6 @@ class CenteredWords(WordEmbedder):
     def _vectors(self, texts: list[str]) -> np.ndarray:
         v = super()._vectors(texts)
         return v - v.mean(axis=1, keepdims=True)
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(str(tmp_path / "store.db"))
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")

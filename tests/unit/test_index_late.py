@@ -5,7 +5,6 @@ schema, reruns that embed nothing and edits that re-embed their window."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,13 +36,6 @@ def _vectors(store: Store, collection: str, doc_id: str) -> dict[int, np.ndarray
         collection, filter=f'doc_id == "{doc_id}"', output_fields=["chunk_idx", "vector"]
     )
     return {int(r["chunk_idx"]): np.asarray(r["vector"], dtype=np.float32) for r in found}
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(str(tmp_path / "store.db"))
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,13 +27,6 @@ DOCS = [
 ]
 QUERIES = {"q1": "swept wing flutter", "q2": "shock wave reflection", "q3": "heat transfer blunt body"}
 QRELS = {"q1": {"wing": 2}, "q2": {"shock": 1, "layer": 1}, "q3": {"heat": 3}}
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(str(tmp_path / "m.db"))
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")

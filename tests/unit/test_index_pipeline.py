@@ -3,9 +3,6 @@ schema refusals, search."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -30,13 +27,6 @@ def _doc(i: int, sentences: int) -> Document:
 
 
 DOCS = [_doc(i, 2 + 3 * (i % 4)) for i in range(12)]
-
-
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(str(tmp_path / "store.db"))
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")

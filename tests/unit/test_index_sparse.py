@@ -40,13 +40,6 @@ def engines(splade: Path) -> Iterator[tuple[Engine, Engine]]:
         yield dense, sparse
 
 
-@pytest.fixture()
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(str(tmp_path / "store.db"))
-    yield s
-    s.close()
-
-
 def _chunks(engine: Engine) -> list[tuple[str, int, str]]:
     chunker = Chunker(engine.tokenizer, 64, 0)
     return [(d.doc_id, i, c.text) for d in DOCS for i, c in enumerate(chunker.split(d.text))]

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.api.sparse import nonzero
 from embedserve.index.embedder import Embedder, VectorMeta
 from embedserve.index.errors import StoreError
 from embedserve.schema import compressed_schema
@@ -35,11 +36,7 @@ RRF_K = 60
 
 def sparse_rows(vectors: np.ndarray) -> list[dict[int, float]]:
     """Each vocabulary-wide row's non-zero weights, as Milvus takes a sparse vector."""
-    rows = []
-    for v in vectors:
-        idx = np.flatnonzero(v)
-        rows.append({int(i): float(v[i]) for i in idx})
-    return rows
+    return [dict(zip(*(part.tolist() for part in nonzero(v)), strict=True)) for v in vectors]
 
 
 class SparseEmbedder:

@@ -80,8 +80,13 @@ def _pooling_from_st(root: Path, default: PoolingMethod) -> PoolingConfig | None
         elif kind == "SpladePooling":
             cfg = _read_json(root / module.get("path", "1_SpladePooling") / "config.json")
             method = PoolingMethod.SPLADE
-            splade = (str(cfg.get("activation_function", "relu")), str(cfg.get("pooling_strategy", "max")))
+            splade = _splade(cfg)
     return PoolingConfig(method=method, normalize=normalize, include_prompt=include_prompt, splade=splade)
+
+
+def _splade(cfg: dict[str, Any]) -> tuple[str, str]:
+    """SpladePooling's config: (activation, pooling strategy)."""
+    return str(cfg.get("activation_function", "relu")), str(cfg.get("pooling_strategy", "max"))
 
 
 def _pooling_mode(cfg: dict[str, Any]) -> PoolingMethod:
@@ -128,8 +133,7 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
     routed = router_dirs(root)
     if routed is not None:  # inference-free SPLADE: the document side's model, the query module beside
         files = read_model_dir(routed.document, pooling, normalize)
-        cfg = _read_json(routed.pooling / "config.json")
-        splade = (str(cfg.get("activation_function", "relu")), str(cfg.get("pooling_strategy", "max")))
+        splade = _splade(_read_json(routed.pooling / "config.json"))
         pool = override_pooling(PoolingConfig(PoolingMethod.SPLADE, False, True, splade), pooling, normalize)
         prompts, default_prompt_name = _prompts(root)
         prompts = {"query": "", "document": "", **prompts}  # the routes a request names (models/router.py)
