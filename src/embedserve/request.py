@@ -62,11 +62,14 @@ class Request:
         multimodal: MultimodalState | None = None,
         sparse_head: SparseHead | None = None,
         late: LateChunks | None = None,
+        attend_keys: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = token_ids
         # Segment ids of a (query, document) pair for encoders with token types; None: all 0.
         self.token_type_ids = token_type_ids
+        # An encoder's positions from `attend_keys` on are queries only (scheduler/output.py).
+        self.attend_keys = attend_keys
         self.params = params
         # Images: their positions computed at admission, kept across preemption; an encoder
         # cache of its own (a Tokenized submitted twice shares the positions, not the cache).

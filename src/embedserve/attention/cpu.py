@@ -201,9 +201,10 @@ def paged_attention(
         if s.q_start in done:
             continue
         rows = slice(s.q_start, s.q_start + s.q_len)
-        if not meta.causal:  # an encoder: whole sequences, every token sees every token
+        if not meta.causal:  # an encoder: whole sequences, every token sees every (key) token
+            seen = slice(s.q_start, s.q_start + (s.q_len if s.keys is None else s.keys))
             o = scaled_dot_product_attention(
-                _heads(q[rows]), _heads(k[rows]), _heads(v[rows]), scale=scale, enable_gqa=True
+                _heads(q[rows]), _heads(k[seen]), _heads(v[seen]), scale=scale, enable_gqa=True
             )
             out[rows] = o.squeeze(0).transpose(0, 1).flatten(1)
         elif s.kv_slots is None:

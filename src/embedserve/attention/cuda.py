@@ -71,7 +71,8 @@ def lower_right_attention(
     for s in meta.seqs:
         rows = slice(s.q_start, s.q_start + s.q_len)
         if s.kv_slots is None:
-            ks, vs = k[rows], v[rows]
+            seen = slice(s.q_start, s.q_start + (s.q_len if s.keys is None else s.keys))
+            ks, vs = k[seen], v[seen]
         else:
             assert kv_cache is not None, "a chunk with cached context needs the KV cache"
             ks = kv_cache[0].index_select(0, s.kv_slots)

@@ -31,6 +31,7 @@ class SeqSpan:
     q_len: int
     start: int  # prompt position of the first query == tokens already cached
     kv_slots: torch.Tensor | None  # [start + q_len] flat cache slots; None when start == 0
+    keys: int | None = None  # an encoder's: only its first `keys` rows are keys (None: all)
 
     @property
     def kv_len(self) -> int:

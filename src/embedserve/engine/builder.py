@@ -19,6 +19,7 @@ from embedserve.kv_cache.manager import KVCacheManager
 from embedserve.models.build import open_model
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.lexical_head import LexicalHead, load_lexical_head, unused_ids
+from embedserve.models.multivector import MultiVectorHead, load_multivector_head
 from embedserve.models.router import StaticQueries
 from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head
 from embedserve.models.source import ModelSource, override_pooling
@@ -42,6 +43,7 @@ class EngineParts:
     workers: TensorParallelRunner | None = None  # tensor_parallel_size > 1: the ranks to watch and stop
     prompter: MultimodalPrompter | None = None  # multimodal models: parts -> tokens + images
     lexical_head: LexicalHead | None = None  # BGE-M3: sparse vectors beside its dense ones
+    multivector_head: MultiVectorHead | None = None  # ColBERT, BGE-M3: a vector per token
     static_queries: StaticQueries | None = None  # inference-free SPLADE: queries without the model
 
 
@@ -87,9 +89,12 @@ def build_engine(
         specials = unused_ids(files.lexical_head.parent, tokenizer.backend)
         model = config.model
         lexical = load_lexical_head(files.lexical_head, model.hidden_size, model.vocab_size, specials)
+    multivector = None
+    if files.multivector is not None:
+        multivector = load_multivector_head(files.multivector, config.model.hidden_size, tokenizer.backend)
     return EngineParts(
         config, core, tokenizer, score, sparse, loaded.workers, prompter,
-        static_queries=static, lexical_head=lexical,
+        static_queries=static, lexical_head=lexical, multivector_head=multivector,
     )  # fmt: skip
 
 

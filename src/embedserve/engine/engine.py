@@ -18,6 +18,7 @@ from embedserve.engine.late import LateChunkingMixin
 from embedserve.engine.lexical import LexicalMixin
 from embedserve.engine.loop import EngineLoop, wait_all
 from embedserve.engine.multimodal import text_items, tokenize_multimodal
+from embedserve.engine.multivector import MultiVectorMixin
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of, parse_priority
 from embedserve.engine.prefix import PromptCacheMixin
@@ -35,7 +36,7 @@ __all__ = ["EmbeddingOutput", "Engine", "Inputs", "output_of"]  # the outputs' t
 Inputs = Sequence[str] | Sequence[Sequence[int]] | str | Sequence[Any]
 
 
-class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, StaticQueryMixin, LexicalMixin):
+class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, StaticQueryMixin, LexicalMixin, MultiVectorMixin):  # noqa: E501  # fmt: skip
     def __init__(self, parts: EngineParts | Callable[[], EngineParts]) -> None:
         """Run built `parts`, or build them with `parts()` on the engine loop's thread: the
         thread that then runs the model (loop.py: one OpenMP pool, not two)."""

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from embedserve.config import PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
 from embedserve.models.lexical_head import LEXICAL_FILE
+from embedserve.models.multivector import MULTIVECTOR_MODULES, multivector_root
 from embedserve.models.registry import model_config_from_hf, sliding_window
 from embedserve.models.router import router_dirs
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
@@ -64,9 +65,11 @@ def _pooling_from_st(root: Path, default: PoolingMethod) -> PoolingConfig | None
     if not modules_file.exists():
         return None
     method, include_prompt, normalize, splade = default, True, False, None
+    # A multi-vector model's Dense and MultiVectorMask are its token head (models/multivector.py).
+    accepted = _ST_MODULES + (MULTIVECTOR_MODULES if multivector_root(root) else ())
     for module in _read_json(modules_file):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if kind not in _ST_MODULES:
+        if kind not in accepted:
             raise ModelLoadError(
                 f"sentence-transformers module {module.get('type')!r} is not supported; "
                 f"supported modules: {', '.join(_ST_MODULES)}"
@@ -165,6 +168,7 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
         sliding_window=sliding_window(raw),
         multimodal=_multimodal(raw, root) if model.model_type == "qwen3_vl" else None,
         lexical_head=root / LEXICAL_FILE if (root / LEXICAL_FILE).exists() else None,
+        multivector=multivector_root(root),
     )
 
 

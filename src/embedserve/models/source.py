@@ -34,6 +34,7 @@ class ModelSource(ABC):
     multimodal: Qwen3VLSpec | None = None  # a Qwen3-VL directory: tower, M-RoPE, image preprocessing
     query_encoder: Path | None = None  # inference-free SPLADE: the static query module's folder
     lexical_head: Path | None = None  # BGE-M3: sparse_linear.pt, its lexical weights (sparse vectors)
+    multivector: Path | None = None  # a multi-vector model's directory (models/multivector.py)
 
     @abstractmethod
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:

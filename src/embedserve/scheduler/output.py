@@ -25,6 +25,9 @@ class ScheduledChunk:
     token_type_ids: list[int] | None = None  # a pair's segment ids (encoders); None: all 0
     # The request's images (positions, encoder cache the runner fills); None: text only.
     multimodal: MultimodalState | None = None
+    # An encoder's sequence whose positions from `attend_keys` on are queries only, never keys
+    # (ColBERT's query expansion with attend false: models/multivector.py); None: all are keys.
+    attend_keys: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -177,6 +177,7 @@ class Scheduler:
                     if req.token_type_ids is None
                     else req.token_type_ids[start : start + n],
                     multimodal=req.mm,
+                    attend_keys=req.attend_keys,
                 )
             )
             scheduled.add(req.request_id)

@@ -66,7 +66,7 @@ def build_step_inputs(
                 for p0, m in pieces(c.start, n, deterministic_chunk)
             ]
         else:
-            seqs.append(SeqSpan(q_start=q_start, q_len=n, start=0, kv_slots=None))
+            seqs.append(SeqSpan(q_start=q_start, q_len=n, start=0, kv_slots=None, keys=c.attend_keys))
         lo, hi = c.pool_rows
         rows.append(np.arange(q_start + lo, q_start + hi, dtype=np.int64))
         pooled[c.request_id] = (n_rows, hi - lo)

@@ -1,0 +1,223 @@
+"""Multi-vector (late-interaction) models: one vector per token, scored by MaxSim.
+
+Two layouts are read:
+
+* ColBERT as sentence-transformers' MultiVectorEncoder saves it (modules.json: Transformer, a
+  `Dense` over `token_embeddings`, `MultiVectorMask`, optionally `Normalize`), and PyLate v3's
+  save (config_sentence_transformers.json `model_type: "ColBERT"`: Transformer + Dense, the
+  punctuation skiplist, masking and normalization implied). Its sides differ:
+  - a query is cut to `query_expansion.length` tokens (strategy "fixed") and padded to it with
+    the expansion token ([MASK]); every position is a vector; with `attend: false` the padding
+    positions are queries only, never keys (the encoder's attention reads `attend_keys`);
+  - a document is cut to `document_length` tokens; tokens of the skiplist give no vector.
+* BGE-M3's `colbert_linear.pt` (Linear(hidden, hidden)): every token but the first (CLS) gives
+  a vector, normalized.
+
+`MultiVectorHead.project` is the per-token projection; pooling/multivector.py writes a request's
+projected rows as its chunks finish.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer as HFTokenizer
+
+from embedserve.errors import ModelLoadError
+
+BGE_M3_FILE = "colbert_linear.pt"
+MULTIVECTOR_MODULES = ("Dense", "MultiVectorMask")
+
+
+@dataclass(frozen=True)
+class QueryExpansion:
+    """ColBERT's query expansion: queries padded to `length` with `token_id`."""
+
+    fixed: bool  # "fixed": queries are cut to `length` too; "min": `length` is only a floor
+    attend: bool  # whether the encoder attends to the expansion positions
+    token_id: int
+    length: int
+
+
+@dataclass(frozen=True)
+class MultiVectorHead:
+    weight: torch.Tensor  # [dim, hidden] float32
+    bias: torch.Tensor | None  # [dim]
+    normalize: bool
+    drop_first: bool  # BGE-M3: the CLS row gives no vector
+    skiplist: frozenset[int]  # token ids that give no vector on the skiplist's sides
+    skiplist_sides: frozenset[str]  # "query" / "document"
+    keep_only: frozenset[int] | None  # documents: only these token ids give vectors
+    expansion: QueryExpansion | None
+    query_length: int | None  # the query side's token limit (None: the model's)
+    document_length: int | None
+
+    @property
+    def dim(self) -> int:
+        return int(self.weight.shape[0])
+
+    @torch.inference_mode()
+    def project(self, rows: torch.Tensor) -> torch.Tensor:
+        """[k, hidden] -> [k, dim] float32 (the Dense projection, no normalization)."""
+        out = rows.float() @ self.weight.T
+        return out if self.bias is None else out + self.bias
+
+    def keeps(self, token_ids: list[int], side: str) -> list[bool]:
+        """Which positions of a `side` input give a vector."""
+        keep = [True] * len(token_ids)
+        if self.drop_first and keep:
+            keep[0] = False
+        if side in self.skiplist_sides and self.skiplist:
+            keep = [k and t not in self.skiplist for k, t in zip(keep, token_ids, strict=True)]
+        if side == "document" and self.keep_only is not None:
+            keep = [k and t in self.keep_only for k, t in zip(keep, token_ids, strict=True)]
+        return keep
+
+
+def multivector_root(root: Path) -> Path | None:
+    """`root` when its files describe a multi-vector model (either layout), else None."""
+    if (root / BGE_M3_FILE).is_file() and (root / BGE_M3_FILE).stat().st_size > 0:
+        return root
+    if _st_config(root).get("model_type") in ("ColBERT", "MultiVectorEncoder"):
+        return root
+    return None
+
+
+def load_multivector_head(root: Path, hidden: int, tokenizer: HFTokenizer) -> MultiVectorHead:
+    if (root / BGE_M3_FILE).is_file() and (root / BGE_M3_FILE).stat().st_size > 0:
+        return _bge_m3(root / BGE_M3_FILE, hidden)
+    st = _st_config(root)
+    modules = _read_json(root / "modules.json") if (root / "modules.json").exists() else []
+    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules}
+    if "Dense" not in kinds:
+        raise ModelLoadError(f"{root}: a multi-vector model needs a Dense module (modules.json)")
+    dense = root / str(kinds["Dense"].get("path", "1_Dense"))
+    weight, bias = _dense(dense, hidden)
+    pylate = st.get("model_type") == "ColBERT"
+    if pylate:
+        mask: dict[str, Any] = {"skiplist_words": st.get("skiplist_words", list(string.punctuation))}
+    elif "MultiVectorMask" in kinds:
+        mask = _read_json(
+            root / str(kinds["MultiVectorMask"].get("path", "2_MultiVectorMask")) / "config.json"
+        )
+    else:
+        mask = {}
+    transformer = (
+        _read_json(root / "sentence_bert_config.json")
+        if (root / "sentence_bert_config.json").exists()
+        else {}
+    )
+    sides = mask.get("skiplist_tasks") or ["document"]
+    keep_only = mask.get("keep_only_token_ids")
+    return MultiVectorHead(
+        weight=weight,
+        bias=bias,
+        normalize=pylate or "Normalize" in kinds,
+        drop_first=False,
+        skiplist=frozenset(_ids(tokenizer, mask.get("skiplist_words") or [])),
+        skiplist_sides=frozenset([sides] if isinstance(sides, str) else sides),
+        keep_only=None if keep_only is None else frozenset(int(i) for i in keep_only),
+        expansion=_expansion(root, st, transformer, tokenizer, pylate),
+        query_length=_positive(
+            transformer.get("query_length", st.get("query_length") if not pylate else None)
+        ),
+        document_length=_positive(transformer.get("document_length", st.get("document_length"))),
+    )
+
+
+def _bge_m3(path: Path, hidden: int) -> MultiVectorHead:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for a bad file
+        raise ModelLoadError(f"cannot read {path}: {e}") from e
+    weight, bias = state.get("weight"), state.get("bias")
+    if weight is None or weight.dim() != 2 or weight.shape[1] != hidden:
+        shapes = {k: tuple(v.shape) for k, v in state.items()}
+        raise ModelLoadError(f"{path}: expected a Linear({hidden}, dim) state dict, got {shapes}")
+    return MultiVectorHead(
+        weight=weight.detach().float(), bias=None if bias is None else bias.detach().float(),
+        normalize=True, drop_first=True, skiplist=frozenset(), skiplist_sides=frozenset(), keep_only=None,
+        expansion=None, query_length=None, document_length=None,
+    )  # fmt: skip
+
+
+def _dense(folder: Path, hidden: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    cfg = _read_json(folder / "config.json")
+    activation = str(cfg.get("activation_function", "torch.nn.modules.linear.Identity"))
+    if not activation.endswith("Identity"):
+        raise ModelLoadError(f"{folder}: Dense activation {activation} is not supported (Identity only)")
+    if cfg.get("in_features") != hidden:
+        raise ModelLoadError(f"{folder}: Dense in_features {cfg.get('in_features')} != hidden size {hidden}")
+    if (folder / "model.safetensors").exists():
+        state = load_file(str(folder / "model.safetensors"))
+    elif (folder / "pytorch_model.bin").exists():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ModelLoadError(f"{folder}: no model.safetensors (the Dense projection's weights)")
+    weight = state.get("linear.weight")
+    if weight is None or tuple(weight.shape) != (cfg.get("out_features"), hidden):
+        raise ModelLoadError(f"{folder}: expected linear.weight [{cfg.get('out_features')}, {hidden}]")
+    bias = state.get("linear.bias")
+    return weight.float(), None if bias is None else bias.float()
+
+
+def _expansion(
+    root: Path, st: dict[str, Any], transformer: dict[str, Any], tokenizer: HFTokenizer, pylate: bool
+) -> QueryExpansion | None:
+    cfg: dict[str, Any] | None
+    if pylate:  # PyLate v3's flat fields: expansion on unless do_query_expansion is false
+        if st.get("do_query_expansion") is False:
+            return None
+        cfg = {"strategy": "fixed", "attend": bool(st.get("attend_to_expansion_tokens")),
+               "length": st.get("query_length") or 32}  # fmt: skip
+    else:
+        cfg = transformer.get("query_expansion")
+        if cfg is None:
+            return None
+    if cfg.get("strategy") not in ("fixed", "min") or _positive(cfg.get("length")) is None:
+        raise ModelLoadError(f"{root}: query_expansion {cfg} needs strategy fixed / min and a length")
+    token = cfg.get("token") or _special(root, "mask_token") or _special(root, "eos_token")
+    token_id = tokenizer.token_to_id(token) if isinstance(token, str) else None
+    if token_id is None:
+        raise ModelLoadError(f"{root}: the query expansion token {token!r} is not in the vocabulary")
+    return QueryExpansion(
+        cfg["strategy"] == "fixed", bool(cfg.get("attend", False)), token_id, int(cfg["length"])
+    )
+
+
+def _special(root: Path, key: str) -> str | None:
+    for file in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (root / file).exists():
+            value = _read_json(root / file).get(key)
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str):
+                return value
+    return None
+
+
+def _ids(tokenizer: HFTokenizer, words: list[str]) -> list[int]:
+    """Skiplist words as sentence-transformers resolves them: a word that is one vocabulary
+    entry gives its id; others are dropped."""
+    return [i for i in (tokenizer.token_to_id(str(w)) for w in words) if i is not None]
+
+
+def _positive(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _st_config(root: Path) -> dict[str, Any]:
+    f = root / "config_sentence_transformers.json"
+    return _read_json(f) if f.exists() else {}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"cannot read {path}: {e}") from e
