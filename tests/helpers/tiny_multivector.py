@@ -42,3 +42,51 @@ def build_colbert(dst: Path, *, attend: bool = False, length: int = 32, seed: in
     )  # fmt: skip
     model.save(str(dst))
     return dst
+
+
+def decoder_colbert(src: Path, dst: Path, dim: int = 48, seed: int = 1) -> Path:
+    """A decoder (the tiny Qwen3's weights and tokenizer) as a MultiVectorEncoder directory:
+    Transformer -> Dense(hidden -> `dim`) over token embeddings -> MultiVectorMask (punctuation
+    skiplist) -> Normalize; no query expansion. Chunked prefill, preemption, the layer-major
+    lane and deterministic mode apply to it."""
+    if (dst / "modules.json").exists():
+        return dst
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in ("modules.json", "config_sentence_transformers.json"):
+            shutil.copy(f, dst / f.name)
+    hidden = json.loads((src / "config.json").read_text())["hidden_size"]
+    modules = [
+        ("", "sentence_transformers.base.modules.transformer.Transformer"),
+        ("1_Dense", "sentence_transformers.base.modules.dense.Dense"),
+        (
+            "2_MultiVectorMask",
+            "sentence_transformers.multi_vector_encoder.modules.multi_vector_mask.MultiVectorMask",
+        ),
+        ("3_Normalize", "sentence_transformers.base.modules.normalize.Normalize"),
+    ]
+    (dst / "modules.json").write_text(
+        json.dumps([{"idx": i, "name": str(i), "path": p, "type": t} for i, (p, t) in enumerate(modules)])
+    )
+    for folder, cfg in (
+        ("1_Dense", {"in_features": hidden, "out_features": dim, "bias": True,
+                     "activation_function": "torch.nn.modules.linear.Identity",
+                     "module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}),
+        ("2_MultiVectorMask", {"skiplist_words": list(string.punctuation), "skiplist_tasks": ["document"]}),
+        ("3_Normalize", {}),
+    ):  # fmt: skip
+        (dst / folder).mkdir()
+        (dst / folder / "config.json").write_text(json.dumps(cfg))
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(dim, hidden, generator=gen) / hidden**0.5
+    save_file({"linear.weight": weight, "linear.bias": 0.1 * torch.randn(dim, generator=gen)},
+              str(dst / "1_Dense" / "model.safetensors"))  # fmt: skip
+    (dst / "config_sentence_transformers.json").write_text(
+        json.dumps({"model_type": "MultiVectorEncoder", "prompts": {"query": "Query: "}})
+    )
+    return dst

@@ -67,8 +67,8 @@ def build_inference_free(dst: Path, splade: Path, seed: int = 0) -> Path:
 
 def build_bge_m3(dst: Path, seed: int = 0) -> Path:
     """A tiny BGE-M3-shaped directory: a random XLM-R encoder (MiniLM's WordPiece vocabulary),
-    CLS pooling + Normalize (its dense vectors), and a seeded `sparse_linear.pt` beside it (its
-    lexical weights, as BAAI/bge-m3 ships them)."""
+    CLS pooling + Normalize (its dense vectors), and seeded `sparse_linear.pt` and
+    `colbert_linear.pt` beside it (its lexical weights and multi-vectors, as BAAI/bge-m3 ships them)."""
     if (dst / "sparse_linear.pt").exists():
         return dst
     import transformers
@@ -96,5 +96,9 @@ def build_bge_m3(dst: Path, seed: int = 0) -> Path:
         linear.weight.copy_(0.1 * torch.randn(linear.weight.shape, generator=gen))
         linear.bias.fill_(0.05)
     torch.save(linear.state_dict(), dst / "sparse_linear.pt")
-    (dst / "colbert_linear.pt").write_bytes(b"")  # present in BGE-M3; its multi-vectors are not served yet
+    colbert = torch.nn.Linear(64, 64)  # its multi-vectors: every token but CLS, projected
+    with torch.no_grad():
+        colbert.weight.copy_(torch.randn(colbert.weight.shape, generator=gen) / 8)
+        colbert.bias.copy_(0.1 * torch.randn(colbert.bias.shape, generator=gen))
+    torch.save(colbert.state_dict(), dst / "colbert_linear.pt")
     return dst

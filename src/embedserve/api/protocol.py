@@ -125,7 +125,14 @@ class EmbeddingRequest(BaseModel):
     normalize: bool | None = None
     priority: Literal["online", "batch"] = "online"
     truncate: Literal["error", "end", "start"] = "error"
-    embedding_type: EmbeddingType | Literal["sparse"] = "float"  # compressed (api/quantize.py) or sparse
+    # compressed (api/quantize.py), sparse, or multivector (a vector per token: server/multivector_routes.py)
+    embedding_type: EmbeddingType | Literal["sparse", "multivector"] = "float"
+    input_type: Literal["query", "document"] | None = Field(
+        default=None, description="multivector: the side each input is encoded as (default document)"
+    )
+    multivector_dtype: EmbeddingType = Field(
+        default="float", description="multivector: each vector's type (float or compressed)"
+    )
     sparse_top_k: int | None = Field(default=None, ge=1)  # sparse: only the k largest weights
     return_tokens: bool = False  # sparse: the token of each index too
     # Late chunking (late_chunking.py): `input` is one document's chunks, or the document with
@@ -154,6 +161,15 @@ class EmbeddingRequest(BaseModel):
     def _messages(cls, data: Any) -> Any:
         """vLLM's chat-embedding body (`messages`) as one input (api/multimodal.py)."""
         return messages_to_input(data) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _multivector_options(self) -> EmbeddingRequest:
+        given = [f for f in ("input_type", "multivector_dtype") if f in self.model_fields_set]
+        if self.embedding_type != "multivector" and given:
+            raise ValueError(f"{', '.join(given)} applies with embedding_type 'multivector'")
+        if self.embedding_type == "multivector" and self.late_chunking:
+            raise ValueError("late_chunking pools chunks into one vector each; multivector keeps every token")
+        return self
 
     @model_validator(mode="after")
     def _late_options(self) -> EmbeddingRequest:

@@ -57,6 +57,7 @@ class MultiVectorHead:
     expansion: QueryExpansion | None
     query_length: int | None  # the query side's token limit (None: the model's)
     document_length: int | None
+    only: bool  # ColBERT: multi-vectors only; BGE-M3 also answers single (CLS) vectors
 
     @property
     def dim(self) -> int:
@@ -128,6 +129,7 @@ def load_multivector_head(root: Path, hidden: int, tokenizer: HFTokenizer) -> Mu
             transformer.get("query_length", st.get("query_length") if not pylate else None)
         ),
         document_length=_positive(transformer.get("document_length", st.get("document_length"))),
+        only=True,
     )
 
 
@@ -143,7 +145,7 @@ def _bge_m3(path: Path, hidden: int) -> MultiVectorHead:
     return MultiVectorHead(
         weight=weight.detach().float(), bias=None if bias is None else bias.detach().float(),
         normalize=True, drop_first=True, skiplist=frozenset(), skiplist_sides=frozenset(), keep_only=None,
-        expansion=None, query_length=None, document_length=None,
+        expansion=None, query_length=None, document_length=None, only=False,
     )  # fmt: skip
 
 

@@ -25,6 +25,7 @@ from embedserve.batch.http import add_batch_routes
 from embedserve.batch.online import running
 from embedserve.server.batch_api import server_batch_jobs
 from embedserve.server.metrics import ServerMetrics
+from embedserve.server.multivector_routes import multivector_type
 from embedserve.server.routes import add_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 from embedserve.server.serving import EmbeddingService
@@ -134,14 +135,19 @@ def _service(runtime: ServerRuntime) -> EmbeddingService:
 def model_card(service: EmbeddingService) -> dict[str, Any]:
     meta = service.metadata
     pooling = service.engine.config.pooling
+    head = service.engine.multivector_head
+    # the schema its answers carry: a SPLADE model's are all sparse, a ColBERT model's multi-vectors
+    fields = meta.fields(embedding_type="sparse" if service.engine.sparse_head is not None else "float")
+    if head is not None and head.only:
+        fields = meta.fields(head.dim, head.normalize, multivector_type("float"))
     return {
         "id": meta.model,
         "object": "model",
         "created": int(time.time()),
         "owned_by": "embedserve",
-        # a SPLADE model's vectors are all sparse: the schema its answers carry
-        **meta.fields(embedding_type="sparse" if service.engine.sparse_head is not None else "float"),
-        "dimensions": meta.hidden_size,
+        **fields,
+        "dimensions": head.dim if head is not None and head.only else meta.hidden_size,
+        **({} if head is None else {"multivector_dimensions": head.dim}),
         "max_model_len": meta.max_model_len,
         "pooling": pooling.method.value,
         "normalize": pooling.normalize,

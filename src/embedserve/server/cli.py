@@ -94,6 +94,12 @@ def register(sub: Any) -> None:
         help="most inputs in one request (more: 400)",
     )
     g.add_argument(
+        "--max-output-vectors",
+        type=positive_int,
+        default=32768,
+        help="most vectors in one multi-vector answer, all inputs together (more: 413)",
+    )
+    g.add_argument(
         "--max-body-bytes",
         type=positive_int,
         default=32 << 20,
@@ -203,6 +209,7 @@ def _settings(args: argparse.Namespace) -> ServerSettings:
         max_queued_tokens=args.max_queued_tokens,
         max_queued_requests=args.max_queued_requests,
         max_inputs_per_request=args.max_inputs_per_request,
+        max_output_vectors=args.max_output_vectors,
         max_body_bytes=args.max_body_bytes,
         warmup_lengths=args.warmup_lengths,
         body_timeout_s=args.body_timeout,

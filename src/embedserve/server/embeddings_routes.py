@@ -15,6 +15,7 @@ from embedserve.api.routes import EMBEDDINGS
 from embedserve.api.sparse import sparse_item
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.late_long import LongPlan
+from embedserve.server.multivector_routes import MULTIVECTOR, MultiVectorJob
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized
@@ -31,6 +32,13 @@ class EmbeddingsJob(Job):
     def tokenize(self) -> list[Tokenized]:
         svc, req = self.svc, self.req
         check_sparse_options(req)
+        head = svc.engine.multivector_head
+        if head is not None and head.only:
+            raise ApiError(
+                400,
+                f"model {svc.metadata.model} is a multi-vector (late-interaction) model: it answers "
+                "embedding_type 'multivector' (a vector per token), not one vector per input",
+            )
         svc.engine.check_dimensions(req.dimensions)
         svc.check_types([req.embedding_type], req.dimensions)
         prompt = svc.engine.resolve_prompt(req.prompt_name, req.prompt)
@@ -169,4 +177,9 @@ def check_sparse_options(req: EmbeddingRequest) -> None:
         raise ApiError(400, f"{', '.join(given)} applies to embedding_type 'sparse' only")
 
 
-EMBEDDINGS_ROUTE = ServerRoute(EMBEDDINGS, EmbeddingsJob)
+def embeddings_job(svc: EmbeddingService, req: EmbeddingRequest) -> Job:
+    """Multi-vector requests have their own job (server/multivector_routes.py)."""
+    return MultiVectorJob(svc, req) if req.embedding_type == MULTIVECTOR else EmbeddingsJob(svc, req)
+
+
+EMBEDDINGS_ROUTE = ServerRoute(EMBEDDINGS, embeddings_job)

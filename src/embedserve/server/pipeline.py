@@ -55,6 +55,10 @@ class Job(ABC):
 
     computes = True
 
+    def serves(self, task: str) -> bool:
+        """A task beyond its route's that this job serves (a multi-vector model's MaxSim rerank)."""
+        return False
+
     def __init__(self, model: str | None, n_inputs: int) -> None:
         self.model = model  # the request's `model` field
         self.n_inputs = n_inputs  # inputs before tokenizing (the per-request limit)
@@ -120,7 +124,7 @@ def check_request(svc: EmbeddingService, route: Route[Any], job: Job) -> None:
     """The refusals before tokenizing: the model's task, the `model` field, the input limit."""
     meta = svc.metadata
     task = svc.engine.config.task
-    if task not in route.tasks:
+    if task not in route.tasks and not job.serves(task):
         raise ApiError(400, wrong_task(meta.model, task))
     if job.model is not None and job.model != meta.model:
         raise model_not_found(job.model, meta.model)

@@ -52,6 +52,7 @@ class ServerSettings:
     max_queued_tokens: int | None = None  # None: derived from the engine's limits at load
     max_queued_requests: int = 4096
     max_inputs_per_request: int = 2048
+    max_output_vectors: int = 32768  # a multi-vector answer's vectors, all inputs together (more: 413)
     max_body_bytes: int = 32 << 20
     warmup_lengths: tuple[int, ...] | None = None  # None: DEFAULT_WARMUP_LENGTHS within max_model_len
     max_engine_restarts: int = 3  # engine loop deaths rebuilt in-process before the server fails
@@ -72,7 +73,7 @@ class ServerSettings:
         return Calibration.fixed(self.int8_scale)
 
     def __post_init__(self) -> None:
-        for name in ("max_queued_requests", "max_inputs_per_request", "max_body_bytes"):
+        for name in ("max_queued_requests", "max_inputs_per_request", "max_body_bytes", "max_output_vectors"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         for name in ("body_timeout_s", "request_timeout_s", "timeout_keep_alive_s", "limit_concurrency"):
@@ -172,6 +173,7 @@ class ServerRuntime:
             calibration,
             self.tracing,
             self.result_cache,
+            s.max_output_vectors,
         )
         if self.phase is Phase.WARMING_UP:  # a shutdown may have begun meanwhile
             self.phase = Phase.READY

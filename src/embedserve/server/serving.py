@@ -41,6 +41,7 @@ class EmbeddingService:
         calibration: Calibration | None = None,
         tracing: Tracing | None = None,
         result_cache: ResultCache | None = None,
+        max_output_vectors: int = 32768,
     ) -> None:
         self.engine = engine
         self.result_cache = result_cache  # None: off (server/result_cache.py)
@@ -51,6 +52,7 @@ class EmbeddingService:
         self.admission = admission
         self.metrics = metrics
         self.max_inputs_per_request = max_inputs_per_request
+        self.max_output_vectors = max_output_vectors  # multi-vector answers (server/multivector_routes.py)
         self.on_forward_failure = on_forward_failure  # the runtime's probe after a failed forward pass
         self.request_timeout_s = request_timeout_s
 
@@ -89,7 +91,7 @@ class EmbeddingService:
                 raise ApiError(
                     400, "dimensions does not apply to sparse vectors (one weight per vocabulary id)"
                 )
-            return self._check_compressed(kinds, dimensions)
+            return self.check_compressed(kinds, dimensions)
         wrong = next((k for k in kinds if (k == "sparse") != sparse), None)
         if wrong is not None:
             name = self.metadata.model
@@ -104,9 +106,9 @@ class EmbeddingService:
                 f"model {name} produces dense vectors: sparse vectors come from a SPLADE model "
                 "(a sentence-transformers SparseEncoder directory) or BGE-M3 (with its sparse_linear.pt)",
             )
-        self._check_compressed(kinds, dimensions)
+        self.check_compressed(kinds, dimensions)
 
-    def _check_compressed(self, kinds: list[str], dimensions: int | None) -> None:
+    def check_compressed(self, kinds: list[str], dimensions: int | None) -> None:
         dim = dimensions or self.metadata.hidden_size
         if any(k in ("int8", "uint8") for k in kinds):
             try:

@@ -1,0 +1,113 @@
+"""`POST /v1/embeddings` with `"embedding_type": "multivector"`: one vector per kept token of each
+input (ColBERT, BGE-M3's colbert head: engine/multivector.py).
+
+Each item's `embedding` is its list of vectors, or with `encoding_format: "base64"` one
+little-endian blob of the whole [vectors, dim] matrix beside `"shape": [vectors, dim]`;
+`multivector_dtype` compresses each vector (api/quantize.py: int8 / uint8 one byte per value,
+binary / ubinary one bit, packed). `input_type` picks the side (query: expansion, no skiplist;
+document: the skiplist). A request whose vectors would pass `--max-output-vectors` is refused
+(413) after tokenizing, before any engine work: never cut silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from embedserve.api.protocol import ApiError, EmbeddingRequest, usage
+from embedserve.api.quantize import quantize, to_base64
+from embedserve.engine.multivector import MultiVectorInput
+from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.models.multivector import MultiVectorHead
+from embedserve.server.pipeline import Computed, Job
+from embedserve.server.serving import EmbeddingService
+from embedserve.tokenizer import Tokenized
+
+MULTIVECTOR = "multivector"
+
+
+class MultiVectorJob(Job):
+    def __init__(self, svc: EmbeddingService, req: EmbeddingRequest) -> None:
+        super().__init__(req.model, len(req.items))
+        self.svc = svc
+        self.req = req
+        self.items: list[MultiVectorInput] = []
+
+    def tokenize(self) -> list[Tokenized]:
+        svc, req = self.svc, self.req
+        engine = svc.engine
+        if engine.multivector_head is None:
+            raise ApiError(
+                400,
+                f"model {svc.metadata.model} gives one vector per input, not multivector: serve a "
+                "ColBERT directory (a multi-vector Dense head) or BGE-M3 (with its colbert_linear.pt)",
+            )
+        engine.check_vector_dimensions(req.dimensions)
+        svc.check_compressed([req.multivector_dtype], req.dimensions or engine.multivector_head.dim)
+        self.items = engine.tokenize_multivector(
+            req.items,  # text or token ids (images are refused there)
+            req.input_type or "document",
+            prompt_name=req.prompt_name,
+            prompt=req.prompt,
+            truncate=req.truncate,
+        )
+        n, limit = sum(i.num_vectors for i in self.items), svc.max_output_vectors
+        if n > limit:
+            raise ApiError(
+                413,
+                f"the answer would hold {n} vectors; this server answers at most {limit} per request "
+                "(--max-output-vectors): send fewer or shorter inputs",
+            )
+        return [i.tokenized for i in self.items]
+
+    async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
+        req = self.req
+        return await self.svc.engine.embed_multivector_tokenized_async(
+            self.items, dimensions=req.dimensions, normalize=req.normalize, priority=req.priority
+        )
+
+    def body(self, done: Computed) -> Any:
+        req, svc = self.req, self.svc
+        kind = req.multivector_dtype
+        data = []
+        for i, (out, tok) in enumerate(zip(done.outputs, done.tokenized, strict=True)):
+            rows = quantize(out.embedding, kind, svc.calibration) if kind != "float" else out.embedding
+            data.append(
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": encode_matrix(rows, req.encoding_format),
+                    "shape": list(rows.shape),
+                    "num_tokens": out.num_tokens,
+                    "truncated": tok.truncated,
+                }
+            )
+        schema_kind = multivector_type(svc.schema_type(kind))
+        return {
+            "object": "list",
+            "data": data,
+            "usage": usage(done.n_tokens),
+            **svc.metadata.fields(req.dimensions or self.head().dim, self.normalize(), schema_kind),
+        }
+
+    def head(self) -> MultiVectorHead:
+        head = self.svc.engine.multivector_head
+        assert head is not None, "tokenize refused a model without one"
+        return head
+
+    def normalize(self) -> bool:
+        return self.head().normalize if self.req.normalize is None else self.req.normalize
+
+
+def multivector_type(kind: str) -> str:
+    """The schema's type of multi-vectors: never shared with the model's single vectors."""
+    return MULTIVECTOR if kind == "float" else f"{MULTIVECTOR}/{kind}"
+
+
+def encode_matrix(rows: np.ndarray, encoding_format: str) -> list[Any] | str:
+    """A [vectors, dim] matrix as JSON lists, or as one base64 blob of its little-endian bytes
+    (float32, or one byte per value for compressed types)."""
+    if encoding_format == "base64":
+        return to_base64(rows)
+    return rows.tolist()
