@@ -90,3 +90,46 @@ def decoder_colbert(src: Path, dst: Path, dim: int = 48, seed: int = 1) -> Path:
         json.dumps({"model_type": "MultiVectorEncoder", "prompts": {"query": "Query: "}})
     )
     return dst
+
+
+def build_pylate(dst: Path, seed: int = 2) -> Path:
+    """A PyLate v3 save, written as PyLate wrote it: all-MiniLM-L6-v2's encoder and tokenizer,
+    modules.json listing only the Transformer and `pylate.models.Dense.Dense`, and the flat
+    config (model_type "ColBERT", "[unused0]" / "[unused1]" prefixes inserted as tokens, query
+    expansion to 32 tokens, document_length, the skiplist implied)."""
+    if (dst / "modules.json").exists():
+        return dst
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from tests.helpers.tiny_bert import TOKENIZER_FILES
+
+    dst.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", *TOKENIZER_FILES):
+        shutil.copy(minilm_dir() / name, dst / name)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"},
+    ]
+    (dst / "modules.json").write_text(json.dumps(modules))
+    (dst / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 179, "do_lower_case": False})
+    )
+    (dst / "1_Dense").mkdir()
+    (dst / "1_Dense" / "config.json").write_text(
+        json.dumps({"in_features": 384, "out_features": 96, "bias": False,
+                    "activation_function": "torch.nn.modules.linear.Identity", "use_residual": False})
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(96, 384, generator=gen) / 384**0.5
+    save_file({"linear.weight": weight}, str(dst / "1_Dense" / "model.safetensors"))
+    (dst / "config_sentence_transformers.json").write_text(
+        json.dumps({
+            "model_type": "ColBERT", "query_prefix": "[unused0]", "document_prefix": "[unused1]",
+            "query_length": 32, "document_length": 180, "attend_to_expansion_tokens": False,
+            "similarity_fn_name": "MaxSim", "prompts": {}, "default_prompt_name": None,
+        })
+    )  # fmt: skip
+    return dst

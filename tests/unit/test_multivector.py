@@ -23,7 +23,7 @@ from embedserve.pooling.multivector import MultiVectorState
 from embedserve.request import EmbedParams, Priority, Request
 from tests.helpers.real_text import long_text, topic
 from tests.helpers.reference import hf_model
-from tests.helpers.tiny_multivector import build_colbert, decoder_colbert
+from tests.helpers.tiny_multivector import build_colbert, build_pylate, decoder_colbert
 from tests.helpers.tiny_sparse import build_bge_m3
 
 QUERIES = ["what is python?", "How do I sort a list in place, quickly!", "x"]
@@ -72,6 +72,20 @@ def test_colbert_equals_sentence_transformers(tmp_path: Path, attend: bool) -> N
     kept = [t for t, k in zip(items[1].tokenized.token_ids, items[1].keep, strict=True) if k]
     assert docs[1].shape[0] == len(kept) and not punct & set(kept)
     assert len(items[1].tokenized.token_ids) > len(kept)
+
+
+def test_pylate_v3_directory_equals_sentence_transformers(tmp_path: Path) -> None:
+    """PyLate v3's save: prefixes inserted as one token each ("[unused0]" is in the vocabulary
+    but splits into four pieces as text), the punctuation skiplist and normalization implied."""
+    path = build_pylate(tmp_path / "p")
+    with Engine.from_pretrained(path) as engine:
+        got = engine.embed_multivector(QUERIES, input_type="query") + engine.embed_multivector(DOCS)
+        ids = engine.tokenize("what", engine.config.prompts["query"])[0].token_ids
+    assert ids[:2] == [101, 1]  # [CLS] [unused0]
+    want = _reference(path, QUERIES, "query") + _reference(path, DOCS, "document")
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_attending_to_the_expansion_changes_the_real_rows(colbert: Path, tmp_path: Path) -> None:

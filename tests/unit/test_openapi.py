@@ -103,7 +103,7 @@ def test_the_request_body_is_documented_with_every_field(doc: dict[str, Any]) ->
     fields = {"input", "model", "encoding_format", "dimensions", "user", "prompt_name", "prompt", "messages"}
     extensions = {"normalize", "priority", "truncate", "embedding_type", "sparse_top_k", "return_tokens"}
     extensions |= {"late_chunking", "chunk_spans", "late_chunk_size", "span_pooling", "long_late_chunking"}
-    extensions |= {"late_overlap"}
+    extensions |= {"late_overlap", "input_type", "multivector_dtype"}
     assert fields | extensions == set(schema["properties"])
     assert len(schema["properties"]["input"]["anyOf"]) == 6  # OpenAI's four, an image / content item, a list
     assert schema["properties"]["input"]["anyOf"][1]["maxItems"] == 8  # the server's setting

@@ -52,9 +52,13 @@ class SparseEmbedding(BaseModel):
 class EmbeddingItem(BaseModel):
     object: Literal["embedding"]
     index: int = Field(ge=0, description="position of the input (late chunking: of the chunk) in the request")
-    embedding: list[float] | str | SparseEmbedding = Field(
+    embedding: list[float] | str | SparseEmbedding | list[list[float]] = Field(
         description="float list, or base64 of little-endian float32 with encoding_format=base64; "
-        "a SPLADE model's sparse vector (embedding_type sparse) as indices and values"
+        "a SPLADE model's sparse vector (embedding_type sparse) as indices and values; "
+        "embedding_type multivector: a list of vectors, or base64 of the whole [vectors, dim] matrix"
+    )
+    shape: list[int] | None = Field(
+        default=None, description="multivector: [vectors, dim] of the item's matrix (compressed: its bytes)"
     )
     num_tokens: int = Field(
         ge=1, description="tokens embedded (prompt included, after truncation; late chunking: the chunk's)"
@@ -103,6 +107,9 @@ class ModelCard(BaseModel):
     pooling: str | None = None
     normalize: bool | None = None
     prompt_names: list[str] | None = None
+    multivector_dimensions: int | None = Field(
+        default=None, description="a multi-vector model's vector width"
+    )
     pools: dict[str, Any] | None = Field(default=None, description="gateway only: its pools' state")
 
 

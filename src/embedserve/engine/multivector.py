@@ -99,21 +99,17 @@ class MultiVectorMixin(HeadMixin):
         head = self._mv_head()
         if side not in SIDES:
             raise InvalidInputError(f"input_type must be 'query' or 'document', got {side!r}")
-        if prompt_name is None and prompt is None and side in self.config.prompts:
-            prompt_name = side
-        text_prompt = self.resolve_prompt(prompt_name, prompt)
-        limit = self.config.scheduler.max_model_len
+        text_prompt = self.resolve_prompt(
+            head.side_prompt(side, prompt_name, prompt, self.config.prompts), prompt
+        )
+        max_len = head.side_limit(side, self.config.scheduler.max_model_len)
         expansion = head.expansion if side == "query" else None
-        side_limit = head.query_length if side == "query" else head.document_length
-        if expansion is not None and expansion.fixed:
-            side_limit = expansion.length
-        max_len = limit if side_limit is None else min(limit, side_limit)
         out: list[MultiVectorInput] = []
         for tok in self.tokenize(inputs, text_prompt, truncate, max_len):
             ids, keys = tok.token_ids, None
             if expansion is not None and len(ids) < expansion.length:
                 keys = None if expansion.attend else len(ids)
-                ids = ids + [expansion.token_id] * (expansion.length - len(ids))
+                ids = ids + [expansion.token_id] * (head.read_length(side, len(ids)) - len(ids))
                 tok = replace(tok, token_ids=ids)
             if keys is not None and self.config.model.is_causal:
                 raise InvalidInputError(

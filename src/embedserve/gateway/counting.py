@@ -20,6 +20,7 @@ from embedserve.api.routes import wrong_task
 from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter, text_items
 from embedserve.errors import InvalidInputError
 from embedserve.models.build import open_model
+from embedserve.models.multivector import load_multivector_head
 from embedserve.models.router import StaticQueries
 from embedserve.models.score_head import YES_NO, rerank_kind
 from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
@@ -47,6 +48,20 @@ class TokenCounter:
         # Inference-free SPLADE: its queries are counted as its static module reads them.
         queries = source.query_encoder
         self.static = None if queries is None else StaticQueries(queries, source.model.vocab_size)
+        # A multi-vector model: each side's prompt and a query's expansion (models/multivector.py).
+        mv = source.multivector
+        backend, hidden = self.tokenizer.backend, source.model.hidden_size
+        self.multivector = None if mv is None else load_multivector_head(mv, hidden, backend)
+
+    def count_multivector(
+        self, items: Sequence[Any], side: str, prompt_name: str | None, prompt: str | None
+    ) -> list[int]:
+        """Positions per input on `side` (its prompt, a query's expansion), as the pools read them."""
+        head = self.multivector
+        if head is None:  # the pool refuses it, naming the model
+            return self.count(items, self.resolve_prompt(prompt_name, prompt))
+        text_prompt = self.resolve_prompt(head.side_prompt(side, prompt_name, prompt, self.prompts), prompt)
+        return [head.read_length(side, n) for n in self.count(items, text_prompt)]
 
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
         """The engine's rules, shared with it (embedserve.tokenizer.resolve_prompt)."""
@@ -69,6 +84,11 @@ class TokenCounter:
 
     def count_pairs(self, query: str, documents: Sequence[str], instruction: str | None) -> list[int]:
         """Tokens per (query, document) pair, uncut; raises naming the first bad document."""
+        if (
+            self.rerank_kind is None and self.multivector is not None
+        ):  # MaxSim: the query beside each document
+            q = self.count_multivector([query], "query", None, None)[0]
+            return [q + n for n in self.count_multivector(documents, "document", None, None)]
         if self.rerank_kind is None:
             raise InvalidInputError(wrong_task(self.model_name, "embed"))
         out = []

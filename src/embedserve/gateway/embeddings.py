@@ -37,6 +37,9 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
         prompt = self.counter.resolve_prompt(self.req.prompt_name, self.req.prompt)
         if self.req.late_chunking:
             return self.counter.count(["".join(str(x) for x in self.items)], prompt)
+        if self.req.embedding_type == "multivector":  # each side's prompt, a query's expansion
+            side = self.req.input_type or "document"
+            return self.counter.count_multivector(self.items, side, self.req.prompt_name, self.req.prompt)
         if self.counter.static is not None and self.req.prompt_name == QUERY_PROMPT_NAME:
             return self.counter.count_static(self.items, prompt)  # inference-free SPLADE's queries
         return self.counter.count(self.items, prompt)

@@ -24,7 +24,12 @@ from tokenizers import Tokenizer as HFTokenizer
 from embedserve.config import PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
 from embedserve.models.lexical_head import LEXICAL_FILE
-from embedserve.models.multivector import MULTIVECTOR_MODULES, multivector_root
+from embedserve.models.multivector import (
+    MULTIVECTOR_MODULES,
+    legacy_prefixes,
+    multivector_root,
+    register_prefixes,
+)
 from embedserve.models.registry import model_config_from_hf, sliding_window
 from embedserve.models.router import router_dirs
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
@@ -41,15 +46,18 @@ _ST_MODULES = ("Transformer", "Pooling", "Normalize", "MLMTransformer", "SpladeP
 class ModelFiles(ModelSource):
     tokenizer_file: Path
     weight_files: list[Path]
+    prefix_tokens: tuple[str, ...] = ()  # PyLate v3's query / document prefixes (models/multivector.py)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter_weights(self.weight_files)
 
     def tokenizer(self) -> HFTokenizer:
         try:
-            return HFTokenizer.from_file(str(self.tokenizer_file))
+            tokenizer = HFTokenizer.from_file(str(self.tokenizer_file))
         except Exception as e:  # tokenizers raises a bare Exception for malformed files
             raise ModelLoadError(f"cannot read tokenizer {self.tokenizer_file}: {e}") from e
+        register_prefixes(tokenizer, self.prefix_tokens)
+        return tokenizer
 
 
 def _read_json(path: Path) -> Any:
@@ -154,6 +162,8 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
     fallback = default_pooling(model)
     pool = override_pooling(_pooling_from_st(root, fallback.method) or fallback, pooling, normalize)
     prompts, default_prompt_name = _prompts(root)
+    prefixes = legacy_prefixes(root)  # PyLate v3: a side's prefix token, then its prompt text
+    prompts.update({side: p + prompts.get(side, "").removeprefix(p) for side, p in prefixes.items()})
     bert_cfg = root / "sentence_bert_config.json"
     max_seq = _read_json(bert_cfg).get("max_seq_length") if bert_cfg.exists() else None
     return ModelFiles(
@@ -169,6 +179,7 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
         multimodal=_multimodal(raw, root) if model.model_type == "qwen3_vl" else None,
         lexical_head=root / LEXICAL_FILE if (root / LEXICAL_FILE).exists() else None,
         multivector=multivector_root(root),
+        prefix_tokens=tuple(prefixes.values()),
     )
 
 

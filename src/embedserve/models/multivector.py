@@ -69,6 +69,28 @@ class MultiVectorHead:
         out = rows.float() @ self.weight.T
         return out if self.bias is None else out + self.bias
 
+    def side_prompt(
+        self, side: str, prompt_name: str | None, prompt: str | None, prompts: dict[str, str]
+    ) -> str | None:
+        """The prompt name an input of `side` uses when the request names none: the side's own
+        (sentence-transformers' encode_query / encode_document)."""
+        if prompt_name is None and prompt is None and side in prompts:
+            return side
+        return prompt_name
+
+    def side_limit(self, side: str, max_model_len: int) -> int:
+        """The most tokens an input of `side` may have (a fixed expansion's length for queries)."""
+        limit = self.query_length if side == "query" else self.document_length
+        if side == "query" and self.expansion is not None and self.expansion.fixed:
+            limit = self.expansion.length
+        return max_model_len if limit is None else min(max_model_len, limit)
+
+    def read_length(self, side: str, n: int) -> int:
+        """Positions the model reads for an input of `n` tokens on `side` (a query's expansion)."""
+        if side == "query" and self.expansion is not None:
+            return max(n, self.expansion.length)
+        return n
+
     def keeps(self, token_ids: list[int], side: str) -> list[bool]:
         """Which positions of a `side` input give a vector."""
         keep = [True] * len(token_ids)
@@ -88,6 +110,38 @@ def multivector_root(root: Path) -> Path | None:
     if _st_config(root).get("model_type") in ("ColBERT", "MultiVectorEncoder"):
         return root
     return None
+
+
+def legacy_prefixes(root: Path) -> dict[str, str]:
+    """PyLate v3's query / document prefixes ("[unused0]", "[Q] "): inserted as tokens when it was
+    trained; they become the side's prompt, the tokenizer taking each as one special token
+    (`register_prefixes`), which makes prepending the text the same as inserting the token."""
+    st = _st_config(root)
+    if st.get("model_type") != "ColBERT":
+        return {}
+    out = {}
+    for key, side in (("query_prefix", "query"), ("document_prefix", "document")):
+        if st.get(key):
+            out[side] = str(st[key])
+    return out
+
+
+def register_prefixes(tokenizer: HFTokenizer, prefixes: tuple[str, ...]) -> None:
+    """Each prefix the vocabulary has (whole, else its first word) that tokenizes into pieces
+    becomes one special token, as sentence-transformers' MultiVectorEncoder registers it."""
+    from tokenizers import AddedToken
+
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    added = []
+    for value in prefixes:
+        for prefix in (value, *value.split(None, 1)[:1]):
+            if prefix not in vocab:
+                continue
+            if tokenizer.encode(prefix, add_special_tokens=False).tokens != [prefix]:
+                added.append(AddedToken(prefix, normalized=False, special=True))
+            break
+    if added:
+        tokenizer.add_special_tokens(added)
 
 
 def load_multivector_head(root: Path, hidden: int, tokenizer: HFTokenizer) -> MultiVectorHead:

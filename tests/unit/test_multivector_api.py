@@ -1,0 +1,152 @@
+"""Multi-vectors as users call them: `POST /v1/embeddings` with `embedding_type: multivector`
+through the openai client (base64 on the wire) and plain JSON; `/v1/rerank` by MaxSim equal
+to MaxSim of the returned vectors; compressed vectors; the refusals, each naming the problem,
+with the server still answering."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from embedserve.api.quantize import quantize
+from embedserve.engine.multivector import maxsim
+from tests.helpers.fuzz import threaded_server
+from tests.helpers.inprocess import gateway_app, runtime_of, server_client
+from tests.helpers.tiny_multivector import build_colbert
+
+DOCS = ["Python is a programming language.", "The Spree flows through Berlin.", "Sorting lists in place."]
+
+
+@pytest.fixture(scope="module")
+def colbert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_colbert(tmp_path_factory.mktemp("colbert-api") / "c")
+
+
+def test_openai_client_and_json_get_the_engine_vectors(colbert: Path) -> None:
+    with server_client(colbert) as c, threaded_server(c.app) as base:
+        engine = runtime_of(c).engine
+        assert engine is not None
+        want = engine.embed_multivector(DOCS)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        resp = client.embeddings.create(model="c", input=DOCS, extra_body={"embedding_type": "multivector"})
+        body = c.post("/v1/embeddings", json={"input": DOCS, "embedding_type": "multivector"}).json()
+        b64 = c.post(
+            "/v1/embeddings",
+            json={"input": DOCS, "embedding_type": "multivector", "encoding_format": "base64"},
+        ).json()
+        plain = c.post("/v1/embeddings", json={"input": DOCS[0]})
+    for d, w in zip(resp.data, want, strict=True):
+        # the client decodes the base64 blob as flat float32: `shape` (kept as an extra field) restores it
+        got = np.array(d.embedding, dtype=np.float32).reshape(d.model_extra["shape"])
+        assert np.array_equal(got, w)
+    for d, e, w in zip(body["data"], b64["data"], want, strict=True):
+        assert np.array_equal(np.array(d["embedding"], dtype=np.float32), w)
+        blob = np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4").reshape(e["shape"])
+        assert np.array_equal(blob, w) and d["shape"] == [w.shape[0], 128] == e["shape"]
+        assert d["num_tokens"] >= w.shape[0] and d["truncated"] is False
+    assert body["model_version"] and body["embedding_schema"] == b64["embedding_schema"]
+    # a ColBERT model answers multi-vectors only, and says so
+    assert plain.status_code == 400 and "multivector" in plain.json()["error"]["message"]
+
+
+def test_query_side_dimensions_and_compressed_types(colbert: Path) -> None:
+    with server_client(colbert) as c:
+        engine = runtime_of(c).engine
+        assert engine is not None
+        query = c.post(
+            "/v1/embeddings",
+            json={"input": "what is python?", "embedding_type": "multivector", "input_type": "query"},
+        ).json()
+        assert query["data"][0]["shape"] == [32, 128]  # expanded to the model's query length
+        want = engine.embed_multivector(DOCS[0], dimensions=32)[0]
+        for kind in ("int8", "binary"):
+            got = c.post(
+                "/v1/embeddings",
+                json={
+                    "input": DOCS[0],
+                    "embedding_type": "multivector",
+                    "multivector_dtype": kind,
+                    "dimensions": 32,
+                },
+            ).json()
+            expect = quantize(want, kind, runtime_of(c).service.calibration)  # type: ignore[union-attr]
+            assert np.array_equal(np.array(got["data"][0]["embedding"]), expect)
+            assert got["data"][0]["shape"] == list(expect.shape)
+        schemas = {
+            c.post(
+                "/v1/embeddings", json={"input": DOCS[0], "embedding_type": "multivector", **extra}
+            ).json()["embedding_schema"]
+            for extra in ({}, {"multivector_dtype": "int8"}, {"dimensions": 32})
+        }
+        assert len(schemas) == 3
+        model = c.get("/v1/models").json()["data"][0]
+        assert model["dimensions"] == 128 and model["multivector_dimensions"] == 128
+
+
+def test_rerank_by_maxsim_equals_the_vectors(colbert: Path) -> None:
+    with server_client(colbert) as c:
+        engine = runtime_of(c).engine
+        assert engine is not None
+        query = "Which river flows through Berlin?"
+        q = engine.embed_multivector(query, input_type="query")[0]
+        docs = engine.embed_multivector(DOCS)
+        resp = c.post("/v1/rerank", json={"query": query, "documents": DOCS, "top_n": 2})
+        assert resp.status_code == 200, resp.text
+        results = resp.json()["results"]
+    want = sorted(((maxsim(q, d), i) for i, d in enumerate(docs)), key=lambda x: (-x[0], x[1]))[:2]
+    assert [r["index"] for r in results] == [i for _, i in want]
+    for r, (score, _) in zip(results, want, strict=True):
+        assert r["relevance_score"] == pytest.approx(score, rel=1e-6)
+
+
+def test_refusals_name_the_problem_and_the_server_keeps_answering(colbert: Path, qwen3_dir: Path) -> None:
+    with server_client(colbert, max_output_vectors=20) as c:
+        cases = [
+            ({"input": DOCS, "embedding_type": "multivector"}, 413, "--max-output-vectors"),
+            ({"input": DOCS[0], "embedding_type": "multivector", "dimensions": 129}, 400, "dimensions"),
+            ({"input": DOCS[0], "input_type": "query"}, 422, "embedding_type 'multivector'"),
+            ({"input": DOCS[0], "embedding_type": "multivector", "input_type": "passage"}, 422, "input_type"),
+            ({"input": DOCS, "embedding_type": "multivector", "late_chunking": True}, 422, "late_chunking"),
+        ]
+        for body, status, words in cases:
+            resp = c.post("/v1/embeddings", json=body)
+            assert resp.status_code == status, (body, resp.text)
+            assert words in resp.json()["error"]["message"]
+        ok = c.post("/v1/embeddings", json={"input": DOCS[0], "embedding_type": "multivector"})
+        assert ok.status_code == 200 and ok.json()["data"][0]["shape"][0] <= 20
+    with server_client(qwen3_dir) as c:
+        resp = c.post("/v1/embeddings", json={"input": "hi", "embedding_type": "multivector"})
+        assert resp.status_code == 400 and "one vector per input" in resp.json()["error"]["message"]
+        assert c.post("/v1/embeddings", json={"input": "hi"}).status_code == 200
+
+
+def test_through_the_gateway_counts_each_side_and_reranks_whole(colbert: Path) -> None:
+    """The gateway counts a document with its side's prompt and a query with its expansion (no
+    count mismatch with the pools), places each input by that count and sends a MaxSim rerank
+    whole to one pool."""
+    long_doc = "The Spree flows through Berlin. " * 12
+    with server_client(colbert) as c:
+        direct = c.post("/v1/rerank", json={"query": "river", "documents": [*DOCS, long_doc]}).json()
+        with TestClient(gateway_app(c.app, colbert)) as g:
+            docs = g.post(
+                "/v1/embeddings", json={"input": [DOCS[0], long_doc], "embedding_type": "multivector"}
+            )
+            query = g.post(
+                "/v1/embeddings",
+                json={"input": "river", "embedding_type": "multivector", "input_type": "query"},
+            )
+            rerank = g.post("/v1/rerank", json={"query": "river", "documents": [*DOCS, long_doc]})
+            mismatches = g.get("/metrics").text
+    assert docs.status_code == 200 and [d["pool"] for d in docs.json()["data"]] == ["short", "long"]
+    assert query.json()["data"][0]["shape"] == [32, 128]
+    assert rerank.status_code == 200 and rerank.json()["results"] == direct["results"]
+    assert not [
+        line
+        for line in mismatches.splitlines()
+        if line.startswith("embedserve_gateway_count_mismatches") and not line.endswith(" 0.0")
+    ]
