@@ -9,12 +9,19 @@ alternate over `--rounds` (medians): documents/s and tokens computed per second.
 
     python benchmarks/late_chunking.py                      # the default model (MiniLM, 512)
     python benchmarks/late_chunking.py --model DIR --window 8192 --chunk-tokens 256
+    python benchmarks/late_chunking.py --multivector        # + a ColBERT arm (MaxSim)
+
+`--multivector` adds a third arm: a multi-vector model (`--colbert DIR`, default: MiniLM's
+encoder with a seeded random Dense(384 -> 128), tests/helpers/tiny_multivector.py; not a
+trained ColBERT) embeds the same chunks on the document side, a query on the query side
+(expanded to 32 tokens); a document scores MaxSim over all its chunks' token vectors.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -49,9 +56,31 @@ def embed_late(engine: Engine, windows: list[list[Window]]) -> tuple[list[np.nda
     return out, engine.stats()["tokens_computed"] - before
 
 
-def retrieval(queries: np.ndarray, docs: list[np.ndarray], k: int = 10) -> dict[str, float]:
-    """Known-item retrieval (query i's document is document i), a document as its best chunk."""
-    scores = np.stack([(queries @ d.T).max(axis=1) for d in docs], axis=1)  # [queries, docs]
+def embed_multivector(engine: Engine, docs: list[list[Chunk]]) -> tuple[list[np.ndarray], int]:
+    """Each document as all its chunks' token vectors (document side), chunks embedded alone."""
+    out, tokens = [], 0
+    for chunks in docs:
+        items = engine.tokenize_multivector([c.text for c in chunks], "document", truncate="end")
+        futures = engine.submit_multivector(items)
+        out.append(np.concatenate([f.result().vector.numpy() for f in futures]))
+        tokens += sum(len(i.tokenized.token_ids) for i in items)
+    return out, tokens
+
+
+def maxsim_scores(queries: list[np.ndarray], docs: list[np.ndarray]) -> np.ndarray:
+    """[queries, docs] MaxSim: each query vector's best document vector, summed."""
+    return np.stack([[float((q @ d.T).max(axis=1).sum()) for d in docs] for q in queries])
+
+
+def retrieval(
+    queries: np.ndarray | list[np.ndarray], docs: list[np.ndarray], k: int = 10
+) -> dict[str, float]:
+    """Known-item retrieval (query i's document is document i), a document as its best chunk
+    (multi-vector queries: MaxSim over the document's token vectors)."""
+    if isinstance(queries, list):
+        scores = maxsim_scores(queries, docs)
+    else:
+        scores = np.stack([(queries @ d.T).max(axis=1) for d in docs], axis=1)  # [queries, docs]
     ranks = (scores > scores.diagonal()[:, None]).sum(axis=1)  # 0 = first
     return {
         f"nDCG@{k}": float(np.mean(np.where(ranks < k, 1 / np.log2(ranks + 2), 0.0))),
@@ -69,6 +98,9 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=None, help="engine max_model_len (MiniLM: 512)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", type=int, default=2048, help="engine token budget")
+    ap.add_argument("--multivector", action="store_true", help="add the multi-vector (MaxSim) arm")
+    ap.add_argument("--colbert", type=Path, default=Path("/tmp/embedserve-bench-colbert"),
+                    help="the multi-vector model's directory (built there if absent)")  # fmt: skip
     args = ap.parse_args()
     model = args.model or default_model_path()
     pairs = topic_pairs()
@@ -95,15 +127,30 @@ def main() -> None:
                 else:
                     vectors[arm], tokens[arm] = embed_independent(engine, docs)
                 times[arm].append(time.perf_counter() - start)
+    arms = ["independent", "late"]
+    if args.multivector:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test fixtures' builder
+        from tests.helpers.tiny_multivector import build_colbert
+
+        arms.append("multivector")
+        times["multivector"] = []
+        with Engine.from_pretrained(
+            build_colbert(args.colbert), max_num_batched_tokens=args.budget
+        ) as colbert:
+            mv_queries = colbert.embed_multivector(query_texts, input_type="query", truncate="end")
+            for _ in range(args.rounds):
+                start = time.perf_counter()
+                vectors["multivector"], tokens["multivector"] = embed_multivector(colbert, docs)
+                times["multivector"].append(time.perf_counter() - start)
     n_chunks = sum(len(c) for c in docs)
     print(f"model {model}; {len(texts)} documents, {n_chunks} chunks of <= {args.chunk_tokens} tokens; "
           f"late windows of <= {window} content tokens ({sum(len(r) for r in runs)} requests); "
           f"{args.rounds} rounds, medians")  # fmt: skip
     print("| arm | documents/s | tokens computed | tokens/s | nDCG@10 | Recall@10 | Recall@1 | MRR |")
     print("|---|---|---|---|---|---|---|---|")
-    for arm in ("independent", "late"):
+    for arm in arms:
         t = statistics.median(times[arm])
-        m = retrieval(queries, vectors[arm])
+        m = retrieval(mv_queries if arm == "multivector" else queries, vectors[arm])
         quality = " | ".join(f"{m[k]:.4f}" for k in ("nDCG@10", "Recall@10", "Recall@1", "MRR"))
         print(f"| {arm} | {len(texts) / t:.2f} | {tokens[arm]:,} | {tokens[arm] / t:,.0f} | {quality} |")
     ratio = statistics.median(times["independent"]) / statistics.median(times["late"])

@@ -24,7 +24,7 @@ def build_colbert(dst: Path, *, attend: bool = False, length: int = 32, seed: in
     from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
 
     expansion = {"strategy": "fixed", "attend": attend, "length": length}
-    transformer = Transformer(str(minilm_dir()), query_expansion=expansion, document_length=180)  # type: ignore[arg-type]
+    transformer = Transformer(str(minilm_dir()), query_expansion=expansion, document_length=180)
     dense = Dense(
         384, 128, bias=False, activation_function=torch.nn.Identity(),
         module_input_name="token_embeddings", module_output_name="token_embeddings",
