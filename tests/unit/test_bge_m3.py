@@ -66,13 +66,18 @@ def test_one_pass_gives_both_as_the_reference(m3: Path) -> None:
 
     with Engine.from_pretrained(m3) as engine:
         tokenized = engine.tokenize(TEXTS)
-        dense, sparse, outputs = asyncio.run(engine.embed_dense_and_lexical_async(tokenized, dimensions=32))
+        one = asyncio.run(engine.embed_dense_and_lexical_async(tokenized, dimensions=32, multivector=True))
         steps = engine.stats()["steps"]
+        tokens = engine.embed_multivector(TEXTS, dimensions=32)  # a pass of their own
     want_dense, want_sparse = _reference(m3, [t.token_ids for t in tokenized])
     want_dense = torch.nn.functional.normalize(torch.from_numpy(want_dense[:, :32]), dim=-1).numpy()
-    np.testing.assert_allclose(dense, want_dense, atol=1e-5)  # Matryoshka 32, normalized after slicing
-    np.testing.assert_allclose(sparse, want_sparse, atol=1e-5)
-    assert steps == 1 and [o.num_tokens for o in outputs] == [len(t.token_ids) for t in tokenized]
+    np.testing.assert_allclose(one.dense, want_dense, atol=1e-5)  # Matryoshka 32, normalized after slicing
+    np.testing.assert_allclose(one.sparse, want_sparse, atol=1e-5)
+    assert one.multivector is not None
+    for got, want, t in zip(one.multivector, tokens, tokenized, strict=True):
+        assert got.shape == (len(t.token_ids) - 1, 32)  # every token but CLS
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    assert steps == 1 and [o.num_tokens for o in one.outputs] == [len(t.token_ids) for t in tokenized]
 
 
 def test_the_routes_serve_both_kinds(m3: Path) -> None:
@@ -91,5 +96,14 @@ def test_the_routes_serve_both_kinds(m3: Path) -> None:
         both = c.post("/v2/embed", json={"texts": TEXTS, "embedding_types": ["float", "sparse"]}).json()
         assert both["embeddings"]["float"] == [d["embedding"] for d in dense["data"]]  # one pass, both
         assert [e["indices"] for e in both["embeddings"]["sparse"]] == indices
+        every = c.post(
+            "/v2/embed", json={"texts": TEXTS, "embedding_types": ["float", "sparse", "multivector"]}
+        )
+        multi = c.post("/v1/embeddings", json={"input": TEXTS, "embedding_type": "multivector"}).json()
+        assert every.json()["embeddings"]["float"] == both["embeddings"]["float"]
+        assert every.json()["embeddings"]["sparse"] == both["embeddings"]["sparse"]
+        for got, want in zip(every.json()["embeddings"]["multivector"], multi["data"], strict=True):
+            np.testing.assert_allclose(np.array(got), np.array(want["embedding"]), atol=1e-6)
+        assert every.json()["embedding_schemas"]["multivector"] == multi["embedding_schema"]
         dims = c.post("/v1/embeddings", json={"input": "x", "embedding_type": "sparse", "dimensions": 8})
         assert dims.status_code == 400 and "dimensions" in dims.json()["error"]["message"]

@@ -88,6 +88,25 @@ def test_query_side_dimensions_and_compressed_types(colbert: Path) -> None:
         assert model["dimensions"] == 128 and model["multivector_dimensions"] == 128
 
 
+def test_cohere_v2_embed_gives_the_token_vectors_of_each_side(colbert: Path, qwen3_dir: Path) -> None:
+    with server_client(colbert) as c:
+        engine = runtime_of(c).engine
+        assert engine is not None
+        query = c.post("/v2/embed", json={"texts": ["river"], "input_type": "search_query",
+                                          "embedding_types": ["multivector"]}).json()  # fmt: skip
+        docs = c.post("/v2/embed", json={"texts": DOCS, "embedding_types": ["multivector"]}).json()
+        mixed = c.post("/v2/embed", json={"texts": DOCS, "embedding_types": ["float", "multivector"]})
+        want_query = engine.embed_multivector("river", input_type="query")[0]
+        want_docs = engine.embed_multivector(DOCS)
+    assert np.array_equal(np.array(query["embeddings"]["multivector"][0], dtype=np.float32), want_query)
+    for got, want in zip(docs["embeddings"]["multivector"], want_docs, strict=True):
+        np.testing.assert_allclose(np.array(got), want, atol=1e-6)
+    assert mixed.status_code == 400 and "['multivector'] only" in mixed.json()["error"]["message"]
+    with server_client(qwen3_dir) as c:
+        resp = c.post("/v2/embed", json={"texts": ["hi"], "embedding_types": ["float", "multivector"]})
+        assert resp.status_code == 400 and "one vector per input" in resp.json()["error"]["message"]
+
+
 def test_rerank_by_maxsim_equals_the_vectors(colbert: Path) -> None:
     with server_client(colbert) as c:
         engine = runtime_of(c).engine
@@ -141,9 +160,12 @@ def test_through_the_gateway_counts_each_side_and_reranks_whole(colbert: Path) -
                 json={"input": "river", "embedding_type": "multivector", "input_type": "query"},
             )
             rerank = g.post("/v1/rerank", json={"query": "river", "documents": [*DOCS, long_doc]})
+            v2 = g.post("/v2/embed", json={"texts": ["river"], "input_type": "search_query",
+                                           "embedding_types": ["multivector"]})  # fmt: skip
             mismatches = g.get("/metrics").text
     assert docs.status_code == 200 and [d["pool"] for d in docs.json()["data"]] == ["short", "long"]
     assert query.json()["data"][0]["shape"] == [32, 128]
+    assert v2.status_code == 200 and len(v2.json()["embeddings"]["multivector"][0]) == 32
     assert rerank.status_code == 200 and rerank.json()["results"] == direct["results"]
     assert not [
         line

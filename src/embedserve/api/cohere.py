@@ -30,8 +30,9 @@ from embedserve.api.protocol import EmbeddingRequest
 from embedserve.api.quantize import Calibration, quantize, to_base64
 from embedserve.api.sparse import sparse_item
 
-# "sparse" (ours): a SPLADE model's vectors as {"indices", "values"} (api/sparse.py), alone
-CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64", "sparse"]
+# "sparse" (ours): a SPLADE model's vectors as {"indices", "values"} (api/sparse.py), alone;
+# "multivector" (ours): a multi-vector model's vectors per text (a list of float lists)
+CohereType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64", "sparse", "multivector"]
 InputType = Literal["search_query", "search_document", "classification", "clustering"]
 
 PROMPT_NAMES: dict[str, tuple[str, ...]] = {
@@ -82,12 +83,22 @@ def quantized_type(kind: str) -> str:
 
 
 def embeddings_by_type(
-    vectors: np.ndarray, kinds: list[str], calibration: Calibration, sparse: np.ndarray | None = None
+    vectors: np.ndarray | None,
+    kinds: list[str],
+    calibration: Calibration,
+    sparse: np.ndarray | None = None,
+    multivector: list[np.ndarray] | None = None,
 ) -> dict[str, list[Any]]:
     """Each type's vectors from the float `vectors`; `sparse`: vocabulary-sized rows beside them
-    (BGE-M3's lexical weights from the same pass), else `vectors` themselves are (SPLADE)."""
+    (BGE-M3's lexical weights from the same pass), else `vectors` themselves are (SPLADE);
+    `multivector`: each text's token vectors (a ColBERT model's, or BGE-M3's from the same pass)."""
     out: dict[str, list[Any]] = {}
     for kind in dict.fromkeys(kinds):  # each type once, in the order asked
+        if kind == "multivector":
+            assert multivector is not None, "the route computes multi-vectors when asked for them"
+            out[kind] = [m.tolist() for m in multivector]
+            continue
+        assert vectors is not None, "a multi-vector-only answer has no other type"
         if kind == "sparse":  # the vocabulary-sized rows' non-zero entries
             out[kind] = [sparse_item(v) for v in (vectors if sparse is None else sparse)]
             continue

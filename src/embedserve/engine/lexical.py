@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,37 +16,57 @@ import torch
 from embedserve.config import PoolingMethod
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop, gather_all, wait_all
+from embedserve.engine.multivector import MultiVectorMixin
 from embedserve.engine.outputs import EmbeddingOutput, output_of
-from embedserve.engine.rerank import HeadMixin
 from embedserve.errors import InternalEngineError, InvalidInputError
 from embedserve.models.lexical_head import LexicalHead
 from embedserve.pooling.head import apply_head
+from embedserve.pooling.multivector import MultiVectorState
 from embedserve.pooling.state import PoolingState
 from embedserve.request import Request
 from embedserve.tokenizer import Tokenized
 
 
 class DenseAndLexical(PoolingState):
-    """One pass, both of BGE-M3's vectors: the lexical fold over every row, and the CLS row kept
-    (position 0) for the dense vector; `finish` returns [CLS row | lexical weights]."""
+    """One pass, all of BGE-M3's vectors: the lexical fold over every row, the CLS row kept
+    (position 0) for the dense vector, and with `multivector` its token vectors (positions 1..);
+    `finish` returns [CLS row | lexical weights | the token vectors, flattened]."""
+
+    multivector: MultiVectorState | None = None
 
     def reset(self) -> None:
         super().reset()
         self._cls: torch.Tensor | None = None
+        if self.multivector is not None:
+            self.multivector.reset()
 
     def update(self, start: int, n: int, rows: torch.Tensor) -> None:
         if start == 0 and rows.shape[0]:
             self._cls = rows[0].float().clone()
+        if self.multivector is not None:  # every row of the chunk is here (the lexical fold's)
+            lo, hi = self.multivector.rows(start, n)
+            self.multivector.update(start, n, rows[lo:hi])
         super().update(start, n, rows)
 
     def finish(self) -> torch.Tensor:
         lexical = super().finish()
         if self._cls is None:
             raise InternalEngineError("the CLS row was never pooled")
-        return torch.cat([self._cls, lexical])
+        tokens = [] if self.multivector is None else [self.multivector.finish().flatten()]
+        return torch.cat([self._cls, lexical, *tokens])
 
 
-class LexicalMixin(HeadMixin):
+@dataclass(frozen=True)
+class OnePass:
+    """BGE-M3's vectors of the same inputs from one pass."""
+
+    dense: np.ndarray  # [n, dimensions]
+    sparse: np.ndarray  # [n, vocab] lexical weights
+    multivector: list[np.ndarray] | None  # each input's [vectors, dim], when asked
+    outputs: list[EmbeddingOutput]  # timings, token counts
+
+
+class LexicalMixin(MultiVectorMixin):  # BGE-M3's one pass includes its token vectors
     lexical_head: LexicalHead | None
     name: str
     _loop: EngineLoop
@@ -102,26 +123,43 @@ class LexicalMixin(HeadMixin):
         dimensions: int | None = None,
         normalize: bool | None = None,
         priority: str = "online",
-    ) -> tuple[np.ndarray, np.ndarray, list[EmbeddingOutput]]:
+        multivector: bool = False,
+    ) -> OnePass:
         """BGE-M3's dense vectors (its CLS rows, sliced to `dimensions`, normalized as its pooling
-        says unless `normalize`) and its lexical weights (unnormalized) from one pass; the
-        outputs carry the timings."""
+        says unless `normalize`), its lexical weights (unnormalized) and with `multivector` its
+        token vectors (sliced to `dimensions`, normalized) from one pass; the outputs carry the
+        timings."""
         head = self.lexical_head
-        if head is None or self.config.pooling.method is not PoolingMethod.CLS:
-            raise InvalidInputError(
-                f"model {self.name} does not give dense and lexical vectors from one pass"
-            )
+        tokens = self.multivector_head if multivector else None
+        if (
+            head is None
+            or self.config.pooling.method is not PoolingMethod.CLS
+            or (multivector and tokens is None)
+        ):
+            raise InvalidInputError(f"model {self.name} does not give BGE-M3's vectors from one pass")
         self.check_dimensions(dimensions)
         requests = self._lexical_requests(tokenized, head, False, priority, DenseAndLexical)
+        chunk = self.config.scheduler.deterministic_chunk
+        if tokens is not None:
+            self.check_vector_dimensions(dimensions)
+            for req in requests:
+                keep = tokens.keeps(req.token_ids, "document")
+                state = MultiVectorState(tokens, keep, chunk, dimensions, tokens.normalize)
+                req.pooling.multivector = state  # type: ignore[attr-defined]  # a DenseAndLexical
         done = await gather_all(self._loop.submit(requests))
         outputs = [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
-        hidden = self.config.model.hidden_size
+        hidden, vocab = self.config.model.hidden_size, self.config.model.vocab_size
         norm = self.config.pooling.normalize if normalize is None else normalize
         dense = [
             apply_head(torch.from_numpy(o.embedding[:hidden].copy()), dimensions, norm).numpy()
             for o in outputs
         ]
-        return np.stack(dense), np.stack([o.embedding[hidden:] for o in outputs]), outputs
+        sparse = np.stack([o.embedding[hidden : hidden + vocab] for o in outputs])
+        width = dimensions or (0 if tokens is None else tokens.dim)
+        multi = (
+            None if tokens is None else [o.embedding[hidden + vocab :].reshape(-1, width) for o in outputs]
+        )
+        return OnePass(np.stack(dense), sparse, multi, outputs)
 
     async def embed_lexical_tokenized_async(
         self, tokenized: list[Tokenized], *, priority: str = "online", normalize: bool | None = None

@@ -38,6 +38,10 @@ class CohereEmbedJob(Job[CohereEmbedRequest]):
         self.counter = gw.counter
 
     def count(self) -> list[int]:
+        head = self.counter.multivector
+        if head is not None and head.only:  # a ColBERT model: each text on its side
+            side = "query" if self.req.input_type == "search_query" else "document"
+            return self.counter.count_multivector(self.inner.items, side, None, None)
         prompt = self.counter.resolve_prompt(self.inner.prompt_name, self.inner.prompt)
         return self.counter.count(self.inner.items, prompt)
 

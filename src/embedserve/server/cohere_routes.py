@@ -1,6 +1,9 @@
 """`POST /v2/embed` (Cohere's embed API) on the serving template: the work of `/v1/embeddings`
 (prompt from `input_type`, truncation: `CohereEmbedRequest.to_embedding_request`), the vectors
-in every requested type with a schema per type; the shapes are in api/cohere.py."""
+in every requested type with a schema per type; the shapes are in api/cohere.py.
+
+`"multivector"` (ours): a ColBERT model's token vectors (that type alone; `search_query` is its
+query side), or BGE-M3's beside its dense and sparse vectors, all from one pass."""
 
 from __future__ import annotations
 
@@ -10,9 +13,12 @@ from typing import Any
 import numpy as np
 
 from embedserve.api.cohere import CohereEmbedRequest, cohere_body, embeddings_by_type, quantized_type
+from embedserve.api.protocol import ApiError
 from embedserve.api.routes import COHERE_EMBED
+from embedserve.engine.multivector import MultiVectorInput
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.server.embeddings_routes import EmbeddingsJob
+from embedserve.server.multivector_routes import MULTIVECTOR, check_vector_count, multivector_type
 from embedserve.server.pipeline import Computed, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized
@@ -22,39 +28,81 @@ class CohereEmbedJob(EmbeddingsJob):
     def __init__(self, svc: EmbeddingService, req: CohereEmbedRequest) -> None:
         super().__init__(svc, req.to_embedding_request(svc.engine.config.prompts))
         self.cohere = req
+        self.lexical: np.ndarray | None = None
+        self.multivector: list[np.ndarray] | None = None
+        self.tokens: list[MultiVectorInput] | None = None  # a ColBERT model's inputs
 
     def tokenize(self) -> list[Tokenized]:
-        req = self.cohere
+        req, engine = self.cohere, self.svc.engine
         kinds = [quantized_type(k) for k in req.embedding_types]
-        self.svc.check_types(kinds, req.output_dimension, one_pass=True)
-        self.both = "sparse" in kinds and len(set(kinds)) > 1  # BGE-M3: dense and sparse, one pass
-        self.lexical: np.ndarray | None = None
+        self.multi = MULTIVECTOR in kinds
+        head = engine.multivector_head
+        if self.multi and head is None:
+            raise ApiError(
+                400,
+                f"model {self.svc.metadata.model} gives one vector per input: embedding_types "
+                "'multivector' needs a multi-vector model (ColBERT, BGE-M3 with colbert_linear.pt)",
+            )
+        if head is not None and head.only:  # ColBERT: its token vectors, on the input type's side
+            if kinds != [MULTIVECTOR]:
+                raise ApiError(
+                    400, f"model {self.svc.metadata.model} answers embedding_types ['multivector'] only"
+                )
+            side = "query" if req.input_type == "search_query" else "document"
+            self.tokens = engine.tokenize_multivector(list(req.texts), side, truncate=self.req.truncate)
+            engine.check_vector_dimensions(req.output_dimension)
+            check_vector_count(self.svc, sum(i.num_vectors for i in self.tokens))
+            return [i.tokenized for i in self.tokens]
+        others = [k for k in kinds if k != MULTIVECTOR]
+        self.svc.check_types(others or ["float"], req.output_dimension, one_pass=True)
+        # BGE-M3: dense and sparse (and its token vectors), one pass
+        self.both = ("sparse" in kinds and len(set(kinds)) > 1) or self.multi
         if self.both:  # the sparse side's checks; the dense side's dimensions apply
-            return self.svc.engine.tokenize(list(req.texts), self.prompt(), self.req.truncate)
+            tokenized = engine.tokenize(list(req.texts), self.prompt(), self.req.truncate)
+            if head is not None and self.multi:
+                check_vector_count(self.svc, sum(sum(head.keeps(t.token_ids, "document")) for t in tokenized))
+            return tokenized
         return super().tokenize()
 
     def prompt(self) -> str:
         return self.svc.engine.resolve_prompt(self.req.prompt_name, self.req.prompt)
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
+        req, engine = self.cohere, self.svc.engine
+        if self.tokens is not None:
+            out = await engine.embed_multivector_tokenized_async(
+                self.tokens, dimensions=req.output_dimension, priority=self.req.priority
+            )
+            self.multivector = [o.embedding for o in out]
+            return out
         if not self.both:
             return await super().run(tokenized)
-        req = self.cohere
-        dense, self.lexical, outputs = await self.svc.engine.embed_dense_and_lexical_async(
-            tokenized, dimensions=req.output_dimension, priority=self.req.priority
+        one = await engine.embed_dense_and_lexical_async(
+            tokenized, dimensions=req.output_dimension, priority=self.req.priority, multivector=self.multi
         )
-        return [dataclasses.replace(o, embedding=d) for o, d in zip(outputs, dense, strict=True)]
+        self.lexical, self.multivector = one.sparse, one.multivector
+        return [dataclasses.replace(o, embedding=d) for o, d in zip(one.outputs, one.dense, strict=True)]
 
     def body(self, done: Computed) -> dict[str, Any]:
         req, svc = self.cohere, self.svc
         meta = svc.metadata
+        head = svc.engine.multivector_head
+        width = req.output_dimension or (None if head is None else head.dim)
         schemas = {
-            k: meta.schema(req.output_dimension, None, svc.schema_type(quantized_type(k)))
+            k: meta.schema(width, head.normalize if head else None, multivector_type("float"))
+            if k == MULTIVECTOR
+            else meta.schema(req.output_dimension, None, svc.schema_type(quantized_type(k)))
             for k in req.embedding_types
         }
         kind = "sparse" if svc.engine.sparse_head is not None else "float"  # a SPLADE model's: sparse
-        metadata = {**meta.fields(req.output_dimension, embedding_type=kind), "embedding_schemas": schemas}
-        vectors = embeddings_by_type(done.matrix(), list(req.embedding_types), svc.calibration, self.lexical)
+        if self.tokens is not None:
+            kind = multivector_type("float")
+        dimension = width if self.tokens is not None else req.output_dimension
+        normalize = head.normalize if head is not None and self.tokens is not None else None
+        metadata = {**meta.fields(dimension, normalize, kind), "embedding_schemas": schemas}
+        dense = None if self.tokens is not None else done.matrix()
+        kinds: list[str] = list(req.embedding_types)
+        vectors = embeddings_by_type(dense, kinds, svc.calibration, self.lexical, self.multivector)
         return cohere_body(req, vectors, done.n_tokens, metadata)
 
 

@@ -52,13 +52,7 @@ class MultiVectorJob(Job):
             prompt=req.prompt,
             truncate=req.truncate,
         )
-        n, limit = sum(i.num_vectors for i in self.items), svc.max_output_vectors
-        if n > limit:
-            raise ApiError(
-                413,
-                f"the answer would hold {n} vectors; this server answers at most {limit} per request "
-                "(--max-output-vectors): send fewer or shorter inputs",
-            )
+        check_vector_count(svc, sum(i.num_vectors for i in self.items))
         return [i.tokenized for i in self.items]
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
@@ -98,6 +92,17 @@ class MultiVectorJob(Job):
 
     def normalize(self) -> bool:
         return self.head().normalize if self.req.normalize is None else self.req.normalize
+
+
+def check_vector_count(svc: EmbeddingService, n: int) -> None:
+    """413 when an answer would hold more than --max-output-vectors vectors (never cut)."""
+    limit = svc.max_output_vectors
+    if n > limit:
+        raise ApiError(
+            413,
+            f"the answer would hold {n} vectors; this server answers at most {limit} per request "
+            "(--max-output-vectors): send fewer or shorter inputs",
+        )
 
 
 def multivector_type(kind: str) -> str:
