@@ -158,3 +158,12 @@ def compressed_schema(float_schema: str, embedding_type: str) -> str:
     if embedding_type == "float":
         return float_schema
     return "es1-" + hashlib.sha256(f"{float_schema}|type={embedding_type}".encode()).hexdigest()[:16]
+
+
+MULTIVECTOR = "multivector"
+
+
+def multivector_type(kind: str) -> str:
+    """The schema's type of multi-vectors (`kind`: float or a compressed type's key): never
+    shared with the model's single vectors."""
+    return MULTIVECTOR if kind == "float" else f"{MULTIVECTOR}/{kind}"

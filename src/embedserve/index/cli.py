@@ -79,6 +79,11 @@ def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -
         help="a SPLADE model beside the dense --model: a hybrid index (index --hybrid), search fuses both",
     )
     g.add_argument(
+        f"--{prefix}multivector",
+        action="store_true",
+        help="the model is a multi-vector (ColBERT) model: its token vectors as rows, searched by MaxSim",
+    )
+    g.add_argument(
         f"--{prefix}late-chunking",
         action="store_true",
         help="late chunking: each chunk pooled inside its document (windows of the model's input; "

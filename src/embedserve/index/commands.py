@@ -66,6 +66,7 @@ def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
         late_chunking=bool(opt("late-chunking")),
         sparse=bool(opt("sparse")),
         sparse_model=opt("sparse-model"),
+        multivector=bool(opt("multivector")),
     )
 
 

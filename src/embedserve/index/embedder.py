@@ -116,3 +116,4 @@ class EmbedderSpec:
     late_chunking: bool = False  # documents' chunks pooled inside their windows (index/late.py)
     sparse: bool = False  # the model is a SPLADE model: a sparse index (index/sparse.py)
     sparse_model: str | None = None  # a SPLADE model beside the dense one: a hybrid index
+    multivector: bool = False  # a multi-vector model's token vectors, MaxSim (index/multivector.py)

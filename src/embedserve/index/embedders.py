@@ -12,6 +12,8 @@ from embedserve.index.errors import StoreError
 
 
 def build_embedder(spec: EmbedderSpec) -> Embedder:
+    if spec.multivector:
+        return _multivector_embedder(spec)
     if spec.sparse or spec.sparse_model is not None:
         return _sparse_embedder(spec)
     inner = _float_embedder(spec)
@@ -30,6 +32,26 @@ def build_embedder(spec: EmbedderSpec) -> Embedder:
     except BaseException:
         inner.close()
         raise
+
+
+def _multivector_embedder(spec: EmbedderSpec) -> Embedder:
+    """--multivector: a multi-vector model in this process (token rows, MaxSim)."""
+    from embedserve.index.multivector import MultiVectorEmbedder
+
+    others = {
+        "--endpoint": spec.endpoint is not None, "--embedding-type": spec.embedding_type != "float",
+        "--late-chunking": spec.late_chunking, "--sparse": spec.sparse or spec.sparse_model is not None,
+    }  # fmt: skip
+    given = [flag for flag, on in others.items() if on]
+    if given:
+        raise StoreError(
+            f"--multivector stores a --model's float token vectors: {', '.join(given)} does not apply"
+        )
+    if spec.model is None:
+        raise ValueError("an embedder needs a model or an endpoint")
+    return MultiVectorEmbedder.load(  # type: ignore[return-value]  # its vectors are lists of rows
+        spec.model, spec.engine, spec.name, spec.model_version, spec.dimensions
+    )
 
 
 def _sparse_embedder(spec: EmbedderSpec) -> Embedder:
@@ -71,6 +93,12 @@ def _float_embedder(spec: EmbedderSpec, sparse: bool = False) -> Embedder:
         raise StoreError(
             f"{spec.model} is a SPLADE model: its vectors go in a sparse index (--sparse), or beside a "
             "dense model's (--hybrid --sparse-model)"
+        )
+    head = None if engine is None else engine.multivector_head
+    if head is not None and head.only:
+        inner.close()
+        raise StoreError(
+            f"{spec.model} is a multi-vector (ColBERT) model: index and search it with --multivector"
         )
     return inner
 

@@ -26,6 +26,7 @@ from embedserve.index.documents import Document
 from embedserve.index.embedder import Embedder, VectorMeta
 from embedserve.index.errors import SchemaMismatchError, StoreError
 from embedserve.index.late import check_late_chunker, embed_late_rows, late_windows
+from embedserve.index.multivector import by_chunk, token_rows
 from embedserve.index.sparse import DENSE, SPARSE, vector_sources
 from embedserve.index.store import LIVE, MAX_TEXT_BYTES, SHADOW, Store, StoredChunk
 
@@ -91,6 +92,13 @@ def embed_stage(chunks: Batch, embedder: Embedder, stored_hashes: Mapping[str, s
                 rows[i] = row
             out[field] = rows
             continue
+        if getattr(source, "multivector", False):  # each chunk's [tokens, dim] (index/multivector.py)
+            matrices = np.empty(n, dtype=object)
+            matrices[:] = [np.zeros((0, source.dimension), dtype=np.float32) for _ in range(n)]
+            for i, m in zip(todo, source.embed_documents(texts) if todo else [], strict=True):
+                matrices[i] = m
+            out[field] = matrices
+            continue
         vectors = np.zeros((n, source.dimension), dtype=np.float32)
         if todo and "window" in chunks:  # late chunking: each chunk's row of its window's request
             vectors[todo] = embed_late_rows(chunks, todo, source)
@@ -125,38 +133,47 @@ class Writer:
         meta: VectorMeta,
         stored: Mapping[str, StoredChunk],
         bar: tqdm[Any],
+        token_rows: Mapping[str, list[str]] | None = None,
     ) -> None:
         self.store = store
         self.collection = collection
         self.meta = meta.fields()
         self.stored = stored
+        # A multi-vector index: each chunk's stored token row ids (index/multivector.py).
+        self.token_rows = token_rows
         self.bar = bar
         self.last_idx: dict[str, int] = {}
         self.stats = IndexStats(collection)
 
     def write(self, batch: Batch) -> None:
-        rows = []
+        rows, stale, embedded = [], [], 0
         for i in range(len(batch["id"])):
             self.last_idx[str(batch["doc_id"][i])] = int(batch["last_idx"][i])
             if not batch["embedded"][i]:
                 continue
+            embedded += 1
             vectors = {f: batch[f][i] for f in (DENSE, SPARSE) if f in batch}
-            rows.append(
-                {
-                    "id": str(batch["id"][i]),
-                    **{f: v if f == SPARSE else v.tolist() for f, v in vectors.items()},
-                    "doc_id": str(batch["doc_id"][i]),
-                    "chunk_idx": int(batch["chunk_idx"][i]),
-                    "text": str(batch["text"][i]),
-                    "text_hash": str(batch["text_hash"][i]),
-                    **self.meta,
-                }
-            )
+            row = {
+                "id": str(batch["id"][i]),
+                **{f: v if f == SPARSE else v.tolist() for f, v in vectors.items()},
+                "doc_id": str(batch["doc_id"][i]),
+                "chunk_idx": int(batch["chunk_idx"][i]),
+                "text": str(batch["text"][i]),
+                "text_hash": str(batch["text_hash"][i]),
+                **self.meta,
+            }
+            if self.token_rows is None:
+                rows.append(row)
+                continue
+            tokens = token_rows(row, vectors[DENSE])
+            rows += tokens
+            stale += self.token_rows.get(row["id"], [])[len(tokens) :]  # the chunk's old extra tokens
         self.store.upsert(self.collection, rows)
+        self.store.delete(self.collection, stale)
         n = len(batch["id"])
         self.stats.chunks += n
-        self.stats.embedded += len(rows)
-        self.stats.skipped += n - len(rows)
+        self.stats.embedded += embedded
+        self.stats.skipped += n - embedded
         self.bar.update(n)
 
     def finish(self) -> IndexStats:
@@ -165,6 +182,8 @@ class Writer:
             for cid, s in self.stored.items()
             if s.doc_id in self.last_idx and s.chunk_idx > self.last_idx[s.doc_id]
         ]
+        if self.token_rows is not None:  # a multi-vector index: every token row of those chunks
+            stale = [rid for cid in stale for rid in self.token_rows.get(cid, [])]
         self.store.delete(self.collection, stale)
         # Unflushed rows sit in a growing segment that is searched slowly: seal after bulk loads.
         self.store.flush(self.collection)
@@ -251,12 +270,15 @@ def index_documents(
     fields = tuple(vector_sources(embedder))
     collection = open_collection(store, embedder.meta, embedder.dimension, role, fields)
     stored = store.stored_chunks(collection)
+    tokens = None
+    if getattr(embedder, "multivector", False):  # token rows, read as their chunks
+        stored, tokens = by_chunk(stored)
     hashes = {cid: s.text_hash for cid, s in stored.items()}
     chunks = chunk_stage(as_columns(list(docs)), chunker, embedder.meta.embedding_schema, late_budget)
     n = len(chunks["id"])
     # progress=None: a bar only on a terminal (tqdm's own rule).
     bar = tqdm(total=n, unit="chunk", desc="indexing", disable=None if progress is None else not progress)
-    writer = Writer(store, collection, embedder.meta, stored, bar)
+    writer = Writer(store, collection, embedder.meta, stored, bar, tokens)
     for start in range(0, n, batch_size):
         writer.write(embed_stage(slice_batch(chunks, start, start + batch_size), embedder, hashes))
     stats = writer.finish()

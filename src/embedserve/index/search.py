@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from embedserve.errors import InvalidInputError
 from embedserve.index.embedder import Embedder
 from embedserve.index.errors import SchemaMismatchError
+from embedserve.index.multivector import maxsim_search
 from embedserve.index.quantized import QuantizingEmbedder
 from embedserve.index.sparse import DENSE, SPARSE, Fusion, vector_sources
 from embedserve.index.store import LIVE, Hit, Store
@@ -53,6 +56,13 @@ def search(
     if fusion is not None and set(sources) != {DENSE, SPARSE}:
         raise InvalidInputError("--hybrid fuses a hybrid index's two rankings: pass --sparse-model too")
     collection = checked_collection(store, embedder, role)
+    if getattr(embedder, "multivector", False):  # token rows, ranked by exact MaxSim
+        if rescore:
+            raise InvalidInputError(
+                "rescoring applies to compressed indexes; a multi-vector one ranks by MaxSim"
+            )
+        vectors: list[np.ndarray] = embedder.embed_queries(queries)  # type: ignore[assignment]  # [tokens, dim] each
+        return maxsim_search(store, collection, vectors, k, filter_expr, depth)
     if set(sources) == {SPARSE}:
         return store.search(collection, sources[SPARSE].embed_queries(queries), k, filter_expr, field=SPARSE)
     if SPARSE in sources:

@@ -208,11 +208,13 @@ class Store:
     def flush(self, collection: str) -> None:
         self.client.flush(collection)
 
-    def rows(self, collection: str, filter_expr: str = "") -> list[dict[str, Any]]:
-        """Every row matching `filter_expr`, without vectors (for inspection and tests)."""
+    def rows(
+        self, collection: str, filter_expr: str = "", fields: Sequence[str] = ROW_FIELDS
+    ) -> list[dict[str, Any]]:
+        """Every row matching `filter_expr`: its `fields` (by default all but the vectors)."""
         self._load(collection)
         it = self.client.query_iterator(
-            collection, batch_size=_ID_BATCH, filter=filter_expr, output_fields=list(ROW_FIELDS)
+            collection, batch_size=_ID_BATCH, filter=filter_expr, output_fields=list(fields)
         )
         out: list[dict[str, Any]] = []
         try:

@@ -23,9 +23,9 @@ from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
 from embedserve.batch.http import add_batch_routes
 from embedserve.batch.online import running
+from embedserve.schema import multivector_type
 from embedserve.server.batch_api import server_batch_jobs
 from embedserve.server.metrics import ServerMetrics
-from embedserve.server.multivector_routes import multivector_type
 from embedserve.server.routes import add_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 from embedserve.server.serving import EmbeddingService

@@ -17,8 +17,9 @@ from embedserve.api.protocol import ApiError
 from embedserve.api.routes import COHERE_EMBED
 from embedserve.engine.multivector import MultiVectorInput
 from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.schema import MULTIVECTOR, multivector_type
 from embedserve.server.embeddings_routes import EmbeddingsJob
-from embedserve.server.multivector_routes import MULTIVECTOR, check_vector_count, multivector_type
+from embedserve.server.multivector_routes import check_vector_count
 from embedserve.server.pipeline import Computed, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized

@@ -15,7 +15,8 @@ from embedserve.api.routes import EMBEDDINGS
 from embedserve.api.sparse import sparse_item
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.late_long import LongPlan
-from embedserve.server.multivector_routes import MULTIVECTOR, MultiVectorJob
+from embedserve.schema import MULTIVECTOR
+from embedserve.server.multivector_routes import MultiVectorJob
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized

@@ -20,11 +20,10 @@ from embedserve.api.quantize import quantize, to_base64
 from embedserve.engine.multivector import MultiVectorInput
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.models.multivector import MultiVectorHead
+from embedserve.schema import multivector_type
 from embedserve.server.pipeline import Computed, Job
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized
-
-MULTIVECTOR = "multivector"
 
 
 class MultiVectorJob(Job):
@@ -103,11 +102,6 @@ def check_vector_count(svc: EmbeddingService, n: int) -> None:
             f"the answer would hold {n} vectors; this server answers at most {limit} per request "
             "(--max-output-vectors): send fewer or shorter inputs",
         )
-
-
-def multivector_type(kind: str) -> str:
-    """The schema's type of multi-vectors: never shared with the model's single vectors."""
-    return MULTIVECTOR if kind == "float" else f"{MULTIVECTOR}/{kind}"
 
 
 def encode_matrix(rows: np.ndarray, encoding_format: str) -> list[Any] | str:
