@@ -60,7 +60,8 @@ def decoder_colbert(src: Path, dst: Path, dim: int = 48, seed: int = 1) -> Path:
     for f in src.iterdir():
         if f.is_file() and f.name not in ("modules.json", "config_sentence_transformers.json"):
             shutil.copy(f, dst / f.name)
-    hidden = json.loads((src / "config.json").read_text())["hidden_size"]
+    config = json.loads((src / "config.json").read_text())
+    hidden = config.get("hidden_size") or config["text_config"]["hidden_size"]  # a Qwen3-VL's: its text's
     modules = [
         ("", "sentence_transformers.base.modules.transformer.Transformer"),
         ("1_Dense", "sentence_transformers.base.modules.dense.Dense"),

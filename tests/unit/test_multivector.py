@@ -148,14 +148,19 @@ def test_bge_m3_multivectors_equal_the_formula(tmp_path: Path) -> None:
             np.testing.assert_allclose(vecs, want.numpy(), atol=1e-5)
 
 
-def _decoder_reference(path: Path, ids: list[int], keep: list[bool]) -> np.ndarray:
+def _dense_formula(path: Path, rows: torch.Tensor) -> np.ndarray:
+    """A decoder ColBERT's vectors from its kept rows: Dense, then normalized."""
     from safetensors.torch import load_file
 
     dense = load_file(str(path / "1_Dense" / "model.safetensors"))
+    out = rows @ dense["linear.weight"].T + dense["linear.bias"]
+    return torch.nn.functional.normalize(out, dim=-1).numpy()
+
+
+def _decoder_reference(path: Path, ids: list[int], keep: list[bool]) -> np.ndarray:
     with torch.inference_mode():
         hidden = hf_model(str(path))(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
-        rows = hidden[torch.tensor(keep)] @ dense["linear.weight"].T + dense["linear.bias"]
-        return torch.nn.functional.normalize(rows, dim=-1).numpy()
+        return _dense_formula(path, hidden[torch.tensor(keep)])
 
 
 def test_decoder_multivectors_whole_chunked_and_through_the_lane(qwen3_dir: Path, tmp_path: Path) -> None:
@@ -224,3 +229,28 @@ def test_decoder_multivectors_are_bit_identical_across_budgets_when_deterministi
             outs.append(engine.embed_multivector(texts))
     for other in outs[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(outs[0], other, strict=True))
+
+
+def test_a_vision_language_model_with_a_dense_head_gives_text_and_image_token_vectors(
+    qwen3_vl_dir: Path, tmp_path: Path
+) -> None:
+    """ColQwen-style: Qwen3-VL + Dense. Every position of the chat-formatted input, image tokens
+    included, gives a vector: the formula on transformers' last_hidden_state (images through its
+    own processor)."""
+    from embedserve.embedders.vl import VLReference
+    from tests.helpers.tiny_vl import image
+
+    path = decoder_colbert(qwen3_vl_dir, tmp_path / "colqwen", dim=32)
+    pictures = [image(200, 150, seed=1), image(64, 96, seed=2)]
+    inputs = [["The chart below: ", pictures[0], " shows revenue."], [pictures[1]], ["text only, here."]]
+    with Engine.from_pretrained(path, max_num_batched_tokens=64) as engine:  # chunks cut around images
+        got = engine.embed_multivector(inputs)
+        items = engine.tokenize_multivector(inputs, "document")
+    ref = VLReference(path)
+    for vecs, item, parts in zip(got, items, inputs, strict=True):
+        images = [p for p in parts if not isinstance(p, str)]
+        kwargs = ref.image_inputs(images) if images else {}
+        hidden = ref.hidden_rows(torch.tensor([item.tokenized.token_ids]), kwargs)
+        want = _dense_formula(path, hidden[torch.tensor(item.keep)])
+        assert vecs.shape == want.shape and vecs.shape[0] > (20 if images else 5)
+        np.testing.assert_allclose(vecs, want, atol=1e-5)

@@ -6,6 +6,7 @@ with the server still answering."""
 from __future__ import annotations
 
 import base64
+import io
 from pathlib import Path
 
 import numpy as np
@@ -172,3 +173,28 @@ def test_through_the_gateway_counts_each_side_and_reranks_whole(colbert: Path) -
         for line in mismatches.splitlines()
         if line.startswith("embedserve_gateway_count_mismatches") and not line.endswith(" 0.0")
     ]
+
+
+def test_image_inputs_of_a_vision_language_multivector_model(qwen3_vl_dir: Path, tmp_path: Path) -> None:
+    """A content item with a data-URI image answers the vectors of every position, image tokens
+    included, equal to the engine's for the decoded image."""
+    from PIL import Image
+
+    from tests.helpers.tiny_multivector import decoder_colbert
+    from tests.helpers.tiny_vl import encoded, image
+
+    path = decoder_colbert(qwen3_vl_dir, tmp_path / "colqwen", dim=32)
+    png = encoded(image(128, 96, seed=1))
+    url = "data:image/png;base64," + base64.b64encode(png).decode()
+    content = [{"type": "text", "text": "a chart: "}, {"type": "image_url", "image_url": {"url": url}}]
+    with server_client(path) as c:
+        engine = runtime_of(c).engine
+        assert engine is not None
+        resp = c.post(
+            "/v1/embeddings", json={"input": [{"content": content}], "embedding_type": "multivector"}
+        )
+        assert resp.status_code == 200, resp.text
+        want = engine.embed_multivector([["a chart: ", Image.open(io.BytesIO(png)).convert("RGB")]])[0]
+    got = np.array(resp.json()["data"][0]["embedding"], dtype=np.float32)
+    assert got.shape == want.shape and got.shape[0] > 20
+    np.testing.assert_allclose(got, want, atol=1e-6)

@@ -77,23 +77,33 @@ class VLReference:
         text = self.prompt(parts, instruction) if text is None else text
         kwargs: dict[str, torch.Tensor] = {}
         if images:
-            feats = self.proc(images=images, return_tensors="pt")
-            grids = feats["image_grid_thw"]
-            counts = iter((grids.prod(-1) // self.proc.merge_size**2).tolist())
+            kwargs = self.image_inputs(images)
+            counts = iter((kwargs["image_grid_thw"].prod(-1) // self.proc.merge_size**2).tolist())
             while IMAGE_PAD in text:  # the processor's expansion: one pad per merged token
                 text = text.replace(IMAGE_PAD, "<|placeholder|>" * next(counts), 1)
             text = text.replace("<|placeholder|>", IMAGE_PAD)
-            kwargs = {"pixel_values": feats["pixel_values"].to(self.model.dtype), "image_grid_thw": grids}
         ids = torch.tensor([self.tok(text)["input_ids"]])
         return self.embed_ids(ids, kwargs)
 
+    def image_inputs(self, images: Sequence[Image.Image]) -> dict[str, torch.Tensor]:
+        """The processor's pixel values and grids of `images`, as the model takes them."""
+        feats = self.proc(images=list(images), return_tensors="pt")
+        return {
+            "pixel_values": feats["pixel_values"].to(self.model.dtype),
+            "image_grid_thw": feats["image_grid_thw"],
+        }
+
     def embed_ids(self, ids: torch.Tensor, kwargs: dict[str, torch.Tensor] | None = None) -> np.ndarray:
+        hidden = self.hidden_rows(ids, kwargs)[-1]
+        return torch.nn.functional.normalize(hidden, dim=-1).numpy()
+
+    def hidden_rows(self, ids: torch.Tensor, kwargs: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Every position's post-final-norm row of one input's expanded ids [1, T]: [T, hidden] float32."""
         kwargs = dict(kwargs or {})
         if "pixel_values" in kwargs:
             kwargs["mm_token_type_ids"] = torch.eq(ids, self.image_token_id).int()
         with torch.inference_mode():
-            hidden = self.model(input_ids=ids, **kwargs).last_hidden_state[0, -1].float()
-        return torch.nn.functional.normalize(hidden, dim=-1).numpy()
+            return self.model(input_ids=ids, **kwargs).last_hidden_state[0].float()
 
 
 def decoded(item: Parts) -> list[VLPart]:

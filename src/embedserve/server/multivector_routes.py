@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.api.multimodal import resolve_items
 from embedserve.api.protocol import ApiError, EmbeddingRequest, usage
 from embedserve.api.quantize import quantize, to_base64
 from embedserve.engine.multivector import MultiVectorInput
@@ -45,7 +46,7 @@ class MultiVectorJob(Job):
         engine.check_vector_dimensions(req.dimensions)
         svc.check_compressed([req.multivector_dtype], req.dimensions or engine.multivector_head.dim)
         self.items = engine.tokenize_multivector(
-            req.items,  # text or token ids (images are refused there)
+            resolve_items(req.items),  # text, token ids, or a multi-vector VL model's images
             req.input_type or "document",
             prompt_name=req.prompt_name,
             prompt=req.prompt,
