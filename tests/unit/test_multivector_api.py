@@ -87,6 +87,7 @@ def test_query_side_dimensions_and_compressed_types(colbert: Path) -> None:
         assert len(schemas) == 3
         model = c.get("/v1/models").json()["data"][0]
         assert model["dimensions"] == 128 and model["multivector_dimensions"] == 128
+        assert model["pooling"] == "multivector" and model["embedding_schema"] == schemas_of_float(c)
 
 
 def test_cohere_v2_embed_gives_the_token_vectors_of_each_side(colbert: Path, qwen3_dir: Path) -> None:
@@ -106,6 +107,12 @@ def test_cohere_v2_embed_gives_the_token_vectors_of_each_side(colbert: Path, qwe
     with server_client(qwen3_dir) as c:
         resp = c.post("/v2/embed", json={"texts": ["hi"], "embedding_types": ["float", "multivector"]})
         assert resp.status_code == 400 and "one vector per input" in resp.json()["error"]["message"]
+
+
+def schemas_of_float(c: TestClient) -> str:
+    """The schema of the model's plain multi-vectors, as an answer carries it."""
+    body = {"input": DOCS[0], "embedding_type": "multivector"}
+    return str(c.post("/v1/embeddings", json=body).json()["embedding_schema"])
 
 
 def test_rerank_by_maxsim_equals_the_vectors(colbert: Path) -> None:

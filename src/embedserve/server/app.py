@@ -149,7 +149,7 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
         "dimensions": head.dim if head is not None and head.only else meta.hidden_size,
         **({} if head is None else {"multivector_dimensions": head.dim}),
         "max_model_len": meta.max_model_len,
-        "pooling": pooling.method.value,
+        "pooling": "multivector" if head is not None and head.only else pooling.method.value,
         "normalize": pooling.normalize,
         "prompt_names": sorted(service.engine.config.prompts),
     }
