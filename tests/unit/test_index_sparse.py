@@ -22,6 +22,7 @@ from embedserve.index.sparse import Fusion, HybridEmbedder, SparseEmbedder
 from embedserve.index.store import Store
 from tests.helpers.real_text import topic
 from tests.helpers.tiny_bert import minilm_dir
+from tests.helpers.tiny_rerankers import build_cross_encoder
 from tests.helpers.tiny_sparse import build_splade
 
 TOPICS = ("assert", "pass", "del", "return", "yield", "raise", "break", "continue")
@@ -103,6 +104,21 @@ def test_cli_sparse_and_hybrid_and_their_refusals(
     for fusion in ("rrf", "weighted:0.7,0.3"):
         assert main(["search", "raise an exception", *db, *hybrid, "--hybrid", fusion, "--json"]) == 0
         assert len(json.loads(capsys.readouterr().out.splitlines()[-1])) == 10
+    # the fused top 20 reranked by a cross-encoder: its scores, best first, top 5
+    reranker = build_cross_encoder(tmp_path / "ce")
+    rerank = ["--rerank", f"engine:{reranker}", "--rerank-depth", "20", "-k", "5"]
+    assert main(["search", "raise an exception", *db, *hybrid, "--hybrid", "rrf", *rerank, "--json"]) == 0
+    top = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert main(["search", "raise an exception", *db, *hybrid, "--hybrid", "rrf", "-k", "20", "--json"]) == 0
+    fused = json.loads(capsys.readouterr().out.splitlines()[-1])
+    with Engine.from_pretrained(reranker) as ce:
+        results = ce.rerank("raise an exception", [h["text"] for h in fused])
+    scores = [r.relevance_score for r in sorted(results, key=lambda r: r.index)]
+    order = sorted(range(len(fused)), key=lambda i: (-scores[i], i))[:5]
+    assert [(h["doc_id"], h["chunk_idx"]) for h in top] == [
+        (fused[i]["doc_id"], fused[i]["chunk_idx"]) for i in order
+    ]
+    np.testing.assert_allclose([h["score"] for h in top], [scores[i] for i in order], rtol=1e-5)
     refusals = [
         (["index", str(docs), *db, *chunking, "--model", str(minilm_dir()), "--sparse"], "is not one"),
         (["index", str(docs), *db, *chunking, "--hybrid"], "pass --sparse-model DIR"),
@@ -111,6 +127,7 @@ def test_cli_sparse_and_hybrid_and_their_refusals(
         (["search", "x", *db, "--hybrid", "rrf"], "pass --sparse-model too"),
         (["search", "x", *db, *hybrid, "--hybrid", "weighted:2,1"], "weights in [0, 1]"),
         (["index", str(docs), *db, *chunking, "--model", str(splade)], "is a SPLADE model"),
+        (["search", "x", *db, *hybrid, "--hybrid", "rrf", "--rerank", "nope:x"], "nope"),
     ]
     for argv, words in refusals:
         assert main(argv) == 2, argv

@@ -163,7 +163,20 @@ def register(sub: Any) -> None:
         metavar="FUSION",
         help="a hybrid index's fusion: rrf (default) or weighted:W_DENSE,W_SPARSE (with --sparse-model)",
     )
-    p.add_argument("--depth", type=positive_int, default=100, help="hybrid: candidates per ranking fused")
+    p.add_argument(
+        "--depth",
+        type=positive_int,
+        default=100,
+        help="hybrid: candidates per ranking fused; multivector: token rows per query vector",
+    )
+    p.add_argument(
+        "--rerank",
+        default=None,
+        metavar="SPEC",
+        help="rerank the top --rerank-depth chunks with a reranker (docs/specs.md: http://HOST:PORT, "
+        "engine:DIR, sentence-transformers:DIR, hf:DIR); scores become the reranker's",
+    )
+    p.add_argument("--rerank-depth", type=positive_int, default=50, help="chunks the reranker scores")
     p.add_argument("--filter", default="", help="Milvus filter expression, e.g. 'doc_id like \"pep-08%%\"'")
     p.add_argument("--json", action="store_true", help="print [{doc_id, chunk_idx, score, text}]")
     p.add_argument("--index", default=LIVE, choices=[LIVE, SHADOW, PREVIOUS], help="which index to search")

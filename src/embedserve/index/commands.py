@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from embedserve.index.embedders import build_embedder, source_fields
 from embedserve.index.errors import DocumentError, StoreError
 from embedserve.index.late import chunk_overlap
 from embedserve.index.pipeline import IndexStats, chunk_tokens, index_documents
-from embedserve.index.store import Store
+from embedserve.index.store import Hit, Store
 
 
 def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
@@ -139,10 +140,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     from embedserve.index.sparse import Fusion
 
     fusion = None if args.hybrid is None else Fusion.parse(args.hybrid)  # before any model loads
+    k = max(args.k, args.rerank_depth) if args.rerank else args.k
     with opened_store(args) as store, built(embedder_spec(args)) as embedder:
         hits = search(
-            store, embedder, [args.query], args.k, args.filter, args.index, args.rescore, fusion, args.depth
+            store, embedder, [args.query], k, args.filter, args.index, args.rescore, fusion, args.depth
         )[0]
+    if args.rerank:
+        hits = reranked(args.rerank, args.query, hits, args.k)
     if args.json:
         json.dump(
             [{"doc_id": h.doc_id, "chunk_idx": h.chunk_idx, "score": h.score, "text": h.text} for h in hits],
@@ -154,6 +158,21 @@ def cmd_search(args: argparse.Namespace) -> int:
         preview = " ".join(h.text.split())[:100]
         print(f"{rank:3d}. {h.score:.4f}  {h.doc_id}#{h.chunk_idx}  {preview}")
     return 0
+
+
+def reranked(spec: str, query: str, hits: list[Hit], k: int) -> list[Hit]:
+    """`hits` scored by the reranker `spec` names (embedders/scorers.py), best first, top k."""
+    from embedserve.embedders.scorers import open_scorer
+
+    if not hits:
+        return hits
+    score, close = open_scorer(spec)
+    try:
+        scores = score(query, [h.text for h in hits])
+    finally:
+        close()
+    order = sorted(range(len(hits)), key=lambda i: (-scores[i], i))[:k]
+    return [dataclasses.replace(hits[i], score=float(scores[i])) for i in order]
 
 
 def cmd_shadow(args: argparse.Namespace) -> int:
