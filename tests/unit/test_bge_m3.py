@@ -105,5 +105,7 @@ def test_the_routes_serve_both_kinds(m3: Path) -> None:
         for got, want in zip(every.json()["embeddings"]["multivector"], multi["data"], strict=True):
             np.testing.assert_allclose(np.array(got), np.array(want["embedding"]), atol=1e-6)
         assert every.json()["embedding_schemas"]["multivector"] == multi["embedding_schema"]
+        only = c.post("/v2/embed", json={"texts": TEXTS, "embedding_types": ["multivector"]}).json()
+        assert only["embeddings"]["multivector"] == [d["embedding"] for d in multi["data"]]
         dims = c.post("/v1/embeddings", json={"input": "x", "embedding_type": "sparse", "dimensions": 8})
         assert dims.status_code == 400 and "dimensions" in dims.json()["error"]["message"]

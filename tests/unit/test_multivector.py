@@ -124,6 +124,18 @@ def test_query_limits_dimensions_and_refusals(colbert: Path) -> None:
         assert engine.embed_multivector(DOCS[0])[0].shape == full.shape  # still serving
 
 
+def test_a_colbert_model_has_no_single_vectors(colbert: Path) -> None:
+    with Engine.from_pretrained(colbert) as engine:
+        with pytest.raises(InvalidInputError, match="multi-vector"):
+            engine.embed(DOCS[0])
+        head = engine.multivector_head
+        assert head is not None and head.only
+        # sentence-transformers' document prompt names, in its order; token ids take no side prompt
+        assert head.side_prompt("document", None, None, {"passage": "p", "corpus": "c"}) == "passage"
+        ids = engine.tokenize(DOCS[0], "")[0].token_ids
+        assert engine.tokenize_multivector([ids], "document")[0].tokenized.token_ids == ids
+
+
 def test_a_single_vector_model_refuses_multivector(qwen3_dir: Path) -> None:
     with Engine.from_pretrained(qwen3_dir) as engine:
         assert engine.multivector_head is None

@@ -144,6 +144,8 @@ def test_refusals_name_the_problem_and_the_server_keeps_answering(colbert: Path,
             resp = c.post("/v1/embeddings", json=body)
             assert resp.status_code == status, (body, resp.text)
             assert words in resp.json()["error"]["message"]
+        score = c.post("/v1/score", json={"text_1": "a", "text_2": ["b"]})
+        assert score.status_code == 400 and "multi-vector" in score.json()["error"]["message"]
         ok = c.post("/v1/embeddings", json={"input": DOCS[0], "embedding_type": "multivector"})
         assert ok.status_code == 200 and ok.json()["data"][0]["shape"][0] <= 20
     with server_client(qwen3_dir) as c:

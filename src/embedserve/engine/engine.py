@@ -168,8 +168,8 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         normalize: bool | None = None,
         priority: str = "online",
     ) -> list[Future[Finished]]:
-        """Queue inputs that `tokenize()` already produced (a server counts tokens first);
-        options as `submit`."""
+        """Queue inputs `tokenize()` already produced (a server counts tokens first); options as `submit`."""
+        self.check_single_vectors()  # a ColBERT model has no single vector (engine/multivector.py)
         if any(t.static for t in tokenized):  # inference-free queries: answered without the model
             return self.static_results(tokenized, normalize)
         return self._loop.submit(self._requests(tokenized, dimensions, normalize, priority))

@@ -75,6 +75,15 @@ class MultiVectorMixin(HeadMixin):
         """The token head of a multi-vector model (ColBERT, BGE-M3's colbert_linear); None otherwise."""
         return self._loop.parts.multivector_head
 
+    def check_single_vectors(self) -> None:
+        """Refuse one vector per input of a model that answers multi-vectors only (ColBERT)."""
+        head = self.multivector_head
+        if head is not None and head.only:
+            raise InvalidInputError(
+                f"model {self.name} is a multi-vector (late-interaction) model: it answers a vector per "
+                "token (embed_multivector; over HTTP embedding_type 'multivector'), not one per input"
+            )
+
     def _mv_head(self) -> MultiVectorHead:
         head = self.multivector_head
         if head is None:
@@ -99,14 +108,19 @@ class MultiVectorMixin(HeadMixin):
         head = self._mv_head()
         if side not in SIDES:
             raise InvalidInputError(f"input_type must be 'query' or 'document', got {side!r}")
-        text_prompt = self.resolve_prompt(
-            head.side_prompt(side, prompt_name, prompt, self.config.prompts), prompt
-        )
+        first = inputs[0] if not isinstance(inputs, str) and len(inputs) else None
+        as_ids = isinstance(first, (list, tuple)) and all(isinstance(x, int) for x in first)
+        prompts = {} if as_ids else self.config.prompts  # token-id inputs take no side prompt
+        text_prompt = self.resolve_prompt(head.side_prompt(side, prompt_name, prompt, prompts), prompt)
         max_len = head.side_limit(side, self.config.scheduler.max_model_len)
         expansion = head.expansion if side == "query" else None
         out: list[MultiVectorInput] = []
         for tok in self.tokenize(inputs, text_prompt, truncate, max_len):
             ids, keys = tok.token_ids, None
+            if expansion is not None and len(ids) < expansion.length and tok.multimodal is not None:
+                raise InvalidInputError(
+                    f"input {len(out)}: query expansion pads text queries, not image ones"
+                )
             if expansion is not None and len(ids) < expansion.length:
                 keys = None if expansion.attend else len(ids)
                 ids = ids + [expansion.token_id] * (head.read_length(side, len(ids)) - len(ids))
@@ -142,7 +156,8 @@ class MultiVectorMixin(HeadMixin):
         each vector normalized as the model says unless `normalize`)."""
         head = self._mv_head()
         self.check_vector_dimensions(dimensions)
-        norm = head.normalize if normalize is None else normalize
+        # sliced vectors are normalized, as sentence-transformers' truncate_dim does, unless asked not to
+        norm = (head.normalize or dimensions is not None) if normalize is None else normalize
         requests = self._requests([i.tokenized for i in items], None, False, priority)
         chunk = self.config.scheduler.deterministic_chunk
         for req, item in zip(requests, items, strict=True):

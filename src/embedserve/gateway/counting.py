@@ -84,11 +84,11 @@ class TokenCounter:
 
     def count_pairs(self, query: str, documents: Sequence[str], instruction: str | None) -> list[int]:
         """Tokens per (query, document) pair, uncut; raises naming the first bad document."""
-        if (
-            self.rerank_kind is None and self.multivector is not None
-        ):  # MaxSim: the query beside each document
-            q = self.count_multivector([query], "query", None, None)[0]
-            return [q + n for n in self.count_multivector(documents, "document", None, None)]
+        if self.rerank_kind is None and self.multivector is not None:
+            # MaxSim: each document a sequence of its own, the query one more (counted with the first)
+            counts = self.count_multivector(documents, "document", None, None)
+            counts[0] += self.count_multivector([query], "query", None, None)[0]
+            return counts
         if self.rerank_kind is None:
             raise InvalidInputError(wrong_task(self.model_name, "embed"))
         out = []

@@ -138,7 +138,8 @@ def maxsim_search(
         keys = {(h.doc_id, h.chunk_idx) for hits in found for h in hits}
         vectors: dict[tuple[str, int], list[tuple[str, list[float]]]] = {}
         texts: dict[tuple[str, int], str] = {}
-        quoted = ", ".join(json.dumps(d) for d in docs)
+        quoted = ", ".join(json.dumps(d, ensure_ascii=False) for d in docs)  # Milvus reads no \u escapes
+        quoted += "] and chunk_idx in [" + ", ".join(str(i) for i in sorted({i for _, i in keys}))
         for r in store.rows(
             collection, f"doc_id in [{quoted}]", ("id", "doc_id", "chunk_idx", "text", "vector")
         ):

@@ -74,8 +74,9 @@ class MultiVectorHead:
     ) -> str | None:
         """The prompt name an input of `side` uses when the request names none: the side's own
         (sentence-transformers' encode_query / encode_document)."""
-        if prompt_name is None and prompt is None and side in prompts:
-            return side
+        if prompt_name is None and prompt is None:
+            names = ("query",) if side == "query" else ("document", "passage", "corpus")
+            return next((n for n in names if n in prompts), None)
         return prompt_name
 
     def side_limit(self, side: str, max_model_len: int) -> int:

@@ -44,8 +44,9 @@ class CohereEmbedJob(EmbeddingsJob):
                 f"model {self.svc.metadata.model} gives one vector per input: embedding_types "
                 "'multivector' needs a multi-vector model (ColBERT, BGE-M3 with colbert_linear.pt)",
             )
-        if head is not None and head.only:  # ColBERT: its token vectors, on the input type's side
-            if kinds != [MULTIVECTOR]:
+        # ColBERT (or only BGE-M3's token vectors asked): the token vectors, on the input type's side
+        if head is not None and (head.only or set(kinds) == {MULTIVECTOR}):
+            if set(kinds) != {MULTIVECTOR}:
                 raise ApiError(
                     400, f"model {self.svc.metadata.model} answers embedding_types ['multivector'] only"
                 )

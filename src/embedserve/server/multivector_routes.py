@@ -44,7 +44,12 @@ class MultiVectorJob(Job):
                 "ColBERT directory (a multi-vector Dense head) or BGE-M3 (with its colbert_linear.pt)",
             )
         engine.check_vector_dimensions(req.dimensions)
-        svc.check_compressed([req.multivector_dtype], req.dimensions or engine.multivector_head.dim)
+        if req.multivector_dtype in ("int8", "uint8") and svc.calibration.ranges is not None:
+            raise ApiError(
+                400,
+                "int8 / uint8 multi-vectors use a fixed range (--int8-scale): this server's "
+                "--int8-calibration ranges are its single vectors'",
+            )
         self.items = engine.tokenize_multivector(
             resolve_items(req.items),  # text, token ids, or a multi-vector VL model's images
             req.input_type or "document",
@@ -91,7 +96,10 @@ class MultiVectorJob(Job):
         return head
 
     def normalize(self) -> bool:
-        return self.head().normalize if self.req.normalize is None else self.req.normalize
+        """As the engine decides it: the model's, or normalized when sliced, unless asked."""
+        if self.req.normalize is None:
+            return self.head().normalize or self.req.dimensions is not None
+        return self.req.normalize
 
 
 def check_vector_count(svc: EmbeddingService, n: int) -> None:

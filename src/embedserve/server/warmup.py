@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -51,14 +52,28 @@ def _ids(engine: Engine, n: int) -> list[int]:
 def check_vectors(engine: Engine, outputs: list[EmbeddingOutput]) -> None:
     model = engine.config.model
     width = model.vocab_size if engine.sparse_head is not None else model.hidden_size  # SPLADE: a vocab
+    normalize = engine.config.pooling.normalize
+    head = engine.multivector_head
+    if head is not None and head.only:  # a ColBERT model's token vectors, each checked
+        width, normalize = head.dim, head.normalize
     for out in outputs:
-        v = out.embedding
-        if v.shape != (width,) or not np.isfinite(v).all():
-            raise InternalEngineError(
-                f"forward pass produced a bad vector (shape {v.shape}, non-finite values)"
-            )
-        if engine.config.pooling.normalize and abs(float(np.linalg.norm(v)) - 1.0) > 1e-3:
-            raise InternalEngineError(f"normalized vector has norm {float(np.linalg.norm(v)):.4f}")
+        for v in out.embedding if out.embedding.ndim == 2 else [out.embedding]:
+            if v.shape != (width,) or not np.isfinite(v).all():
+                raise InternalEngineError(
+                    f"forward pass produced a bad vector (shape {v.shape}, non-finite values)"
+                )
+            if normalize and abs(float(np.linalg.norm(v)) - 1.0) > 1e-3:
+                raise InternalEngineError(f"normalized vector has norm {float(np.linalg.norm(v)):.4f}")
+
+
+async def embed_ids(engine: Engine, items: list[Any]) -> list[EmbeddingOutput]:
+    """Warm-up inputs without a prompt; a ColBERT model's as documents (its token vectors, cut
+    to its document length)."""
+    head = engine.multivector_head
+    if head is None or not head.only:
+        return await engine.embed_outputs_async(items, prompt="")
+    tokens = engine.tokenize_multivector(items, "document", prompt="", truncate="end")
+    return await engine.embed_multivector_tokenized_async(tokens)
 
 
 async def warm_up(engine: Engine, lengths: tuple[int, ...] | None) -> float:
@@ -67,7 +82,7 @@ async def warm_up(engine: Engine, lengths: tuple[int, ...] | None) -> float:
     start = time.perf_counter()
     for shape in warmup_shapes(lengths, sched.max_num_batched_tokens, sched.max_model_len):
         t = time.perf_counter()
-        outputs = await engine.embed_outputs_async([_ids(engine, n) for n in shape], prompt="")
+        outputs = await embed_ids(engine, [_ids(engine, n) for n in shape])
         check_vectors(engine, outputs)
         log.info("warm-up: %d input(s), %d tokens in %.3f s", len(shape), sum(shape), time.perf_counter() - t)
     if engine.config.cache.prefix_caching:  # the model's prompts, whole, cached for good
@@ -77,11 +92,11 @@ async def warm_up(engine: Engine, lengths: tuple[int, ...] | None) -> float:
             log.info("warm-up: %d prompt(s) of %s tokens kept in the prefix cache", len(prompts), tokens)
     if engine.multimodal:  # the vision tower too, on one small image
         image = Image.new("RGB", (64, 64), (128, 128, 128))
-        check_vectors(engine, await engine.embed_outputs_async([["warm", image]], prompt=""))
+        check_vectors(engine, await embed_ids(engine, [["warm", image]]))
     return time.perf_counter() - start
 
 
 async def probe(engine: Engine) -> None:
     """One short real forward pass; raises if it fails or its vector is bad."""
     n = min(8, engine.config.scheduler.max_model_len)
-    check_vectors(engine, await engine.embed_outputs_async([_ids(engine, n)], prompt=""))
+    check_vectors(engine, await embed_ids(engine, [_ids(engine, n)]))
