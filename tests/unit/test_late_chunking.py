@@ -5,7 +5,6 @@ makes; spans from the tokenizer's offsets; refusals name the chunk."""
 from __future__ import annotations
 
 import itertools
-import time
 import unicodedata
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.late_chunking import join_chunks, tokenize_late
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.tokenizer import Tokenizer, Truncate
+from tests.helpers.preemption import preempted_vector
 from tests.helpers.real_text import long_text, topic
 from tests.helpers.reference import hf_model
 from tests.helpers.tiny_bert import minilm_dir
@@ -254,23 +254,10 @@ def test_preemption_mid_span_changes_nothing(qwen3_dir: Path) -> None:
         tok = engine.tokenize_late(chunks)
         alone = engine.embed_late(chunks).embeddings
     assert tok.late is not None and 1000 < len(tok.token_ids) <= 1440
-    params = EmbedParams(normalize=True)
-    doc = Request(0, tok.token_ids, params, PoolingMethod.LAST, Priority.BATCH, late=tok.late)
-    core.add(doc)
-    for _ in range(5):
-        core.step()
-    assert 0 < doc.num_computed_tokens < len(tok.token_ids)
-    crowd = [Request(i, list(range(1000, 2200)), params, PoolingMethod.LAST, Priority.ONLINE) for i in (1, 2)]
-    for r in crowd:
-        core.add(r)
-    vectors = {}
-    deadline = time.monotonic() + 120
-    while core.has_work and time.monotonic() < deadline:
-        for fin in core.step():
-            assert fin.error is None and fin.vector is not None
-            vectors[fin.request.request_id] = fin.vector.numpy()
-    assert doc.num_preemptions > 0
-    np.testing.assert_allclose(vectors[0], alone, atol=1e-5)
+    doc = Request(
+        0, tok.token_ids, EmbedParams(normalize=True), PoolingMethod.LAST, Priority.BATCH, late=tok.late
+    )
+    np.testing.assert_allclose(preempted_vector(core, doc), alone, atol=1e-5)
 
 
 def test_refusals_name_the_problem(qwen3_dir: Path) -> None:

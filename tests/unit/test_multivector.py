@@ -7,7 +7,6 @@ preempted and through the layer-major lane; deterministic mode bit-identical acr
 from __future__ import annotations
 
 import string
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from embedserve.engine.multivector import maxsim
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.pooling.multivector import MultiVectorState
 from embedserve.request import EmbedParams, Priority, Request
+from tests.helpers.preemption import preempted_vector
 from tests.helpers.real_text import long_text, topic
 from tests.helpers.reference import hf_model
 from tests.helpers.tiny_multivector import build_colbert, build_pylate, decoder_colbert
@@ -208,24 +208,11 @@ def test_preemption_mid_document_changes_nothing(qwen3_dir: Path, tmp_path: Path
     core = build_engine(
         path, max_num_batched_tokens=128, kv_cache_memory=90 * BLOCK_BYTES, layer_major_tokens=0
     ).core
-    params = EmbedParams(normalize=False)
-    doc = Request(0, item.tokenized.token_ids, params, PoolingMethod.MEAN, Priority.BATCH)
+    doc = Request(
+        0, item.tokenized.token_ids, EmbedParams(normalize=False), PoolingMethod.MEAN, Priority.BATCH
+    )
     doc.pooling = MultiVectorState(head, item.keep, None, None, True)
-    core.add(doc)
-    for _ in range(5):
-        core.step()
-    assert 0 < doc.num_computed_tokens < len(item.tokenized.token_ids)
-    crowd = [Request(i, list(range(1000, 2200)), params, PoolingMethod.LAST, Priority.ONLINE) for i in (1, 2)]
-    for r in crowd:
-        core.add(r)
-    vectors = {}
-    deadline = time.monotonic() + 120
-    while core.has_work and time.monotonic() < deadline:
-        for fin in core.step():
-            assert fin.error is None and fin.vector is not None
-            vectors[fin.request.request_id] = fin.vector.numpy()
-    assert doc.num_preemptions > 0
-    np.testing.assert_allclose(vectors[0], alone, atol=1e-5)
+    np.testing.assert_allclose(preempted_vector(core, doc), alone, atol=1e-5)
 
 
 def test_decoder_multivectors_are_bit_identical_across_budgets_when_deterministic(

@@ -8,14 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from embedserve.config import PoolingMethod
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import EngineLoop, gather_all, wait_all
+from embedserve.engine.loop import gather_all, wait_all
 from embedserve.engine.multivector import MultiVectorMixin
 from embedserve.engine.outputs import EmbeddingOutput, output_of
 from embedserve.errors import InternalEngineError, InvalidInputError
@@ -66,25 +65,13 @@ class OnePass:
     outputs: list[EmbeddingOutput]  # timings, token counts
 
 
-class LexicalMixin(MultiVectorMixin):  # BGE-M3's one pass includes its token vectors
+class LexicalMixin(MultiVectorMixin):
+    """BGE-M3's lexical weights (what Engine it takes: MultiVectorMixin's; its one pass includes
+    the token vectors)."""
+
     lexical_head: LexicalHead | None
-    name: str
-    _loop: EngineLoop
-
-    def _requests(
-        self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str
-    ) -> list[Request]:
-        raise NotImplementedError  # Engine's
-
-    def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
-        raise NotImplementedError  # Engine's
 
     def check_dimensions(self, dimensions: int | None) -> None:
-        raise NotImplementedError  # Engine's
-
-    def tokenize(
-        self, inputs: Any, prompt: str = "", truncate: str = "error", max_len: int | None = None
-    ) -> list[Tokenized]:
         raise NotImplementedError  # Engine's
 
     def submit_lexical(
