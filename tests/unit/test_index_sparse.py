@@ -120,11 +120,14 @@ def test_cli_sparse_and_hybrid_and_their_refusals(
     ]
     np.testing.assert_allclose([h["score"] for h in top], [scores[i] for i in order], rtol=1e-5)
     refusals = [
-        (["index", str(docs), *db, *chunking, "--model", str(minilm_dir()), "--sparse"], "is not one"),
-        (["index", str(docs), *db, *chunking, "--hybrid"], "pass --sparse-model DIR"),
+        (
+            ["index", str(docs), *db, *chunking, "--model", str(minilm_dir()), "--sparse"],
+            "gives dense vectors only",
+        ),
+        (["index", str(docs), *db, *chunking, "--hybrid"], "--sparse-model DIR"),
         (["index", str(docs), *db, *chunking, *hybrid], "add --hybrid"),
         (["search", "x", *db, *hybrid, "--hybrid", "max"], "expected rrf or weighted"),
-        (["search", "x", *db, "--hybrid", "rrf"], "pass --sparse-model too"),
+        (["search", "x", *db, "--hybrid", "rrf"], "gives dense vectors only"),
         (["search", "x", *db, *hybrid, "--hybrid", "weighted:2,1"], "weights in [0, 1]"),
         (["index", str(docs), *db, *chunking, "--model", str(splade)], "is a SPLADE model"),
         (["search", "x", *db, *hybrid, "--hybrid", "rrf", "--rerank", "nope:x"], "nope"),
@@ -160,3 +163,38 @@ def test_a_hybrid_shadow_index_is_compared_with_a_dense_live_one(
 
     assert report["top10"]["shadow"] == {f"q{i}": rank_documents(h, 5) for i, h in enumerate(fused)}
     assert report["shadow"]["model"] == "minilm+s" and report["live"]["model"] == "minilm"
+
+
+QUERY_M3 = topic("assert")[:300]  # the tiny random model's lexical weights of a short query are all 0
+
+
+def test_bge_m3_gives_both_sides_of_a_hybrid_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One model, both vectors: `index --hybrid` without --sparse-model on BGE-M3 stores its CLS
+    vectors and its lexical weights; the sparse side's top 10 equals a brute force over them."""
+    from tests.helpers.tiny_sparse import build_bge_m3
+
+    m3 = build_bge_m3(tmp_path / "m3")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": d.doc_id, "text": d.text}) + "\n" for d in DOCS[:4]))
+    db = ["--store", str(tmp_path / "m3.db"), "--model", str(m3)]
+    assert main(["index", str(docs), *db, "--max-tokens", "64", "--overlap", "0", "--hybrid"]) == 0
+    assert main(["search", "raise an exception", *db, "--hybrid", "rrf", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out.splitlines()[-1])) == 10
+    store = Store(str(tmp_path / "m3.db"))
+    try:
+        with Engine.from_pretrained(m3) as engine:
+            embedder = SparseEmbedder(EngineEmbedder(engine, "m3"))
+            chunker = Chunker(engine.tokenizer, 64, 0)
+            chunks = [(d.doc_id, i, c.text) for d in DOCS[:4] for i, c in enumerate(chunker.split(d.text))]
+            weights = engine.embed_lexical([t for _, _, t in chunks])
+            query = engine.embed_lexical([QUERY_M3])[0]
+            collection = store.resolve("live")
+            hits = store.search(collection, embedder.embed_queries([QUERY_M3]), 10, field="sparse")[0]
+    finally:
+        store.close()
+    scores = weights @ query
+    order = [i for i in np.argsort(-scores, kind="stable")[:10] if scores[i] > 0]  # the sparse search's
+    assert len(order) >= 3 and [(h.doc_id, h.chunk_idx) for h in hits] == [chunks[i][:2] for i in order]
+    np.testing.assert_allclose([h.score for h in hits], scores[order], rtol=1e-4)

@@ -20,6 +20,7 @@ from embedserve.index.errors import DocumentError, StoreError
 from embedserve.index.late import chunk_overlap
 from embedserve.index.pipeline import IndexStats, chunk_tokens, index_documents
 from embedserve.index.store import Hit, Store
+from embedserve.models.default import default_model_path
 
 
 def embedder_spec(args: argparse.Namespace, prefix: str = "") -> EmbedderSpec:
@@ -103,11 +104,8 @@ def built(spec: EmbedderSpec) -> Iterator[Embedder]:
 def cmd_index(args: argparse.Namespace) -> int:
     spec = embedder_spec(args)
     hybrid = bool(getattr(args, "hybrid", False))
-    if hybrid and spec.sparse_model is None:
-        raise StoreError(
-            "--hybrid stores a dense --model's vectors beside a SPLADE model's: pass --sparse-model DIR "
-            "(one model giving both, as BGE-M3 does, is not supported yet)"
-        )
+    if hybrid and spec.sparse_model is None:  # one model giving both (BGE-M3): index/embedders.py
+        spec = dataclasses.replace(spec, sparse_model=spec.model or str(default_model_path()))
     if spec.sparse_model is not None and not hybrid:
         raise StoreError("--sparse-model builds a hybrid index: add --hybrid")
     docs = list(read_documents(args.paths))
@@ -141,7 +139,10 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     fusion = None if args.hybrid is None else Fusion.parse(args.hybrid)  # before any model loads
     k = max(args.k, args.rerank_depth) if args.rerank else args.k
-    with opened_store(args) as store, built(embedder_spec(args)) as embedder:
+    spec = embedder_spec(args)
+    if fusion is not None and spec.sparse_model is None:  # one model giving both (BGE-M3)
+        spec = dataclasses.replace(spec, sparse_model=spec.model or str(default_model_path()))
+    with opened_store(args) as store, built(spec) as embedder:
         hits = search(
             store, embedder, [args.query], k, args.filter, args.index, args.rescore, fusion, args.depth
         )[0]

@@ -70,6 +70,13 @@ def _sparse_embedder(spec: EmbedderSpec) -> Embedder:
         except BaseException:
             inner.close()
             raise
+    if spec.sparse_model == spec.model and spec.endpoint is None:  # one model giving both (BGE-M3)
+        dense = _float_embedder(spec)
+        try:
+            return HybridEmbedder(dense, SparseEmbedder(dense, owns=False))
+        except BaseException:
+            dense.close()
+            raise
     sparse = EngineEmbedder.load(spec.sparse_model, spec.engine)
     try:
         dense = _float_embedder(spec)

@@ -92,6 +92,15 @@ class EngineEmbedder:
     def embed_queries(self, texts: list[str]) -> np.ndarray:
         return self._embed(texts, self._queries)
 
+    def embed_lexical(self, texts: list[str], queries: bool) -> np.ndarray:
+        """BGE-M3's lexical weights ([n, vocab]) as documents or queries (their prompt and class)."""
+        traffic = self._queries if queries else self._docs
+        if not texts:
+            return np.zeros((0, self.engine.config.model.vocab_size), dtype=np.float32)
+        return self.engine.embed_lexical(
+            texts, prompt_name=traffic.prompt_name, priority=traffic.priority, truncate=traffic.truncate
+        )
+
     def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
         """Each window late-chunked (engine/late.py), all submitted at once as batch traffic."""
         prompt = self.engine.resolve_prompt(self._docs.prompt_name, None)

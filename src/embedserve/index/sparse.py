@@ -34,21 +34,32 @@ DENSE, SPARSE = "vector", "sparse"  # the collection's vector fields
 RRF_K = 60
 
 
+# Milvus refuses a sparse vector without a non-zero weight (a chunk whose every weight is 0, as
+# BGE-M3's lexical weights of a chunk of special tokens or punctuation can be): such a row is
+# stored as the smallest normal float32 at id 0, which moves any score by less than 1e-37.
+EMPTY_ROW = {0: float(np.finfo(np.float32).tiny)}
+
+
 def sparse_rows(vectors: np.ndarray) -> list[dict[int, float]]:
     """Each vocabulary-wide row's non-zero weights, as Milvus takes a sparse vector."""
-    return [dict(zip(*(part.tolist() for part in nonzero(v)), strict=True)) for v in vectors]
+    rows = [dict(zip(*(part.tolist() for part in nonzero(v)), strict=True)) for v in vectors]
+    return [row or dict(EMPTY_ROW) for row in rows]
 
 
 class SparseEmbedder:
-    """A SPLADE model's embedder whose vectors are sparse rows (`sparse_rows`)."""
+    """A SPLADE model's embedder whose vectors are sparse rows (`sparse_rows`), or BGE-M3's lexical
+    weights (its dense side's engine, `owns` False when the dense side closes it)."""
 
-    def __init__(self, inner: Embedder) -> None:
+    def __init__(self, inner: Embedder, owns: bool = True) -> None:
         engine = getattr(inner, "engine", None)
-        if engine is None or engine.sparse_head is None:
+        self.owns = owns
+        self.lexical = engine is not None and engine.sparse_head is None and engine.lexical_head is not None
+        if engine is None or (engine.sparse_head is None and not self.lexical):
             model = inner.meta.model
             raise StoreError(
-                f"--sparse stores a SPLADE model's vectors: {model} is not one (a sentence-transformers "
-                "SparseEncoder directory, served in this process with --model)"
+                f"--sparse stores a SPLADE model's vectors (or BGE-M3's lexical weights): {model} gives "
+                "dense vectors only; pass a sentence-transformers SparseEncoder directory, or --sparse-model "
+                "DIR beside it (--hybrid), served in this process"
             )
         if inner.late:
             raise StoreError("late chunking pools dense vectors: it does not combine with a sparse index")
@@ -63,16 +74,21 @@ class SparseEmbedder:
         self.late_prompt_tokens = 0
 
     def embed_documents(self, texts: list[str]) -> list[dict[int, float]]:
+        if self.lexical:
+            return sparse_rows(self.inner.embed_lexical(texts, queries=False))  # type: ignore[attr-defined]
         return sparse_rows(self.inner.embed_documents(texts))
 
     def embed_queries(self, texts: list[str]) -> list[dict[int, float]]:
+        if self.lexical:
+            return sparse_rows(self.inner.embed_lexical(texts, queries=True))  # type: ignore[attr-defined]
         return sparse_rows(self.inner.embed_queries(texts))
 
     def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
         raise StoreError("late chunking does not combine with a sparse index")
 
     def close(self) -> None:
-        self.inner.close()
+        if self.owns:
+            self.inner.close()
 
 
 class HybridEmbedder:
