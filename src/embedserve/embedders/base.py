@@ -42,6 +42,9 @@ class VectorSource(abc.ABC):
     spec: str = ""  # as given, secrets removed
     model_dir: Path | None = None  # local model files, when the source has them
     max_length: int | None = None  # longest input in tokens, when known
+    # Its vectors are vocabulary-wide term weights (SPLADE): parity compares their non-zero sets
+    # and searches them by inner product.
+    sparse: bool = False
     batch_items: int = 32  # how many items one embed() call gets at most
     batch_tokens: int = 16384  # ... and how many padded tokens
 

@@ -43,6 +43,7 @@ class EngineSource(VectorSource):
         self.spec = spec
         self.model_dir = Path(engine.config.model_path)
         self.max_length = engine.config.scheduler.max_model_len
+        self.sparse = engine.sparse_head is not None
         self.num_preemptions = 0
 
     @classmethod

@@ -8,6 +8,7 @@ time (no padding), so they test pure numerics.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
@@ -31,6 +32,22 @@ def reference_dtype(spec: Spec) -> tuple[str, torch.dtype]:
     return name, _DTYPES[name]
 
 
+def _is_sparse_encoder(root: Path) -> bool:
+    """A SparseEncoder save (MLMTransformer / SpladePooling); a Router (inference-free SPLADE) is
+    refused: its queries and documents take different modules, which parity's sides do not name."""
+    modules = root / "modules.json"
+    kinds = (
+        {str(m.get("type", "")).rsplit(".", 1)[-1] for m in json.loads(modules.read_text())}
+        if modules.exists()
+        else set()
+    )
+    if "Router" in kinds:
+        raise SourceError(
+            f"{root}: an inference-free SPLADE (Router) directory is not a parity reference yet"
+        )
+    return bool(kinds & {"SpladePooling", "MLMTransformer"})
+
+
 class SentenceTransformersSource(VectorSource):
     kind = "sentence-transformers"
 
@@ -42,7 +59,14 @@ class SentenceTransformersSource(VectorSource):
         dtype, torch_dtype = reference_dtype(spec)
         self.dtype, self.device = dtype, spec.option("device", "cpu") or "cpu"
         self.take_batching(spec, 16, 16384)
-        self.model = SentenceTransformer(
+        self.sparse = _is_sparse_encoder(self.model_dir)
+        if self.sparse:  # a SPLADE directory: sentence-transformers' SparseEncoder
+            from sentence_transformers import SparseEncoder
+
+            encoder: Any = SparseEncoder
+        else:
+            encoder = SentenceTransformer
+        self.model = encoder(
             str(self.model_dir),
             device=self.device,
             local_files_only=True,
@@ -53,6 +77,11 @@ class SentenceTransformersSource(VectorSource):
 
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
         texts, ids = split_items(items)
+        if self.sparse:  # vocabulary-wide weights, as the engine answers a SPLADE model
+            if ids:
+                raise SourceError(f"{self.spec}: a SparseEncoder reference takes text, not token ids")
+            out = self.model.encode(texts, prompt=prompt, batch_size=len(texts), convert_to_tensor=True)
+            return out.to_dense().float().cpu().numpy()
         if texts:
             out = self.model.encode(
                 texts, prompt=prompt, batch_size=len(texts), convert_to_numpy=True, show_progress_bar=False

@@ -18,6 +18,7 @@ from embedserve.parity.metrics import (
     overlap_at,
     rank,
     retrieval_scores,
+    sparse_stats,
 )
 
 OVERALL = "overall"
@@ -47,8 +48,10 @@ def evaluate(
     limit: int | None,
     ref: Vectors,
     cand: Vectors,
+    sparse: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """{bucket: numbers} for every non-empty bucket, then `overall`."""
+    """{bucket: numbers} for every non-empty bucket, then `overall`; `sparse` (SPLADE term
+    weights): their non-zero sets compared too, search by inner product."""
     doc_ids, query_ids = list(ds.corpus), list(ds.queries)
     lengths = np.asarray([*doc_lengths, *query_lengths])
     ref_all = np.concatenate([ref.docs, ref.queries]) if query_ids else ref.docs
@@ -60,8 +63,8 @@ def evaluate(
     ref_scores: dict[str, dict[str, float]] = {}
     cand_scores: dict[str, dict[str, float]] = {}
     if query_ids:
-        ref_runs = rank(ref.queries, ref.docs, doc_ids, SEARCH_DEPTH)
-        cand_runs = rank(cand.queries, cand.docs, doc_ids, SEARCH_DEPTH)
+        ref_runs = rank(ref.queries, ref.docs, doc_ids, SEARCH_DEPTH, sparse)
+        cand_runs = rank(cand.queries, cand.docs, doc_ids, SEARCH_DEPTH, sparse)
         for qid, r, c in zip(query_ids, ref_runs, cand_runs, strict=True):
             per_query[qid] = {"overlap": overlap_at(r, c, TOP_K)}
         ref_scores = retrieval_scores(dict(zip(query_ids, ref_runs, strict=True)), ds.qrels)
@@ -85,6 +88,8 @@ def evaluate(
             "vector_cosine": cosine_stats(cos[mask]),
             "norm": norm_stats(ref_all[mask], cand_all[mask]),
         }
+        if sparse:
+            entry["sparse"] = sparse_stats(ref_all[mask], cand_all[mask])
         if qids:
             overlaps = [per_query[q]["overlap"] for q in qids]
             worst = int(np.argmin(overlaps))

@@ -33,6 +33,7 @@ DEFAULTS: Thresholds = {
     "vector_cosine": {"p50": 0.9999, "p01": 0.9990},
     "top10_overlap": {"min": 0.98},
     "retrieval_recall": {"regression_max": 0.005},
+    "sparse_index_jaccard": {"p01": 0.99},  # sparse vectors: their non-zero id sets (per vector)
     "preemption": {"cosine_min": 0.999, "preemptions_min": 1},
 }
 SECTIONS: dict[str, tuple[str, ...]] = {
@@ -40,6 +41,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "top10_overlap": ("min",),
     "retrieval_recall": ("regression_max",),
     "ndcg_at_10": ("regression_max",),
+    "sparse_index_jaccard": ("p50", "p01", "min"),
     "preemption": ("cosine_min", "preemptions_min"),
 }
 # text + image (issue 22): p01 >= 0.995 and p50 >= 0.999
@@ -167,6 +169,10 @@ class Gate:
         if cos.get("count"):
             for key, bound in t.get("vector_cosine", {}).items():
                 at_least(f"vector_cosine.{key}", cos[key], bound)
+        jaccard = entry.get("sparse", {}).get("index_jaccard", {})
+        if jaccard.get("count"):
+            for key, bound in t.get("sparse_index_jaccard", {}).items():
+                at_least(f"sparse_index_jaccard.{key}", jaccard[key], bound)
         overlap = entry.get("top10_overlap")
         if overlap and "min" in t.get("top10_overlap", {}):
             at_least("top10_overlap.mean", overlap["mean"], t["top10_overlap"]["min"])

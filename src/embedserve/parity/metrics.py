@@ -48,12 +48,29 @@ def norm_stats(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     return {"max_rel_diff": float(rel.max()) if rel.size else 0.0}
 
 
-def rank(queries: np.ndarray, docs: np.ndarray, doc_ids: Sequence[str], k: int) -> list[Ranking]:
-    """Exact cosine search: the top-k doc ids per query (trec_eval tie order)."""
+def sparse_stats(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+    """Vocabulary-wide weight rows: per row, the Jaccard of their non-zero id sets (p50 / p01 /
+    min), how many rows have equal sets, and the largest weight difference."""
+    na, nb = a != 0, b != 0
+    union = np.maximum((na | nb).sum(axis=1), 1)
+    jaccard = (na & nb).sum(axis=1) / union
+    equal = (na == nb).all(axis=1)
+    diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.size else 0.0
+    stats = cosine_stats(jaccard)
+    return {"index_jaccard": stats, "equal_index_sets": float(equal.mean()) if equal.size else 1.0,
+            "max_abs_diff": diff}  # fmt: skip
+
+
+def rank(
+    queries: np.ndarray, docs: np.ndarray, doc_ids: Sequence[str], k: int, dot: bool = False
+) -> list[Ranking]:
+    """Exact cosine search (`dot`: inner product, as sparse vectors are searched): the top-k doc
+    ids per query (trec_eval tie order)."""
     q = queries.astype(np.float64)
     d = docs.astype(np.float64)
-    q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
-    d /= np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-12)
+    if not dot:
+        q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+        d /= np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-12)
     scores = q @ d.T  # [num_queries, num_docs]
     # Sorting by id descending first, then a stable sort by score, gives trec_eval's tie order.
     by_id = sorted(range(len(doc_ids)), key=lambda i: doc_ids[i], reverse=True)

@@ -73,6 +73,16 @@ def _dataset_table(name: str, entry: dict[str, Any], checks: list[Check]) -> lis
             f"| {_pair(ret, 'recall@10')} | {_pair(ret, 'recall@100')} "
             f"| {_mark(checks, f'{name}/{bucket}')} |"
         )
+    sparse = [(b, e["sparse"]) for b, e in entry["buckets"].items() if "sparse" in e]
+    if sparse:  # SPLADE vectors: their non-zero id sets and weights
+        lines += ["", "| bucket | non-zero ids Jaccard p50 / p01 / min | equal id sets | max weight diff |",
+                  "|---|--:|--:|--:|"]  # fmt: skip
+        for bucket, s in sparse:
+            j = s["index_jaccard"]
+            lines.append(
+                f"| {bucket} | {_f(j.get('p50'))} / {_f(j.get('p01'))} / {_f(j.get('min'))} "
+                f"| {s['equal_index_sets']:.4f} | {s['max_abs_diff']:.2e} |"
+            )
     return [*lines, ""]
 
 

@@ -127,7 +127,10 @@ def _run_dataset(job: _Job, sides: dict[str, Backend], gate: Gate) -> tuple[dict
     if ref_dim != cand_dim:
         check = Check(ds.name, "dimensions", float(cand_dim), "==", float(ref_dim), False)
         return entry, [check]
-    results = evaluate(ds, job.doc_len, job.query_len, job.limit, vectors["reference"], vectors["candidate"])
+    sparse = any(b.sparse for b in sides.values())  # SPLADE: non-zero sets, inner-product search
+    results = evaluate(
+        ds, job.doc_len, job.query_len, job.limit, vectors["reference"], vectors["candidate"], sparse
+    )
     entry["buckets"] = results
     checks = [c for b, e in results.items() for c in gate.check_bucket(f"{ds.name}/{b}", b, e)]
     return entry, checks
