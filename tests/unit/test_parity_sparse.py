@@ -43,6 +43,8 @@ def test_sparse_stats_see_a_lost_or_extra_term() -> None:
     assert s["equal_index_sets"] == 0.0 and s["max_abs_diff"] == pytest.approx(0.5)
     assert s["index_jaccard"]["min"] == pytest.approx(0.5) and s["index_jaccard"]["p50"] < 1
     assert sparse_stats(a, a)["index_jaccard"]["min"] == 1.0
+    empty = np.zeros((1, 4), dtype=np.float32)  # no weight on either side: the sets agree
+    assert sparse_stats(empty, empty)["index_jaccard"]["min"] == 1.0
 
 
 def test_another_head_fails_the_sparse_gate(
@@ -53,3 +55,20 @@ def test_another_head_fails_the_sparse_gate(
             "--dataset", "pydocs?docs=12&long=0", "--out", str(tmp_path / "r"), "--no-progress"]  # fmt: skip
     assert main(argv) == 1
     assert "sparse_index_jaccard" in capsys.readouterr().err
+
+
+def test_bge_m3_lexical_weights_pass_parity_against_the_formula(tmp_path: Path) -> None:
+    """`hf:M3?output=lexical` writes FlagEmbedding's formula out on transformers' rows (not the
+    engine's loader); `engine:M3?output=lexical` is the candidate."""
+    from tests.helpers.tiny_sparse import build_bge_m3
+
+    m3 = build_bge_m3(tmp_path / "m3")
+    out = tmp_path / "report"
+    argv = ["parity", "--reference", f"hf:{m3}?output=lexical", "--candidate", f"engine:{m3}?output=lexical",
+            "--dataset", "pydocs?docs=12&long=0", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    overall = json.loads((out / "report.json").read_text())["datasets"]["pydocs"]["buckets"]["overall"]
+    assert overall["sparse"]["index_jaccard"]["min"] >= 0.99 and overall["sparse"]["max_abs_diff"] < 1e-4
+    bad = ["parity", "--reference", f"hf:{m3}?output=lexical", "--candidate", f"engine:{m3}?output=colbert",
+           "--dataset", "pydocs?docs=12&long=0", "--out", str(tmp_path / "bad"), "--no-progress"]  # fmt: skip
+    assert main(bad) == 2

@@ -44,6 +44,7 @@ class EngineSource(VectorSource):
         self.model_dir = Path(engine.config.model_path)
         self.max_length = engine.config.scheduler.max_model_len
         self.sparse = engine.sparse_head is not None
+        self.lexical = False  # `?output=lexical`: BGE-M3's lexical weights (`open`)
         self.num_preemptions = 0
 
     @classmethod
@@ -52,12 +53,21 @@ class EngineSource(VectorSource):
         options = spec.engine_options(**overrides)
         source = cls(open_engine(spec.location, options), options, spec.shown)
         source.take_batching(spec, 64, 65536)
+        output = spec.option("output", "dense")
+        if output not in ("dense", "lexical") or (output == "lexical" and source.engine.lexical_head is None):
+            source.close()
+            raise SourceError(
+                f"{spec.shown}: output must be dense or lexical (a model with sparse_linear.pt)"
+            )
+        source.lexical = source.sparse = output == "lexical"
         return source
 
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
         if any(isinstance(i, Parts) for i in items):
             return self._embed_parts(items, prompt)
         texts, ids = split_items(items)
+        if self.lexical:  # vocabulary-wide, as the reference writes FlagEmbedding's weights out
+            return self.engine.embed_lexical(texts or ids, prompt=prompt if texts else "", truncate="end")
         if texts:
             return self._stack(self.engine.embed_outputs(texts, prompt=prompt, truncate="end"))
         return self._stack(self.engine.embed_outputs(ids, truncate="end"))

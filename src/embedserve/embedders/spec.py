@@ -68,6 +68,11 @@ KEYS: dict[str, Key] = {
         "hf: 1/0, L2-normalize when the directory has no modules.json",
         {"parity": ("hf",), "bench": ("hf",)},
     ),
+    "output": Key(
+        str,
+        "lexical: BGE-M3's lexical weights (its sparse_linear.pt) instead of its dense vectors",
+        {"parity": ("hf", "engine")},
+    ),
     "model": Key(
         str, "model name to request (default: the only one /v1/models lists)", {t: _HTTP for t in TOOLS}
     ),

@@ -76,6 +76,39 @@ def pool_padded(hidden: torch.Tensor, mask: torch.Tensor, pooling: str) -> torch
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
 
+def _lexical_head(spec: Spec, root: Path, tokenizer: Any) -> tuple[torch.Tensor, float, list[int]] | None:
+    """`?output=lexical`: sparse_linear.pt's (weight, bias) and the ids FlagEmbedding leaves out
+    (the tokenizer's cls, eos, pad and unk), read here, not by the engine's loader."""
+    output = spec.option("output", "dense")
+    if output == "dense":
+        return None
+    path = root / "sparse_linear.pt"
+    if output != "lexical" or not path.exists():
+        raise SourceError(
+            f"{spec.shown}: output must be dense or lexical (a directory with sparse_linear.pt)"
+        )
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    unused = [tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id]
+    return state["weight"][0].float(), float(state["bias"].reshape(())), [i for i in unused if i is not None]
+
+
+def lexical_weights(
+    hidden: torch.Tensor,
+    features: dict[str, torch.Tensor],
+    w: torch.Tensor,
+    b: float,
+    unused: list[int],
+    vocab: int,
+) -> np.ndarray:
+    """FlagEmbedding's lexical weights of padded rows: relu(w . h + b) per token, the largest per
+    token id, special tokens and padding left out -> [batch, vocab] float32."""
+    ids, mask = features["input_ids"], features["attention_mask"].bool()
+    weights = torch.relu(hidden @ w.to(hidden.device) + b)
+    weights = torch.where(mask & ~torch.isin(ids, torch.tensor(unused, device=ids.device)), weights, 0.0)
+    out = torch.zeros(ids.shape[0], vocab, device=ids.device)
+    return out.scatter_reduce_(1, ids, weights, reduce="amax", include_self=True).cpu().numpy()
+
+
 def _limit(path: Path, config: Any) -> int | None:
     st = path / "sentence_bert_config.json"
     if st.exists():
@@ -111,10 +144,14 @@ class TransformersSource(VectorSource):
         model = AutoModel.from_pretrained(spec.location, dtype=torch_dtype, local_files_only=True)
         self.model = model.to(self.device).eval()
         self.max_length = _limit(self.model_dir, self.model.config)
+        self.lexical = _lexical_head(spec, self.model_dir, self.tokenizer)  # BGE-M3's weights
+        self.sparse = self.lexical is not None
 
     def _pooled(self, features: dict[str, torch.Tensor]) -> np.ndarray:
         with torch.inference_mode():
             hidden = self.model(**features).last_hidden_state.float()  # [batch, seq, hidden]
+        if self.lexical is not None:
+            return lexical_weights(hidden, features, *self.lexical, self.model.config.vocab_size)
         vec = pool_padded(hidden, features["attention_mask"], self.pooling)
         if self.normalize:
             vec = torch.nn.functional.normalize(vec, dim=-1)

@@ -156,7 +156,7 @@ class LexicalMixin(MultiVectorMixin):
 
     def embed_lexical(
         self,
-        inputs: str | Sequence[str],
+        inputs: str | Sequence[str] | Sequence[Sequence[int]],
         *,
         prompt_name: str | None = None,
         prompt: str | None = None,

@@ -57,6 +57,8 @@ def evaluate(
     ref_all = np.concatenate([ref.docs, ref.queries]) if query_ids else ref.docs
     cand_all = np.concatenate([cand.docs, cand.queries]) if query_ids else cand.docs
     cos = cosine_rows(ref_all, cand_all)
+    if sparse:  # a text without a weight on either side (BGE-M3: specials only) agrees
+        cos[~ref_all.any(axis=1) & ~cand_all.any(axis=1)] = 1.0
     text_bucket = np.asarray([bucket_of(int(n)) for n in lengths])
 
     per_query: dict[str, dict[str, Any]] = {}

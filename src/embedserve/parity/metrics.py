@@ -52,8 +52,8 @@ def sparse_stats(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     """Vocabulary-wide weight rows: per row, the Jaccard of their non-zero id sets (p50 / p01 /
     min), how many rows have equal sets, and the largest weight difference."""
     na, nb = a != 0, b != 0
-    union = np.maximum((na | nb).sum(axis=1), 1)
-    jaccard = (na & nb).sum(axis=1) / union
+    union = (na | nb).sum(axis=1)
+    jaccard = np.where(union == 0, 1.0, (na & nb).sum(axis=1) / np.maximum(union, 1))  # both empty: equal
     equal = (na == nb).all(axis=1)
     diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.size else 0.0
     stats = cosine_stats(jaccard)
