@@ -5,7 +5,10 @@ whether the non-zero terms agree.
     python benchmarks/sparse_bench.py DIR [--tokens 512] [--inputs 32] [--rounds 3] [--batch 8]
 
 DIR: a SparseEncoder directory (tests/helpers/tiny_sparse.py `build_splade` makes one from
-all-MiniLM-L6-v2's real encoder and a seeded head).
+all-MiniLM-L6-v2's real encoder and a seeded head). `--build N`: build it there first (if
+absent) with N positions (MiniLM's 512 tiled; N = 8192 for an 8K-token run).
+
+    python benchmarks/sparse_bench.py /tmp/splade-8k --build 8192 --tokens 8192 --inputs 4
 """
 
 from __future__ import annotations
@@ -31,7 +34,16 @@ def main() -> None:
     p.add_argument("--inputs", type=int, default=32)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch", type=int, default=8, help="SparseEncoder's batch size")
+    p.add_argument("--build", type=int, default=None, metavar="POSITIONS", help="build DIR first")
     a = p.parse_args()
+    if a.build is not None:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test fixtures' builder
+        from tests.helpers.tiny_sparse import build_splade
+
+        build_splade(Path(a.dir), positions=a.build)
 
     from sentence_transformers import SparseEncoder
 

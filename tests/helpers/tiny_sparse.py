@@ -12,8 +12,11 @@ import torch
 from tests.helpers.tiny_bert import minilm_dir
 
 
-def build_splade(dst: Path, strategy: str = "max", activation: str = "relu", seed: int = 0) -> Path:
-    """A SparseEncoder directory at `dst` (built once per path)."""
+def build_splade(
+    dst: Path, strategy: str = "max", activation: str = "relu", seed: int = 0, positions: int = 512
+) -> Path:
+    """A SparseEncoder directory at `dst` (built once per path); `positions` over MiniLM's 512:
+    its learned position table tiled that far (a long-input SPLADE for benchmarks)."""
     if (dst / "modules.json").exists():
         return dst
     import transformers
@@ -23,8 +26,14 @@ def build_splade(dst: Path, strategy: str = "max", activation: str = "relu", see
 
     src = minilm_dir()
     config = transformers.BertConfig.from_pretrained(src)
+    config.max_position_embeddings = positions
     model = transformers.BertForMaskedLM(config)
     encoder = {k.removeprefix("bert."): v for k, v in load_file(src / "model.safetensors").items()}
+    encoder.pop("embeddings.position_ids", None)
+    table = encoder["embeddings.position_embeddings.weight"]
+    encoder["embeddings.position_embeddings.weight"] = table.repeat(-(-positions // len(table)), 1)[
+        :positions
+    ]
     model.bert.load_state_dict(encoder, strict=False)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -36,8 +45,9 @@ def build_splade(dst: Path, strategy: str = "max", activation: str = "relu", see
         head.bias.copy_(-6.0 + 2.0 * torch.randn(head.bias.shape, generator=gen))
     mlm = dst.with_name(dst.name + "-mlm")
     model.save_pretrained(mlm)
-    transformers.AutoTokenizer.from_pretrained(src).save_pretrained(mlm)
-    enc = SparseEncoder(modules=[MLMTransformer(str(mlm)), SpladePooling(strategy, activation)], device="cpu")
+    transformers.AutoTokenizer.from_pretrained(src, model_max_length=positions).save_pretrained(mlm)
+    transformer = MLMTransformer(str(mlm), max_seq_length=positions)
+    enc = SparseEncoder(modules=[transformer, SpladePooling(strategy, activation)], device="cpu")
     enc.save(str(dst))
     return dst
 
