@@ -9,6 +9,11 @@ all-MiniLM-L6-v2's real encoder and a seeded head). `--build N`: build it there 
 absent) with N positions (MiniLM's 512 tiled; N = 8192 for an 8K-token run).
 
     python benchmarks/sparse_bench.py /tmp/splade-8k --build 8192 --tokens 8192 --inputs 4
+    python benchmarks/sparse_bench.py /tmp/splade-8k --tokens 8192 --rss   # peak memory per arm
+
+`--rss`: each arm in a fresh process embeds one input of `--tokens`; its peak RSS after the
+model loaded and after the input (sentence-transformers holds the [tokens, vocab] logits; the
+engine folds them a slice at a time).
 """
 
 from __future__ import annotations
@@ -27,6 +32,30 @@ def texts(n: int, tokens: int) -> list[str]:
     return [f"{i} " + " ".join(rng.choice(WORDS, size=tokens - 3)) for i in range(n)]
 
 
+def peak_rss(arm: str, model_dir: str, tokens: int) -> str:
+    """One arm in this process (run by `--rss` in a fresh one): peak RSS after load and after
+    one input of `tokens`."""
+    import resource
+
+    items = texts(1, tokens)
+    if arm == "SparseEncoder":
+        from sentence_transformers import SparseEncoder
+
+        model = SparseEncoder(model_dir, device="cpu")
+        loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        model.encode(items, batch_size=1, convert_to_tensor=True)
+    else:
+        from embedserve import Engine
+
+        engine = Engine.from_pretrained(model_dir, max_num_batched_tokens=max(2048, tokens))
+        loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        engine.embed(items)
+        engine.close()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = f"{peak / 1024:.0f} MB after one {tokens}-token input"
+    return f"{arm}: peak RSS {loaded / 1024:.0f} MB after load, {after}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir")
@@ -35,7 +64,20 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch", type=int, default=8, help="SparseEncoder's batch size")
     p.add_argument("--build", type=int, default=None, metavar="POSITIONS", help="build DIR first")
+    p.add_argument("--rss", action="store_true", help="peak memory of each arm, a fresh process each")
+    p.add_argument("--arm", default=None, help=argparse.SUPPRESS)  # --rss's child
     a = p.parse_args()
+    if a.arm is not None:
+        print(peak_rss(a.arm, a.dir, a.tokens))
+        return
+    if a.rss:
+        import subprocess
+        import sys
+
+        for arm in ("SparseEncoder", "embedserve"):
+            cmd = [sys.executable, __file__, a.dir, "--tokens", str(a.tokens), "--arm", arm]
+            print(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip())
+        return
     if a.build is not None:
         import sys
         from pathlib import Path
