@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import safe_open
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.config import PoolingConfig, PoolingMethod
@@ -33,6 +32,7 @@ from embedserve.models.multivector import (
 from embedserve.models.registry import model_config_from_hf, sliding_window
 from embedserve.models.router import router_dirs
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
+from embedserve.models.tensor_file import read_tensors
 
 if TYPE_CHECKING:
     from embedserve.models.qwen3_vl.spec import Qwen3VLSpec
@@ -200,10 +200,7 @@ def _multimodal(raw: dict[str, Any], root: Path) -> Qwen3VLSpec:
 
 
 def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every shard's tensors, each read when asked for (models/tensor_file.py: no memory map,
+    so loading peaks at the parameters plus one tensor, not plus the files)."""
     for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as handle:
-                for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
-                    yield name, handle.get_tensor(name)
-        except Exception as e:  # safetensors raises its own error types for corrupt files
-            raise ModelLoadError(f"cannot read weights from {f}: {e}") from e
+        yield from read_tensors(f)
