@@ -62,6 +62,7 @@ def test_http_target_runs_the_matrix(
     assert all(b["model"] == "fake-model" and "priority" not in b for b in fake_state.requests)
 
 
+@pytest.mark.slow  # CI time: the http target's matrix runs in CI
 def test_interference_reports_short_queries_idle_and_flooded(qwen3_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     argv = ["bench", "--scenario", "interference", "--target", f"sentence-transformers:{qwen3_dir}?name=st",

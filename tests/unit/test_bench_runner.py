@@ -22,6 +22,7 @@ def _rows(out: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # CI time: the failing-cells run covers the runner in CI
 def test_matrix_2x2_writes_every_output(qwen3_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     code = main([

@@ -106,7 +106,8 @@ CASES: dict[str, tuple[bool, dict[str, object]]] = {
 }
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# CI time: fp32 runs in CI, bf16 with `-m slow`
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_vectors_are_byte_identical_across_batches_budgets_paths_and_preemption(
     qwen3_dir: Path, dtype: str
 ) -> None:

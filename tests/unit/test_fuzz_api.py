@@ -59,6 +59,7 @@ def test_fuzzing_the_server_finds_no_5xx_and_no_schema_violation(server: tuple[T
     assert client.post("/v1/embeddings", json={"input": "after the fuzz"}).status_code == 200
 
 
+@pytest.mark.slow  # CI time: the server's fuzz runs in CI, the gateway's with `-m slow`
 def test_fuzzing_the_gateway_finds_no_5xx_and_no_schema_violation(
     server: tuple[TestClient, str], qwen3_dir: Path, tmp_path: Path
 ) -> None:
