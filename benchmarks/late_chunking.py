@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from embedserve import Engine
+from embedserve.engine.multivector import maxsim
 from embedserve.index.chunking import Chunk, Chunker
 from embedserve.index.engine_embedder import EngineEmbedder
 from embedserve.index.late import Window, late_windows
@@ -69,7 +70,7 @@ def embed_multivector(engine: Engine, docs: list[list[Chunk]]) -> tuple[list[np.
 
 def maxsim_scores(queries: list[np.ndarray], docs: list[np.ndarray]) -> np.ndarray:
     """[queries, docs] MaxSim: each query vector's best document vector, summed."""
-    return np.stack([[float((q @ d.T).max(axis=1).sum()) for d in docs] for q in queries])
+    return np.array([[maxsim(q, d) for d in docs] for q in queries])
 
 
 def retrieval(

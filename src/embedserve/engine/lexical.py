@@ -14,9 +14,9 @@ import torch
 
 from embedserve.config import PoolingMethod
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import gather_all, wait_all
+from embedserve.engine.loop import wait_all
 from embedserve.engine.multivector import MultiVectorMixin
-from embedserve.engine.outputs import EmbeddingOutput, output_of
+from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of
 from embedserve.errors import InternalEngineError, InvalidInputError
 from embedserve.models.lexical_head import LexicalHead
 from embedserve.pooling.head import apply_head
@@ -133,8 +133,7 @@ class LexicalMixin(MultiVectorMixin):
                 keep = tokens.keeps(req.token_ids, "document")
                 state = MultiVectorState(tokens, keep, chunk, dimensions, tokens.normalize)
                 req.pooling.multivector = state  # type: ignore[attr-defined]  # a DenseAndLexical
-        done = await gather_all(self._loop.submit(requests))
-        outputs = [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
+        outputs = await gather_outputs(self._loop.submit(requests), tokenized)
         hidden, vocab = self.config.model.hidden_size, self.config.model.vocab_size
         norm = self.config.pooling.normalize if normalize is None else normalize
         dense = [
@@ -152,7 +151,7 @@ class LexicalMixin(MultiVectorMixin):
         self, tokenized: list[Tokenized], *, priority: str = "online", normalize: bool | None = None
     ) -> list[EmbeddingOutput]:
         futures = self.submit_lexical(tokenized, priority, normalize)
-        return [output_of(f, t) for f, t in zip(await gather_all(futures), tokenized, strict=True)]
+        return await gather_outputs(futures, tokenized)
 
     def embed_lexical(
         self,

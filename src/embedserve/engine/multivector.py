@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import gather_all, wait_all
-from embedserve.engine.outputs import EmbeddingOutput, output_of
+from embedserve.engine.loop import wait_all
+from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of
 from embedserve.engine.rerank import HeadMixin
 from embedserve.errors import InvalidInputError
 from embedserve.pooling.multivector import MultiVectorState
@@ -198,5 +198,4 @@ class MultiVectorMixin(HeadMixin):
         futures = self.submit_multivector(
             items, dimensions=dimensions, normalize=normalize, priority=priority
         )
-        done = await gather_all(futures)
-        return [output_of(f, i.tokenized) for f, i in zip(done, items, strict=True)]
+        return await gather_outputs(futures, [i.tokenized for i in items])
