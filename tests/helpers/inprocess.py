@@ -144,7 +144,7 @@ def ingress_app(
     """The Ray Serve ingress's app (scale/ingress.py) with a short and a long pool whose replicas
     are `server`'s runtime (LocalReplica), and those replicas."""
     from embedserve.scale.config import parse_scale_config
-    from embedserve.scale.ingress import serve_gateway
+    from embedserve.scale.ingress_app import serve_gateway
 
     cfg = parse_scale_config(
         {

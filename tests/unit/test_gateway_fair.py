@@ -207,3 +207,50 @@ def test_a_waiter_that_leaves_gives_its_tenant_its_place_back() -> None:
             assert gate._finish["a"] == 10 and gate.waiting == 0  # as if it had never come
 
     asyncio.run(go())
+
+
+def test_a_reloaded_pool_keeps_its_gate_and_what_is_in_flight_on_it() -> None:
+    """A reload (gateway/live.py) builds new pools; one keeping its name keeps its gate, resized:
+    parts still in flight count against the new limit (the pool is never sent twice its
+    allowance), and a larger limit lets a waiting part go at once."""
+    from embedserve.gateway.config import parse_config
+    from embedserve.gateway.upstreams import UpstreamSet
+
+    def config(limit: int) -> Any:
+        pools = {"long": {"max_tokens": 64, "upstreams": ["http://x:1"], "max_inflight_tokens": limit}}
+        return parse_config({"pools": pools, "routes": [{"class": "batch", "order": ["long"]}]})
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as client:
+            old = UpstreamSet(config(10), client)
+            gate = old.pools["long"].gate
+            assert gate is not None
+            held = asyncio.Event()
+            release = asyncio.Event()
+
+            async def running() -> None:
+                async with gate.slot(8, "batch"):
+                    held.set()
+                    await release.wait()
+
+            first = asyncio.create_task(running())
+            await held.wait()
+            new = UpstreamSet(config(12), client, before=old)
+            kept = new.pools["long"].gate
+            assert kept is gate and kept.capacity == 12 and kept.inflight == 8
+            waiter = asyncio.create_task(_take(kept, 6))  # 8 + 6 > 12: waits for the old part
+            await asyncio.sleep(0.01)
+            assert kept.waiting == 1
+            UpstreamSet(config(14), client, before=new)  # a second reload raises the limit: it goes
+            await asyncio.wait_for(waiter, 1)
+            release.set()
+            await first
+            assert kept.inflight == 0
+            assert UpstreamSet(config(10), client).pools["long"].gate is not gate  # no `before`: new
+
+    asyncio.run(go())
+
+
+async def _take(gate: FairGate, tokens: int) -> None:
+    async with gate.slot(tokens, "batch"):
+        pass

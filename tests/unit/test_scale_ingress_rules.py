@@ -2,7 +2,8 @@
 route reaches the replica's handler for it, every call carries the time left of the request's
 deadline, an expired part is never sent (nor retried on another replica or pool), a pool's
 deadline 503 ends the part with 504 (not re-queued on the next pool, as the HTTP gateway), any
-other 503 falls back, and the schema guard reads the replica's schema, not the body's."""
+other 503 falls back, the schema guard reads the replica's schema, not the body's, and a pool's
+`max_inflight_tokens` is shared by tenants' weights as the HTTP gateway shares it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from embedserve.api.protocol import ApiError
+from embedserve.gateway.fair import CURRENT_TENANT, FairGate
 from embedserve.gateway.forward import Part
 from embedserve.gateway.metrics import GatewayMetrics
 
@@ -62,11 +64,15 @@ class StubHandle:
         return reply
 
 
-def _run(handles: dict[str, StubHandle], part: Part) -> Any:
-    pools = SimpleNamespace(handles=handles, schema=SCHEMA, mark_down=lambda *_: None)
+def _runner(handles: dict[str, StubHandle], gates: dict[str, FairGate] | None = None) -> ServeRunner:
+    pools = SimpleNamespace(handles=handles, schema=SCHEMA, mark_down=lambda *_: None, gates=gates or {})
     runner = ServeRunner(pools, GatewayMetrics(None))  # type: ignore[arg-type]
     runner.failures = (Died,)
-    return asyncio.run(runner.run(part, "online"))
+    return runner
+
+
+def _run(handles: dict[str, StubHandle], part: Part) -> Any:
+    return asyncio.run(_runner(handles).run(part, "online"))
 
 
 def _part(path: str = "/v1/embeddings", deadline_in: float | None = None) -> Part:
@@ -152,3 +158,35 @@ def test_a_200_without_one_answer_per_input_is_502() -> None:
     with pytest.raises(ApiError) as e:
         _run(handles, part)
     assert e.value.status == 502 and "one answer per input" in e.value.message
+
+
+def test_a_pools_allowance_is_shared_by_tenants_weights_as_the_gateway_shares_it() -> None:
+    """Capacity 3 tokens, parts of 3: one at a time. Tenant a (weight 3) and b (weight 1) queue
+    8 batch parts each behind a running part: of the first 8 to go, a gets 6, b 2; an online
+    part never waits at the gate."""
+    handles = {"short": StubHandle(200)}
+    handles["short"].delay = 0.01
+    gate = FairGate(3)
+    runner = _runner(handles, {"short": gate})
+    order: list[str] = []
+
+    async def one(tenant: str, weight: float) -> None:
+        CURRENT_TENANT.set((tenant, weight))
+        await runner.run(Part(("short",), [0], 3, {"input": [tenant]}, "/v1/embeddings"), "batch")
+        order.append(tenant)
+
+    async def main() -> float:
+        first = asyncio.create_task(one("first", 1.0))
+        await asyncio.sleep(0)  # it holds the allowance: everyone else waits
+        tasks = [asyncio.create_task(one(t, w)) for _ in range(8) for t, w in (("a", 3.0), ("b", 1.0))]
+        await asyncio.sleep(0)
+        assert gate.waiting == 16
+        began = time.monotonic()
+        await runner.run(Part(("short",), [0], 3, {"input": ["q"]}, "/v1/embeddings"), "online")
+        online = time.monotonic() - began
+        await asyncio.gather(first, *tasks)
+        return online
+
+    online = asyncio.run(main())
+    assert order[0] == "first" and sorted(order[1:9]) == ["a"] * 6 + ["b"] * 2, order
+    assert online < 0.1 and gate.inflight == 0 and gate.waiting == 0

@@ -55,6 +55,13 @@ class FairGate:
         self._heap: list[_Waiter] = []
         self._seq = itertools.count()
 
+    def resize(self, max_inflight_tokens: int) -> FairGate:
+        """A reloaded pool's new limit on this gate: the parts in flight and waiting still count
+        (a reload never doubles what a pool is sent); a larger limit lets waiters go at once."""
+        self.capacity = max_inflight_tokens
+        self._wake()
+        return self
+
     @property
     def waiting(self) -> int:
         return len(self._heap)
@@ -126,3 +133,17 @@ class FairGate:
                 continue
             self._take(waiter.tokens, waiter.key[0])
             waiter.ready.set_result(None)
+
+
+@contextlib.asynccontextmanager
+async def allowance(
+    gate: FairGate | None, tokens: int, traffic_class: str, waited: Callable[[float], None]
+) -> AsyncIterator[None]:
+    """A pool's allowance of `tokens` in flight where it has a gate (else nothing to wait for);
+    `waited(seconds)` is told the wait (the pool's queue-time metric)."""
+    if gate is None:
+        yield
+        return
+    async with gate.slot(tokens, traffic_class) as seconds:
+        waited(seconds)
+        yield

@@ -18,10 +18,9 @@ trying another pool would only make the client wait a second time.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, is_deadli
 from embedserve.api.keepalive import MAX_RETRY_AFTER_S
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import EMBEDDINGS_PATH, route_at
+from embedserve.gateway.fair import allowance
 from embedserve.gateway.metrics import GatewayMetrics
 from embedserve.gateway.upstreams import Pool, Upstream, UpstreamSet
 
@@ -92,7 +92,8 @@ class Forwarder:
         refusals: list[Refusal] = []
         for name in part.candidates:
             pool = self.upstreams.pools[name]
-            async with self._allowance(part, pool, traffic_class):
+            queue = self.metrics.pool_queue.labels(name, traffic_class)
+            async with allowance(pool.gate, part.tokens, traffic_class, queue.observe):
                 reason = "unavailable"
                 for up in pool.choose(self.policy):
                     check_deadline(part, name)
@@ -113,17 +114,6 @@ class Forwarder:
             kind,
             {"Retry-After": wait},
         )
-
-    @contextlib.asynccontextmanager
-    async def _allowance(self, part: Part, pool: Pool, traffic_class: str) -> AsyncIterator[None]:
-        """The pool's allowance of tokens in flight for the part, if it has one (gateway/fair.py:
-        parts beyond it wait, online first, then tenants by weight)."""
-        if pool.gate is None:
-            yield
-            return
-        async with pool.gate.slot(part.tokens, traffic_class) as waited:
-            self.metrics.pool_queue.labels(pool.name, traffic_class).observe(waited)
-            yield
 
     async def _attempt(
         self, part: Part, pool: Pool, up: Upstream, traffic_class: str

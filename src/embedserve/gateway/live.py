@@ -7,7 +7,8 @@ swaps models, aliases, pools, routes and tenants at once, without dropping a req
 - then one swap: requests already running finish on what they started with (their pools, their
   tenant's quota), every later one sees the new config;
 - the old pools' health polling stops; a model keeping its name keeps its metrics (the counters
-  go on), and so do the tenants' metrics. Tenants' quota buckets start full again.
+  go on), and so do the tenants' metrics; a pool keeping its name keeps its fair-share gate
+  (`max_inflight_tokens` resized: parts still in flight count, parts waiting keep their turn).
 
 Settings of the process itself (the port, keys given with --api-key, `upstream_api_key_env`,
 `timeout_s` of the shared HTTP client, tracing) need a restart.
@@ -86,10 +87,11 @@ async def build(
             path = counter_for(model_config.model)
             if path not in counters:
                 counters[path] = await asyncio.to_thread(TokenCounter, path)
-            upstreams = UpstreamSet(model_config, client)
+            kept = _kept(previous, model_config.served_model_name)
+            old = kept.upstreams if kept is not None else None
+            upstreams = UpstreamSet(model_config, client, old if isinstance(old, UpstreamSet) else None)
             sets.append(upstreams)
             await upstreams.start()  # refuses to start on mixed schemas (per model)
-            kept = _kept(previous, model_config.served_model_name)
             metrics = kept.metrics if kept is not None else GatewayMetrics(upstreams)
             if kept is not None:
                 watch.append((metrics, upstreams))

@@ -37,14 +37,19 @@ class Upstream:
 
 
 class Pool:
-    def __init__(self, config: PoolConfig, members: list[Upstream]) -> None:
+    def __init__(self, config: PoolConfig, members: list[Upstream], before: Pool | None = None) -> None:
+        """`before`: the pool of this name a reload replaces (its fair-share gate carries over)."""
         self.config = config
         self.members = members
         # Why each member is out of rotation (None: in rotation).
         self.reasons: dict[str, str | None] = {u.url: _NOT_POLLED.error for u in members}
         self._turn = itertools.count()
         limit = config.max_inflight_tokens
-        self.gate = None if limit is None else FairGate(limit)  # parts beyond it wait, fairly
+        kept: FairGate | None = before.gate if before is not None else None
+        # Parts beyond the limit wait, fairly; a reload keeps the gate and what it counts.
+        self.gate: FairGate | None = None
+        if limit is not None:
+            self.gate = kept.resize(limit) if kept is not None else FairGate(limit)
 
     @property
     def name(self) -> str:
@@ -66,11 +71,18 @@ class Pool:
 
 
 class UpstreamSet:
-    def __init__(self, config: GatewayConfig, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self, config: GatewayConfig, client: httpx.AsyncClient, before: UpstreamSet | None = None
+    ) -> None:
+        """`before`: the model's pools a reload replaces (pools keeping their names keep their
+        fair-share gates: parts still in flight on them count against the new limits)."""
         self.config = config
         self.client = client
         self.upstreams = {url: Upstream(url) for p in config.pools for url in p.upstreams}
-        self.pools = {p.name: Pool(p, [self.upstreams[u] for u in p.upstreams]) for p in config.pools}
+        old: dict[str, Pool] = {} if before is None else before.pools
+        self.pools: dict[str, Pool] = {
+            p.name: Pool(p, [self.upstreams[u] for u in p.upstreams], old.get(p.name)) for p in config.pools
+        }
         self.schema: str | None = None  # fixed once known
         self._poller: asyncio.Task[None] | None = None
 

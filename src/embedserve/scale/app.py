@@ -20,8 +20,9 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
-from embedserve.scale.config import ScaleConfig, ServePool, load_scale_config, parse_scale_config
-from embedserve.scale.ingress import Ingress
+from embedserve.scale.cluster_config import ClusterConfig, load_cluster_config, parse_cluster_config
+from embedserve.scale.config import ScaleConfig, ServePool
+from embedserve.scale.ingress_app import Ingress
 from embedserve.scale.metrics import MetricsHub
 from embedserve.scale.replica import PoolReplica
 
@@ -32,6 +33,7 @@ IMPORT_PATH = "embedserve.scale.app:app_builder"
 POLICY_PATH = "embedserve.scale.policy:QueuedTokensPolicy"
 INGRESS = "ingress"
 HUB = "metrics-hub"
+INGRESS_MAX_ONGOING = 1024  # as `embedserve serve`'s limit_concurrency
 # Used only when this Ray has no custom autoscaling policies (see `custom_policy_supported`).
 FALLBACK_TARGET_ONGOING_REQUESTS = 4
 
@@ -88,6 +90,9 @@ def deployment_options(pool: ServePool) -> dict[str, Any]:
         actor["num_gpus"] = pool.num_gpus
     return {
         "name": pool.deployment,
+        # Serve's default (5) would cap what one engine batches; its own admission (429 past
+        # max_queued_tokens) is the backpressure, as on `embedserve serve`.
+        "max_ongoing_requests": pool.engine.max_num_seqs,
         "autoscaling_config": autoscaling,
         "ray_actor_options": actor,
         # Warm-up runs in the constructor: allow for a slow model load.
@@ -97,31 +102,44 @@ def deployment_options(pool: ServePool) -> dict[str, Any]:
 
 
 def _light(name: str) -> dict[str, Any]:
-    """The ingress and the hub: no engine, so no CPU reserved (they must not block replicas)."""
-    return {"name": name, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}
+    """The ingress and the hub: no engine, so no CPU reserved (they must not block replicas).
+    The ingress takes every request at once (Serve's default of 5 would queue them in the proxy,
+    first come first served, before the gateway's counting, quotas and fair share see them)."""
+    options: dict[str, Any] = {"name": name, "num_replicas": 1, "ray_actor_options": {"num_cpus": 0}}
+    if name == INGRESS:
+        options["max_ongoing_requests"] = INGRESS_MAX_ONGOING
+    return options
 
 
-def build_app(config: ScaleConfig) -> Application:
+def build_app(config: ScaleConfig | ClusterConfig) -> Application:
+    """The ingress over one deployment per pool of every model (handles by deployment name)."""
+    cluster = ClusterConfig.of(config)
     hub = HubDeployment.options(**_light(HUB)).bind()
-    name = config.gateway.served_model_name
     handles = {
-        p.name: PoolDeployment.options(**deployment_options(p)).bind(p, name, hub) for p in config.pools
+        p.deployment: PoolDeployment.options(**deployment_options(p)).bind(
+            p, m.gateway.served_model_name, hub
+        )
+        for m in cluster.models
+        for p in m.pools
     }
-    return IngressDeployment.options(**_light(INGRESS)).bind(config, handles, hub)
+    return IngressDeployment.options(**_light(INGRESS)).bind(cluster, handles, hub)
 
 
 def app_builder(args: dict[str, Any]) -> Application:
     """`serve run embedserve.scale.app:app_builder config=pools.yaml`, or the RayService's
     `args: {pools: <the pools.yaml mapping>}` (self-contained: no file needed on the cluster)."""
     if "pools" in args:
-        return build_app(parse_scale_config(args["pools"]))
+        return build_app(parse_cluster_config(args["pools"]))
     if "config" in args:
-        return build_app(load_scale_config(args["config"]))
+        return build_app(load_cluster_config(args["config"]))
     raise ValueError("app_builder needs args 'config' (a pools.yaml path) or 'pools' (its mapping)")
 
 
-def serve_config(config: ScaleConfig, host: str = "0.0.0.0", port: int = 8000) -> dict[str, Any]:
+def serve_config(
+    config: ScaleConfig | ClusterConfig, host: str = "0.0.0.0", port: int = 8000
+) -> dict[str, Any]:
     """The declarative Serve config (`serve build` style) for this pools.yaml."""
+    config = ClusterConfig.of(config)
     deployments = [_light(INGRESS), _light(HUB), *(deployment_options(p) for p in config.pools)]
     return {
         "proxy_location": "EveryNode",

@@ -45,9 +45,9 @@ def _cmd_serve_cluster(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        from embedserve.scale.config import load_scale_config
+        from embedserve.scale.cluster_config import load_cluster_config
 
-        config = load_scale_config(args.config)
+        config = load_cluster_config(args.config)
         if args.emit is not None:
             return _emit(config, args)
         return _run(config, args)

@@ -30,10 +30,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from embedserve.engine.options import OPTION_NAMES, EngineOptions, OptionError
-from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_config
+from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_config, read_config
 
 # Every engine option is a pool key (engine/options.py); the few a pool refuses say why there.
 _SERVING_KEYS = {"model", "replicas", "resources", "warmup_lengths", "max_queued_tokens", *OPTION_NAMES}
@@ -65,6 +63,7 @@ class Scaling:
 @dataclass(frozen=True)
 class ServePool:
     name: str
+    scope: str | None  # its model's served name in the many-model form (cluster_config.py)
     model: str
     engine: EngineOptions  # each replica's engine (max_model_len always set)
     scaling: Scaling
@@ -75,7 +74,20 @@ class ServePool:
 
     @property
     def deployment(self) -> str:
-        return f"pool-{self.name}"
+        """Its Serve deployment: `pool-NAME`, or `pool-MODEL-NAME` with many models."""
+        if self.scope is None:
+            return f"pool-{self.name}"
+        return f"pool-{_slug(self.scope)}-{self.name}"
+
+    @property
+    def label(self) -> str:
+        """Its `pool` label on the replicas' metrics: NAME, or MODEL/NAME with many models."""
+        return self.name if self.scope is None else f"{self.scope}/{self.name}"
+
+
+def _slug(name: str) -> str:
+    """A served model name as a deployment name's part (letters, digits, '-' and '_')."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
 
 
 @dataclass(frozen=True)
@@ -90,42 +102,56 @@ class ScaleConfig:
 
 
 def load_scale_config(path: str | Path) -> ScaleConfig:
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise GatewayConfigError(f"cannot read {path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise GatewayConfigError(f"{path} is not valid YAML: {e}") from None
-    try:
-        return parse_scale_config(raw)
-    except GatewayConfigError as e:
-        raise GatewayConfigError(f"{path}: {e}") from None
+    return read_config(path, parse_scale_config)
 
 
 def parse_scale_config(raw: object) -> ScaleConfig:
+    """The single-model form (top-level `pools:`); scale/cluster_config.py reads every form."""
     if not isinstance(raw, dict) or not isinstance(raw.get("pools"), dict):
         raise GatewayConfigError("the config needs a 'pools' mapping")
+    stripped, serving = split_pools(raw["pools"], "pools")
+    return replace(attach(parse_config({**raw, "pools": stripped}), serving, raw.get("model")), raw=raw)
+
+
+def split_pools(pools: dict[Any, Any], where: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A `pools:` mapping as the gateway's parser reads it (serving keys out, a placeholder
+    upstream in) and each pool's serving keys."""
     stripped: dict[str, Any] = {}
     serving: dict[str, dict[str, Any]] = {}
-    for name, body in raw["pools"].items():
+    for name, body in pools.items():
         if not isinstance(body, dict):
-            raise GatewayConfigError(f"pools.{name}: expected a mapping")
+            raise GatewayConfigError(f"{where}.{name}: expected a mapping")
         if "upstreams" in body:
             raise GatewayConfigError(
-                f"pools.{name}: serve-cluster pools give 'model:' (run by Ray Serve), not 'upstreams:'"
+                f"{where}.{name}: serve-cluster pools give 'model:' (run by Ray Serve), not 'upstreams:'"
             )
         serving[str(name)] = {k: v for k, v in body.items() if k in _SERVING_KEYS}
         stripped[str(name)] = {
             **{k: v for k, v in body.items() if k not in _SERVING_KEYS},
             "upstreams": [_PLACEHOLDER],
         }
-    gateway = parse_config({**raw, "pools": stripped})
-    default_model = raw.get("model")
-    pools = tuple(_pool(p.name, p.max_tokens, serving[p.name], default_model) for p in gateway.pools)
+    return stripped, serving
+
+
+def attach(
+    gateway: GatewayConfig,
+    serving: dict[str, dict[str, Any]],
+    default_model: object,
+    scope: str | None = None,
+) -> ScaleConfig:
+    """One model's gateway config with its pools run by Serve: each pool's replicas and
+    engine, its single "upstream" its deployment (`scope`: the model's entry in a `models:`
+    map, which names its deployments)."""
+    where = "pools" if scope is None else f"models.{scope}.pools"
+    pools = tuple(
+        _pool(p.name, p.max_tokens, serving[p.name], default_model, where, scope) for p in gateway.pools
+    )
     models = {p.model for p in pools}
     if len(models) > 1:
-        # One token counter and one embedding schema per gateway (embedserve.gateway.guard).
-        raise GatewayConfigError(f"pools name different models {sorted(models)}: one app serves one model")
+        # One token counter and one embedding schema per model (embedserve.gateway.guard).
+        raise GatewayConfigError(
+            f"{where}: pools name different models {sorted(models)}: a served model is one model"
+        )
     gateway = replace(
         gateway,
         model=pools[0].model,
@@ -134,7 +160,7 @@ def parse_scale_config(raw: object) -> ScaleConfig:
             for g, p in zip(gateway.pools, pools, strict=True)
         ),
     )
-    return ScaleConfig(gateway=gateway, pools=pools, model=pools[0].model, raw=raw)
+    return ScaleConfig(gateway=gateway, pools=pools, model=pools[0].model, raw={})
 
 
 def resolve_model(model: str) -> str:
@@ -144,8 +170,10 @@ def resolve_model(model: str) -> str:
     return model_argument(model)
 
 
-def _pool(name: str, max_tokens: int, body: dict[str, Any], default_model: object) -> ServePool:
-    where = f"pools.{name}"
+def _pool(
+    name: str, max_tokens: int, body: dict[str, Any], default_model: object, within: str, scope: str | None
+) -> ServePool:
+    where = f"{within}.{name}"
     model = body.get("model", default_model)
     if not isinstance(model, str) or not model:
         raise GatewayConfigError(f"{where}: no model: set 'model:' on the pool or at the top")
@@ -171,6 +199,7 @@ def _pool(name: str, max_tokens: int, body: dict[str, Any], default_model: objec
     queued = body.get("max_queued_tokens")
     return ServePool(
         name=name,
+        scope=scope,
         model=model,
         engine=engine,
         scaling=scaling,

@@ -22,15 +22,15 @@ at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from embedserve.api.deadline import is_deadline_error
 from embedserve.api.protocol import ApiError
 from embedserve.gateway.config import GatewayConfigError
+from embedserve.gateway.fair import FairGate, allowance
 from embedserve.gateway.forward import (
     Part,
     PartResult,
@@ -43,12 +43,7 @@ from embedserve.gateway.forward import (
 )
 from embedserve.gateway.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
 from embedserve.gateway.metrics import GatewayMetrics
-from embedserve.scale.config import ScaleConfig, resolve_model
-from embedserve.scale.metrics import ReplicaCollector
-
-if TYPE_CHECKING:  # imported when an Ingress starts (the counter loads a tokenizer)
-    from embedserve.gateway.counting import TokenCounter
-    from embedserve.gateway.service import GatewayService
+from embedserve.scale.config import ScaleConfig
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +71,10 @@ class ServePools:
         self.reports: dict[str, UpstreamReport] = {}
         self.reasons: dict[str, str | None] = {p.name: "not polled yet" for p in self.config.pools}
         self.schema: str | None = None
+        # Tokens in flight to a pool with max_inflight_tokens; more wait, fairly (gateway/fair.py).
+        self.gates = {
+            p.name: FairGate(p.max_inflight_tokens) for p in self.config.pools if p.max_inflight_tokens
+        }
 
     async def start(self) -> None:
         reports = await self._probe_all()
@@ -157,7 +156,9 @@ class ServeRunner:
     async def run(self, part: Part, traffic_class: str) -> PartResult:
         refusals: list[Refusal] = []
         for name in part.candidates:
-            result = await self._on_pool(part, name, traffic_class)
+            queue = self.metrics.pool_queue.labels(name, traffic_class)
+            async with allowance(self.pools.gates.get(name), part.tokens, traffic_class, queue.observe):
+                result = await self._on_pool(part, name, traffic_class)
             if isinstance(result, PartResult):
                 return result
             refusals.append(result)
@@ -229,46 +230,6 @@ class ServeRunner:
         self.metrics.pool_tokens.labels(name, traffic_class).inc(part.tokens)
         self.metrics.pool_latency.labels(name, traffic_class).observe(elapsed)
         return PartResult(part, name, body, reply.get("headers") or {}, elapsed)
-
-
-async def serve_gateway(
-    config: ScaleConfig, handles: Mapping[str, Any], counter: TokenCounter
-) -> tuple[GatewayService, ServePools]:
-    """The gateway's service over pool deployments (`handles`: name -> deployment handle)."""
-    from embedserve.gateway.service import GatewayService
-
-    pools = ServePools(config, handles)
-    await pools.start()
-    metrics = GatewayMetrics(None)
-    return GatewayService(config.gateway, counter, pools, metrics, ServeRunner(pools, metrics)), pools
-
-
-class Ingress:
-    """Serve ingress (wrapped by app.py): the gateway's FastAPI app over ServePools/ServeRunner."""
-
-    async def __init__(self, config: ScaleConfig, handles: dict[str, Any], hub: Any) -> None:  # type: ignore[misc]  # Serve awaits it
-        from embedserve.gateway.app import create_app
-        from embedserve.gateway.counting import TokenCounter
-
-        counter = await asyncio.to_thread(TokenCounter, resolve_model(config.model))
-        service, self.pools = await serve_gateway(config, handles, counter)
-        self.replica_metrics = ReplicaCollector()
-        service.metrics.registry.register(self.replica_metrics)
-        self._app = create_app(service)
-        self._hub = hub
-        self._interval = config.gateway.health_interval_s
-        self._poller = asyncio.create_task(self._poll_forever())
-
-    def __serve_build_asgi_app__(self) -> Any:
-        return self._app
-
-    async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            with contextlib.suppress(Exception):
-                await self.pools.poll()
-            with contextlib.suppress(Exception):
-                self.replica_metrics.snapshots = await self._hub.snapshots.remote()
 
 
 async def _awaitable(response: Any) -> Any:

@@ -10,16 +10,20 @@ import ray
 import yaml
 
 from embedserve.scale.app import serve_config
+from embedserve.scale.cluster_config import ClusterConfig
 from embedserve.scale.config import ScaleConfig
 
 MODELS_CLAIM = "embedserve-models"  # the read-only PVC the Kubernetes manifests mount too
 MODELS_PATH = "/models"
+KEYS_SECRET = "embedserve-keys"  # the clients' keys, by variable name (never in pools.yaml)
 
 
-def rayservice(config: ScaleConfig, image: str) -> dict[str, Any]:
+def rayservice(config: ScaleConfig | ClusterConfig, image: str) -> dict[str, Any]:
+    config = ClusterConfig.of(config)
     serve = serve_config(config, host="0.0.0.0", port=8000)
     gpus = max((p.num_gpus for p in config.pools), default=0.0)
     cpus = sum(p.num_cpus * p.scaling.max_replicas for p in config.pools)
+    keys = key_variables(config)
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
@@ -32,7 +36,7 @@ def rayservice(config: ScaleConfig, image: str) -> dict[str, Any]:
                 "headGroupSpec": {
                     # The head runs Serve's controller and proxy, no replicas.
                     "rayStartParams": {"num-cpus": "0"},
-                    "template": _pod(image, "ray-head", {"cpu": "2", "memory": "4Gi"}, head=True),
+                    "template": _pod(image, "ray-head", {"cpu": "2", "memory": "4Gi"}, keys, head=True),
                 },
                 "workerGroupSpecs": [
                     {
@@ -41,7 +45,7 @@ def rayservice(config: ScaleConfig, image: str) -> dict[str, Any]:
                         "minReplicas": 1,
                         "maxReplicas": max(1, int(cpus)),
                         "rayStartParams": {},
-                        "template": _pod(image, "ray-worker", _worker_resources(gpus)),
+                        "template": _pod(image, "ray-worker", _worker_resources(gpus), keys),
                     }
                 ],
             },
@@ -75,12 +79,22 @@ def _worker_resources(gpus: float) -> dict[str, str]:
     return out
 
 
-def _pod(image: str, name: str, resources: dict[str, str], head: bool = False) -> dict[str, Any]:
+def key_variables(config: ClusterConfig) -> list[str]:
+    """The variables the ingress reads keys from (the gateway's own, each tenant's): every pod
+    takes them from the Secret KEYS_SECRET (the ingress may be placed on any of them)."""
+    names = [config.models[0].gateway.api_keys_env, *(t.api_keys_env for t in config.tenants)]
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def _pod(
+    image: str, name: str, resources: dict[str, str], keys: list[str], head: bool = False
+) -> dict[str, Any]:
+    secret = [{"name": k, "valueFrom": {"secretKeyRef": {"name": KEYS_SECRET, "key": k}}} for k in keys]
     container: dict[str, Any] = {
         "name": name,
         "image": image,
         "resources": {"requests": resources, "limits": resources},
-        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}, *secret],
         "volumeMounts": [{"name": "models", "mountPath": MODELS_PATH, "readOnly": True}],
     }
     if head:

@@ -83,7 +83,7 @@ class PoolReplica:
         while True:
             with contextlib.suppress(Exception):  # a hub restart must not stop the replica
                 text = generate_latest(self.metrics.registry).decode()
-                await self._hub.report.remote(self.pool.name, self.replica, text)
+                await self._hub.report.remote(self.pool.label, self.replica, text)
             await asyncio.sleep(_METRICS_PUSH_S)
 
     async def __del__(self) -> None:
