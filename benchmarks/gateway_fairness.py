@@ -3,11 +3,11 @@ pool with `max_inflight_tokens`, a third sends online queries; tokens served per
 the gateway's per-tenant metrics) and the online tenant's latency alone and under the flood.
 
     python benchmarks/gateway_fairness.py [--model DIR] [--seconds 20] [--weights 3 1]
-        [--sizes 40 40] [--inflight 1024] [--clients 8] [--rate 5]
+        [--sizes 40 40] [--inputs 4 4] [--inflight 1024] [--clients 8] [--rate 5]
 
 One `embedserve serve` (the pool) and one `embedserve gateway` on loopback; tenants `a` and `b`
-(batch only, the given weights, each `--clients` closed-loop clients sending `--sizes` words per
-input, 4 inputs a request) and `c` (online only, Poisson queries at `--rate`/s).
+(batch only, the given weights, each `--clients` closed-loop clients sending `--inputs` inputs of
+`--sizes` words a request, 4 and 4 by default) and `c` (online only, Poisson queries at `--rate`/s).
 
 Measured 2026-12-05 (2-core AMD EPYC, everything on the same two cores, MiniLM, 20 s):
 - `--weights 3 1`: tokens served 47,040 : 16,968 (2.77 : 1); c's p99 60.2 -> 63.8 ms (1.06x).
@@ -48,7 +48,7 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
         time.sleep(0.5)
 
 
-async def _flood(base: str, key: str, words: int, clients: int, until: float) -> int:
+async def _flood(base: str, key: str, words: int, inputs: int, clients: int, until: float) -> int:
     """Closed-loop batch requests until `until`; returns how many were answered."""
     done = 0
     rng = random.Random(key)
@@ -57,7 +57,7 @@ async def _flood(base: str, key: str, words: int, clients: int, until: float) ->
         async def client() -> None:
             nonlocal done
             while time.monotonic() < until:
-                texts = [" ".join(rng.choices(WORDS, k=words)) for _ in range(4)]
+                texts = [" ".join(rng.choices(WORDS, k=words)) for _ in range(inputs)]
                 r = await c.post("/v1/embeddings", json={"input": texts, "priority": "batch"})
                 if r.status_code == 200:
                     done += 1
@@ -101,6 +101,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--weights", type=float, nargs=2, default=[3.0, 1.0])
     p.add_argument("--sizes", type=int, nargs=2, default=[40, 40], help="words per input of a and b")
+    p.add_argument("--inputs", type=int, nargs=2, default=[4, 4], help="inputs per request of a and b")
     p.add_argument("--inflight", type=int, default=1024, help="the pool's max_inflight_tokens")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--rate", type=float, default=5.0)
@@ -143,8 +144,8 @@ def main() -> None:
 
             async def contended() -> tuple[list[float], int, int]:
                 until = time.monotonic() + a.seconds
-                flood_a = asyncio.create_task(_flood(base, "ka", a.sizes[0], a.clients, until))
-                flood_b = asyncio.create_task(_flood(base, "kb", a.sizes[1], a.clients, until))
+                flood_a = asyncio.create_task(_flood(base, "ka", a.sizes[0], a.inputs[0], a.clients, until))
+                flood_b = asyncio.create_task(_flood(base, "kb", a.sizes[1], a.inputs[1], a.clients, until))
                 await asyncio.sleep(2)  # both backlogs built
                 lat = await _queries(base, "kc", a.rate, a.seconds - 4)
                 return lat, await flood_a, await flood_b
@@ -154,7 +155,8 @@ def main() -> None:
             served = {t: after.get(t, 0.0) - before.get(t, 0.0) for t in ("a", "b")}
             ratio = served["a"] / max(served["b"], 1.0)
             print(
-                f"weights {a.weights[0]:g}:{a.weights[1]:g}, inputs {a.sizes[0]} vs {a.sizes[1]} words, "
+                f"weights {a.weights[0]:g}:{a.weights[1]:g}, {a.inputs[0]} inputs of {a.sizes[0]} words vs "
+                f"{a.inputs[1]} of {a.sizes[1]} a request, "
                 f"max_inflight_tokens {a.inflight}, {a.clients} clients each, {a.seconds:g} s\n"
                 f"  tokens served a {served['a']:.0f} ({n_a} requests), "
                 f"b {served['b']:.0f} ({n_b} requests): "

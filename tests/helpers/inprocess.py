@@ -160,3 +160,17 @@ def ingress_app(
     replicas = {p.name: LocalReplica(runtime_of(server)) for p in cfg.pools}
     service, _ = asyncio.run(serve_gateway(cfg, replicas, TokenCounter(model_dir)))
     return create_gateway_app(service), replicas
+
+
+class Via(httpx.BaseTransport):
+    """A synchronous client's requests answered by the app behind a TestClient (its lifespan
+    running): index's and parity's HTTP embedders on an in-process server."""
+
+    def __init__(self, client: TestClient) -> None:
+        self.client = client
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        r = self.client.request(
+            request.method, str(request.url), content=request.read(), headers=request.headers
+        )
+        return httpx.Response(r.status_code, headers=r.headers, content=r.content)

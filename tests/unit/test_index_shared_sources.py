@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -24,7 +23,7 @@ from embedserve.index.embedders import build_embedder
 from embedserve.index.engine_embedder import EngineEmbedder
 from embedserve.index.errors import EndpointError
 from embedserve.index.http_embedder import HttpEmbedder
-from tests.helpers.inprocess import server_client
+from tests.helpers.inprocess import Via, server_client
 from tests.helpers.openai_stub import StubState, serve_stub
 from tests.helpers.tiny_models import QUERY_PROMPT
 
@@ -56,19 +55,6 @@ def det_server(qwen3_dir: Path) -> Iterator[TestClient]:
         yield client
 
 
-class _Via(httpx.BaseTransport):
-    """A client's requests answered by the app behind a TestClient (its lifespan running)."""
-
-    def __init__(self, client: TestClient) -> None:
-        self.client = client
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        r = self.client.request(
-            request.method, str(request.url), content=request.read(), headers=request.headers
-        )
-        return httpx.Response(r.status_code, headers=r.headers, content=r.content)
-
-
 def _parity_http(client: TestClient) -> HttpSource:
     """parity's http source on the app; not closed by the tests (that would close the TestClient)."""
     source = HttpSource(parse_spec("http://testserver?model=qwen3", "parity"))
@@ -79,7 +65,7 @@ def _parity_http(client: TestClient) -> HttpSource:
 
 def test_index_and_parity_http_sources_agree_on_one_server(det_server: TestClient) -> None:
     server = det_server
-    index = HttpEmbedder("http://testserver", transport=_Via(server))
+    index = HttpEmbedder("http://testserver", transport=Via(server))
     parity = _parity_http(server)
     try:
         # Documents: the model's "document" prompt is empty; queries: index names the prompt,
@@ -124,7 +110,7 @@ def test_a_request_too_large_for_a_real_server_is_halved(qwen3_dir: Path) -> Non
 
     with server_client(qwen3_dir, max_queued_tokens=limit) as client, pytest.MonkeyPatch.context() as mp:
         mp.setattr(EmbeddingsClient, "embed", embed)
-        index = HttpEmbedder("http://testserver", transport=_Via(client))
+        index = HttpEmbedder("http://testserver", transport=Via(client))
         try:
             halved = index.embed_documents(TEXTS)
             one_by_one = np.concatenate([index.embed_documents([t]) for t in TEXTS])

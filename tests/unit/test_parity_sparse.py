@@ -73,3 +73,39 @@ def test_bge_m3_lexical_weights_pass_parity_against_the_formula(tmp_path: Path) 
     bad = ["parity", "--reference", f"hf:{m3}?output=lexical", "--candidate", f"engine:{m3}?output=colbert",
            "--dataset", "pydocs?docs=12&long=0", "--out", str(tmp_path / "bad"), "--no-progress"]  # fmt: skip
     assert main(bad) == 2
+
+
+def test_an_inference_free_directory_is_a_reference_with_its_two_sides(tmp_path: Path, splade: Path) -> None:
+    """A Router directory: the reference embeds queries with encode_query's route (static weights)
+    and documents with encode_document's; the engine candidate agrees side by side, and parity
+    passes its gate on both."""
+    from sentence_transformers import SparseEncoder
+
+    from embedserve.embedders.engine import EngineSource
+    from embedserve.embedders.sentence_transformers import SentenceTransformersSource
+    from embedserve.embedders.spec import parse_spec
+    from tests.helpers.tiny_sparse import build_inference_free
+
+    ifs = build_inference_free(tmp_path / "ifs", splade)
+    texts = ["what is a generator", "raise an exception in python", "Zürich"]
+    enc = SparseEncoder(str(ifs), device="cpu")
+    want_q = enc.encode_query(texts, convert_to_tensor=True).to_dense().numpy()
+    want_d = enc.encode_document(texts, convert_to_tensor=True).to_dense().numpy()
+    assert not np.allclose(want_q, want_d)  # the two routes differ: a side mix-up shows
+    ref = SentenceTransformersSource(parse_spec(f"sentence-transformers:{ifs}", "parity"))
+    cand = EngineSource.open(parse_spec(f"engine:{ifs}", "parity"))
+    try:
+        assert ref.sided and cand.sided
+        for source in (ref, cand):
+            np.testing.assert_allclose(source.embed_as(texts, "", "query"), want_q, atol=1e-6)
+            np.testing.assert_allclose(source.embed_as(texts, "", "document"), want_d, atol=1e-5)
+            np.testing.assert_allclose(source.embed(texts, ""), want_d, atol=1e-5)
+    finally:
+        ref.close()
+        cand.close()
+    out = tmp_path / "report"
+    argv = ["parity", "--reference", f"sentence-transformers:{ifs}", "--candidate", f"engine:{ifs}",
+            "--dataset", "pydocs?docs=12&long=0", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    overall = json.loads((out / "report.json").read_text())["datasets"]["pydocs"]["buckets"]["overall"]
+    assert overall["sparse"]["index_jaccard"]["min"] >= 0.99 and overall["top10_overlap"]["mean"] >= 0.98

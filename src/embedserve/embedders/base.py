@@ -45,6 +45,9 @@ class VectorSource(abc.ABC):
     # Its vectors are vocabulary-wide term weights (SPLADE): parity compares their non-zero sets
     # and searches them by inner product.
     sparse: bool = False
+    # Its model embeds queries and documents differently (inference-free SPLADE: queries from
+    # static weights, no model): parity embeds each side of a dataset through `embed_as`.
+    sided: bool = False
     batch_items: int = 32  # how many items one embed() call gets at most
     batch_tokens: int = 16384  # ... and how many padded tokens
 
@@ -66,6 +69,11 @@ class VectorSource(abc.ABC):
     @abc.abstractmethod
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
         """float32 [len(items), dim] in order; `prompt` is prepended to texts (never to token ids)."""
+
+    def embed_as(self, items: Sequence[Item], prompt: str, role: str) -> np.ndarray:
+        """`embed` for one side of a dataset (`role`: "query" or "document"); a `sided` source's
+        model embeds the two differently."""
+        return self.embed(items, prompt)
 
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:

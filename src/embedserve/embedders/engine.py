@@ -23,8 +23,9 @@ from embedserve.embedders.base import Item, Parts, VectorSource, split_items
 from embedserve.embedders.errors import SourceError
 from embedserve.embedders.spec import Spec
 from embedserve.engine.engine import Engine
+from embedserve.engine.loop import wait_all
 from embedserve.engine.options import EngineOptions
-from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.engine.outputs import EmbeddingOutput, output_of
 from embedserve.schema import ModelMetadata
 
 
@@ -44,6 +45,7 @@ class EngineSource(VectorSource):
         self.model_dir = Path(engine.config.model_path)
         self.max_length = engine.config.scheduler.max_model_len
         self.sparse = engine.sparse_head is not None
+        self.sided = engine.static_queries is not None  # inference-free SPLADE (engine/static.py)
         self.lexical = False  # `?output=lexical`: BGE-M3's lexical weights (`open`)
         self.num_preemptions = 0
 
@@ -71,6 +73,16 @@ class EngineSource(VectorSource):
         if texts:
             return self._stack(self.engine.embed_outputs(texts, prompt=prompt, truncate="end"))
         return self._stack(self.engine.embed_outputs(ids, truncate="end"))
+
+    def embed_as(self, items: Sequence[Item], prompt: str, role: str) -> np.ndarray:
+        if not (self.sided and role == "query"):
+            return self.embed(items, prompt)
+        texts, ids = split_items(items)
+        if ids:
+            raise SourceError(f"{self.spec}: inference-free queries are text (its static weights' tokens)")
+        tokenized = self.engine.tokenize_static(texts, prompt, "end")  # no engine step (engine/static.py)
+        futures = self.engine.submit_tokenized(tokenized)
+        return self._stack([output_of(f, t) for f, t in zip(wait_all(futures), tokenized, strict=True)])
 
     def embed_texts(
         self,

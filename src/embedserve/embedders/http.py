@@ -97,9 +97,11 @@ class Refused(SourceError):
 class Reply:
     """One answered embeddings request."""
 
-    vectors: np.ndarray  # float32 [inputs sent, dim], in input order
+    vectors: np.ndarray  # float32 [inputs sent, dim], in input order ([sent, 0] for sparse rows)
     metadata: dict[str, Any]  # every other top-level field (embedserve: model, model_version, ...)
     prompt_tokens: int
+    # `embedding_type: sparse` answers: each input's {vocabulary id: weight}, in input order
+    sparse: tuple[dict[int, float], ...] | None = None
 
 
 class Endpoint:
@@ -155,22 +157,41 @@ class Endpoint:
 
     def vectors(self, reply: Any, sent: int) -> np.ndarray:
         """float32 [sent, dim] in input order, or a SourceError saying what came back instead."""
+        try:
+            return np.asarray([_vector(r["embedding"]) for r in self._rows(reply, sent)], dtype=np.float32)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise SourceError(f"{self.url}: answered without embeddings ({type(e).__name__}: {e})") from None
+
+    def sparse(self, reply: Any, sent: int) -> tuple[dict[int, float], ...]:
+        """An `embedding_type: sparse` answer's rows ({"indices", "values"} items) in input order."""
+        try:
+            items = [r["embedding"] for r in self._rows(reply, sent)]
+            return tuple(
+                dict(zip(map(int, e["indices"]), map(float, e["values"]), strict=True)) for e in items
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise SourceError(
+                f"{self.url}: answered without sparse vectors ({type(e).__name__}: {e})"
+            ) from None
+
+    def _rows(self, reply: Any, sent: int) -> list[Any]:
         data = reply.get("data") if isinstance(reply, dict) else None
         if not isinstance(data, list) or len(data) != sent:
             got = len(data) if isinstance(data, list) else "no"
             raise SourceError(f"{self.url}: sent {sent} inputs, got {got} embeddings")
         try:
-            rows = sorted(data, key=lambda d: int(d.get("index", 0)))
-            return np.asarray([_vector(r["embedding"]) for r in rows], dtype=np.float32)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            return sorted(data, key=lambda d: int(d.get("index", 0)))
+        except (TypeError, ValueError, AttributeError) as e:
             raise SourceError(f"{self.url}: answered without embeddings ({type(e).__name__}: {e})") from None
 
-    def reply(self, reply: Any, sent: int) -> Reply:
-        """A reply's vectors (as `vectors`), the rest of it, and its prompt-token count."""
-        vectors = self.vectors(reply, sent)
+    def reply(self, reply: Any, sent: int, sparse: bool = False) -> Reply:
+        """A reply's vectors (as `vectors`; `sparse`: its sparse rows instead), the rest of it, and
+        its prompt-token count."""
+        rows = self.sparse(reply, sent) if sparse else None
+        vectors = np.zeros((sent, 0), np.float32) if sparse else self.vectors(reply, sent)
         usage = reply.get("usage") or {}
         metadata = {k: v for k, v in reply.items() if k not in _NOT_METADATA}
-        return Reply(vectors, metadata, int(usage.get("prompt_tokens", 0)))
+        return Reply(vectors, metadata, int(usage.get("prompt_tokens", 0)), rows)
 
 
 class EmbeddingsClient:
@@ -218,9 +239,11 @@ class EmbeddingsClient:
         )
 
     def embed(self, payload: list[Any], model: str | None, prompt: str | None = None, **fields: Any) -> Reply:
-        """One request (`Endpoint.body`'s arguments), answered."""
+        """One request (`Endpoint.body`'s arguments), answered (sparse rows for `embedding_type`
+        sparse)."""
         body = self.endpoint.body(model, payload, prompt, **fields)
-        return self.endpoint.reply(self.send("POST", self.endpoint.url, body), len(payload))
+        sparse = fields.get("embedding_type") == "sparse"
+        return self.endpoint.reply(self.send("POST", self.endpoint.url, body), len(payload), sparse)
 
     def replies(self, payload: list[Any], model: str | None, **fields: Any) -> Iterator[Reply]:
         """`embed`, except that a request of several inputs refused as too large (413: more than the

@@ -12,6 +12,8 @@ from PIL import Image
 from tokenizers import Tokenizer
 
 from embedserve.embedders.errors import SourceError
+from embedserve.errors import ModelLoadError
+from embedserve.models.router import router_dirs
 from embedserve.vision.image import ImageConfig, image_tokens
 
 DEFAULT_INSTRUCTION = "Represent the user's input."  # Qwen3-VL-Embedding's default system message
@@ -49,10 +51,23 @@ def official_prompt(parts: Sequence[object], instruction: str) -> str:
     )
 
 
+def tokenizer_dir(model_dir: Path) -> Path | None:
+    """Where a model directory's tokenizer.json is: the directory, or an inference-free SPLADE
+    Router's document model (its queries are tokenized with the same vocabulary)."""
+    if (model_dir / "tokenizer.json").exists():
+        return model_dir
+    try:
+        routed = router_dirs(model_dir)
+    except ModelLoadError:
+        return None
+    return routed.document if routed is not None and (routed.document / "tokenizer.json").exists() else None
+
+
 class TokenCounter:
     """Counts the tokens a model sees (its post-processor's special tokens included)."""
 
     def __init__(self, model_dir: Path) -> None:
+        model_dir = tokenizer_dir(model_dir) or model_dir
         path = model_dir / "tokenizer.json"
         if not path.exists():
             raise SourceError(f"{model_dir} has no tokenizer.json to measure token lengths with")

@@ -20,6 +20,8 @@ import torch
 from embedserve.embedders.base import Item, VectorSource, split_items
 from embedserve.embedders.errors import SourceError
 from embedserve.embedders.spec import Spec
+from embedserve.errors import ModelLoadError
+from embedserve.models.router import router_dirs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,20 +34,22 @@ def reference_dtype(spec: Spec) -> tuple[str, torch.dtype]:
     return name, _DTYPES[name]
 
 
-def _is_sparse_encoder(root: Path) -> bool:
-    """A SparseEncoder save (MLMTransformer / SpladePooling); a Router (inference-free SPLADE) is
-    refused: its queries and documents take different modules, which parity's sides do not name."""
+def _sparse_kind(root: Path) -> tuple[bool, bool]:
+    """(a SparseEncoder save: MLMTransformer / SpladePooling, or a Router over them; a Router:
+    inference-free SPLADE, whose queries and documents take different routes)."""
+    try:
+        routed = router_dirs(root)
+    except ModelLoadError as e:
+        raise SourceError(f"{e}: not a reference (only an inference-free SPLADE Router is)") from None
+    if routed is not None:
+        return True, True
     modules = root / "modules.json"
     kinds = (
         {str(m.get("type", "")).rsplit(".", 1)[-1] for m in json.loads(modules.read_text())}
         if modules.exists()
         else set()
     )
-    if "Router" in kinds:
-        raise SourceError(
-            f"{root}: an inference-free SPLADE (Router) directory is not a parity reference yet"
-        )
-    return bool(kinds & {"SpladePooling", "MLMTransformer"})
+    return bool(kinds & {"SpladePooling", "MLMTransformer"}), False
 
 
 class SentenceTransformersSource(VectorSource):
@@ -59,7 +63,7 @@ class SentenceTransformersSource(VectorSource):
         dtype, torch_dtype = reference_dtype(spec)
         self.dtype, self.device = dtype, spec.option("device", "cpu") or "cpu"
         self.take_batching(spec, 16, 16384)
-        self.sparse = _is_sparse_encoder(self.model_dir)
+        self.sparse, self.sided = _sparse_kind(self.model_dir)
         if self.sparse:  # a SPLADE directory: sentence-transformers' SparseEncoder
             from sentence_transformers import SparseEncoder
 
@@ -75,13 +79,15 @@ class SentenceTransformersSource(VectorSource):
         self.model.eval()
         self.max_length = int(self.model.max_seq_length) if self.model.max_seq_length else None
 
+    def embed_as(self, items: Sequence[Item], prompt: str, role: str) -> np.ndarray:
+        if not self.sided:
+            return self.embed(items, prompt)
+        return self._sparse(items, prompt, {"task": role})  # the Router's route for that side
+
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:
+        if self.sparse:
+            return self._sparse(items, prompt, {"task": "document"} if self.sided else {})
         texts, ids = split_items(items)
-        if self.sparse:  # vocabulary-wide weights, as the engine answers a SPLADE model
-            if ids:
-                raise SourceError(f"{self.spec}: a SparseEncoder reference takes text, not token ids")
-            out = self.model.encode(texts, prompt=prompt, batch_size=len(texts), convert_to_tensor=True)
-            return out.to_dense().float().cpu().numpy()
         if texts:
             out = self.model.encode(
                 texts, prompt=prompt, batch_size=len(texts), convert_to_numpy=True, show_progress_bar=False
@@ -94,6 +100,14 @@ class SentenceTransformersSource(VectorSource):
                 features = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
                 rows.append(self.model.forward(features)["sentence_embedding"][0].float().cpu().numpy())
         return np.stack(rows).astype(np.float32)
+
+    def _sparse(self, items: Sequence[Item], prompt: str, task: dict[str, str]) -> np.ndarray:
+        """Vocabulary-wide weights, as the engine answers a SPLADE model."""
+        texts, ids = split_items(items)
+        if ids:
+            raise SourceError(f"{self.spec}: a SparseEncoder reference takes text, not token ids")
+        out = self.model.encode(texts, prompt=prompt, batch_size=len(texts), convert_to_tensor=True, **task)
+        return np.asarray(out.to_dense().float().cpu().numpy(), dtype=np.float32)
 
     def cache_identity(self) -> str:
         versions = ",".join(version(p) for p in ("sentence-transformers", "transformers", "torch"))

@@ -70,13 +70,16 @@ def _add_embedder(p: argparse.ArgumentParser, prefix: str = "", who: str = "") -
     g.add_argument(
         f"--{prefix}sparse",
         action="store_true",
-        help="the model is a SPLADE model (a SparseEncoder directory): a sparse index, inner product",
+        help="the model (or the --endpoint's) is a SPLADE model, or BGE-M3's lexical weights: a sparse "
+        "index, inner product",
     )
     g.add_argument(
         f"--{prefix}sparse-model",
         default=None,
-        metavar="DIR",
-        help="a SPLADE model beside the dense --model: a hybrid index (index --hybrid), search fuses both",
+        metavar="DIR|URL",
+        help="a SPLADE model (a directory, or a server's URL) beside the dense --model / --endpoint: a "
+        "hybrid index (index --hybrid), search fuses both; without it --hybrid takes both from one "
+        "model or endpoint (BGE-M3)",
     )
     g.add_argument(
         f"--{prefix}multivector",
@@ -139,7 +142,9 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("index", help="chunk, embed and store documents in a vector database")
     p.add_argument(
-        "--hybrid", action="store_true", help="dense + sparse vectors per chunk (with --sparse-model DIR)"
+        "--hybrid",
+        action="store_true",
+        help="dense + sparse vectors per chunk (one BGE-M3 model or endpoint, or --sparse-model)",
     )
     _add_chunking(p)
     _add_store(p)
@@ -161,7 +166,7 @@ def register(sub: Any) -> None:
         "--hybrid",
         default=None,
         metavar="FUSION",
-        help="a hybrid index's fusion: rrf (default) or weighted:W_DENSE,W_SPARSE (with --sparse-model)",
+        help="a hybrid index's fusion: rrf (default) or weighted:W_DENSE,W_SPARSE",
     )
     p.add_argument(
         "--depth",
@@ -190,7 +195,9 @@ def register(sub: Any) -> None:
     msub = m.add_subparsers(dest="migrate_command", required=True)
     p = msub.add_parser("build", help="index documents with a new model into the shadow index")
     p.add_argument(
-        "--hybrid", action="store_true", help="dense + sparse vectors per chunk (with --sparse-model DIR)"
+        "--hybrid",
+        action="store_true",
+        help="dense + sparse vectors per chunk (one BGE-M3 model or endpoint, or --sparse-model)",
     )
     _add_chunking(p)
     _add_store(p)

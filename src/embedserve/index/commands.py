@@ -92,6 +92,11 @@ def opened_store(args: argparse.Namespace) -> Iterator[Store]:
         store.close()
 
 
+def one_source_hybrid(spec: EmbedderSpec) -> EmbedderSpec:
+    """A hybrid index without --sparse-model: both sides from the one model (BGE-M3) or endpoint."""
+    return dataclasses.replace(spec, sparse_model=spec.endpoint or spec.model or str(default_model_path()))
+
+
 @contextlib.contextmanager
 def built(spec: EmbedderSpec) -> Iterator[Embedder]:
     embedder = build_embedder(spec)
@@ -105,7 +110,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     spec = embedder_spec(args)
     hybrid = bool(getattr(args, "hybrid", False))
     if hybrid and spec.sparse_model is None:  # one model giving both (BGE-M3): index/embedders.py
-        spec = dataclasses.replace(spec, sparse_model=spec.model or str(default_model_path()))
+        spec = one_source_hybrid(spec)
     if spec.sparse_model is not None and not hybrid:
         raise StoreError("--sparse-model builds a hybrid index: add --hybrid")
     docs = list(read_documents(args.paths))
@@ -141,7 +146,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     k = max(args.k, args.rerank_depth) if args.rerank else args.k
     spec = embedder_spec(args)
     if fusion is not None and spec.sparse_model is None:  # one model giving both (BGE-M3)
-        spec = dataclasses.replace(spec, sparse_model=spec.model or str(default_model_path()))
+        spec = one_source_hybrid(spec)
     with opened_store(args) as store, built(spec) as embedder:
         hits = search(
             store, embedder, [args.query], k, args.filter, args.index, args.rescore, fusion, args.depth

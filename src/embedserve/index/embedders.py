@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from embedserve.embedders.spec import accepted
@@ -64,7 +65,7 @@ def _sparse_embedder(spec: EmbedderSpec) -> Embedder:
     if spec.sparse and spec.sparse_model is not None:
         raise StoreError("pass --sparse (a SPLADE --model) or --sparse-model (beside a dense one), not both")
     if spec.sparse_model is None:
-        inner = _float_embedder(spec, sparse=True)
+        inner = _dense_or_splade(spec, sparse=True)
         try:
             return SparseEmbedder(inner)  # type: ignore[return-value]  # its vectors are sparse rows
         except BaseException:
@@ -77,7 +78,14 @@ def _sparse_embedder(spec: EmbedderSpec) -> Embedder:
         except BaseException:
             dense.close()
             raise
-    sparse = EngineEmbedder.load(spec.sparse_model, spec.engine)
+    if is_url(spec.sparse_model):  # a server of the SPLADE model (or the dense endpoint's BGE-M3)
+        same = spec.sparse_model == spec.endpoint
+        url_spec = replace(
+            spec, endpoint=spec.sparse_model, endpoint_model=spec.endpoint_model if same else None
+        )
+        sparse: Embedder = _dense_or_splade(url_spec, sparse=True)
+    else:
+        sparse = EngineEmbedder.load(spec.sparse_model, spec.engine)
     try:
         dense = _float_embedder(spec)
     except BaseException:
@@ -91,11 +99,11 @@ def _sparse_embedder(spec: EmbedderSpec) -> Embedder:
         raise
 
 
-def _float_embedder(spec: EmbedderSpec, sparse: bool = False) -> Embedder:
-    """The dense embedder a spec names (`sparse`: a SPLADE model's, wrapped by the caller)."""
+def _float_embedder(spec: EmbedderSpec) -> Embedder:
+    """The dense embedder a spec names."""
     inner = _dense_or_splade(spec)
     engine = getattr(inner, "engine", None)
-    if not sparse and engine is not None and engine.sparse_head is not None:
+    if engine is not None and engine.sparse_head is not None:
         inner.close()
         raise StoreError(
             f"{spec.model} is a SPLADE model: its vectors go in a sparse index (--sparse), or beside a "
@@ -110,7 +118,9 @@ def _float_embedder(spec: EmbedderSpec, sparse: bool = False) -> Embedder:
     return inner
 
 
-def _dense_or_splade(spec: EmbedderSpec) -> Embedder:
+def _dense_or_splade(spec: EmbedderSpec, sparse: bool = False) -> Embedder:
+    """The model or endpoint a spec names (`sparse`: an endpoint asked for sparse vectors; a
+    SPLADE model in this process gives them as it is)."""
     if spec.endpoint is not None:
         from embedserve.index.http_embedder import HttpEmbedder
 
@@ -122,6 +132,7 @@ def _dense_or_splade(spec: EmbedderSpec) -> Embedder:
             tokenizer=load_tokenizer(spec.tokenizer) if spec.tokenizer else None,
             query_prompt_name=spec.query_prompt_name,
             late=spec.late_chunking,
+            sparse=sparse,
         )
     if spec.model is None:
         raise ValueError("an embedder needs a model or an endpoint")
@@ -136,6 +147,10 @@ def _dense_or_splade(spec: EmbedderSpec) -> Embedder:
         spec.query_prompt_name,
         spec.late_chunking,
     )
+
+
+def is_url(location: str) -> bool:
+    return location.startswith(("http://", "https://"))
 
 
 def source_fields(text: str, engine: EngineOptions) -> dict[str, Any]:

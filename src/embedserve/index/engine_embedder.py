@@ -42,7 +42,7 @@ class EngineEmbedder:
         self.engine.check_dimensions(dimensions)
         if config.task != "embed":
             raise ModelLoadError(f"{config.model_path} is a reranker: it cannot embed documents")
-        meta = self.source.metadata(name, model_version)
+        meta = self.metadata = self.source.metadata(name, model_version)
         self.meta = VectorMeta(**meta.fields(dimensions, late=SpanPooling.MEAN.value if late else None))
         self.dimension = dimensions or config.model.hidden_size
         self.dimensions = dimensions

@@ -40,8 +40,12 @@ class HttpEmbedder:
         max_wait_s: float = 600.0,
         transport: httpx.BaseTransport | None = None,
         late: bool = False,
+        sparse: bool = False,
     ) -> None:
+        """`sparse`: ask for `embedding_type: sparse` (a SPLADE model's vectors, BGE-M3's lexical
+        weights): `embed_sparse` answers, the schema is the sparse one."""
         self.late = late
+        self.sparse = sparse
         self.late_prompt_tokens = 0  # the server's document prompt is not known here
         self._endpoint = Endpoint.at(url, model=model, api_key=api_key, timeout=timeout_s)
         # Backpressure is the server working as designed: wait as told, for up to max_wait_s.
@@ -67,7 +71,7 @@ class HttpEmbedder:
         except BaseException:
             self._client.close()
             raise
-        self.dimension = probe.vectors.shape[1]
+        self.dimension = probe.vectors.shape[1]  # 0 for sparse rows (a sparse field has none)
 
     def _card(self) -> dict[str, Any]:
         """The served model's card from /v1/models ({} when the endpoint has none)."""
@@ -94,6 +98,7 @@ class HttpEmbedder:
             truncate=traffic.truncate,
             dimensions=self.dimensions,
             prompt_name=traffic.prompt_name,
+            embedding_type="sparse" if self.sparse else None,
         )
 
     @contextlib.contextmanager
@@ -146,6 +151,16 @@ class HttpEmbedder:
     def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
         with self._errors():
             return [self._checked(self._late(text, spans, self._docs)) for text, spans in windows]
+
+    def embed_sparse(self, texts: list[str], queries: bool) -> list[dict[int, float]]:
+        """Each text's {vocabulary id: weight} (`sparse` endpoints), schema-checked as vectors are."""
+        traffic = self._queries if queries else self._docs
+        rows: list[dict[int, float]] = []
+        with self._errors():
+            for reply in self._replies(texts, traffic) if texts else ():
+                self._checked(reply, self._query_schema if queries else None)
+                rows += reply.sparse or ()
+        return rows
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         return self._embed(texts, self._docs)

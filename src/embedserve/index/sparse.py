@@ -53,32 +53,43 @@ class SparseEmbedder:
     def __init__(self, inner: Embedder, owns: bool = True) -> None:
         engine = getattr(inner, "engine", None)
         self.owns = owns
+        # an endpoint asked for sparse vectors (index/http_embedder.py): its server checked the model
+        self.remote = engine is None and bool(getattr(inner, "sparse", False))
         self.lexical = engine is not None and engine.sparse_head is None and engine.lexical_head is not None
-        if engine is None or (engine.sparse_head is None and not self.lexical):
+        if not self.remote and (engine is None or (engine.sparse_head is None and not self.lexical)):
             model = inner.meta.model
             raise StoreError(
                 f"--sparse stores a SPLADE model's vectors (or BGE-M3's lexical weights): {model} gives "
-                "dense vectors only; pass a sentence-transformers SparseEncoder directory, or --sparse-model "
-                "DIR beside it (--hybrid), served in this process"
+                "dense vectors only; pass a sentence-transformers SparseEncoder directory or a server of "
+                "one, or --sparse-model DIR|URL beside it (--hybrid)"
             )
         if inner.late:
             raise StoreError("late chunking pools dense vectors: it does not combine with a sparse index")
         self.inner = inner
-        self.meta: VectorMeta = replace(
-            inner.meta, embedding_schema=compressed_schema(inner.meta.embedding_schema, "sparse")
-        )
-        self.dimension = int(engine.config.model.vocab_size)
+        # The schema `serve` reports for these vectors (an endpoint tells it; index built through
+        # one equals index built in process): BGE-M3's lexical weights are unnormalized.
+        schema = inner.meta.embedding_schema
+        if self.lexical:
+            schema = inner.metadata.schema(None, False, "sparse")  # type: ignore[attr-defined]
+        elif not self.remote:
+            schema = compressed_schema(schema, "sparse")
+        self.meta: VectorMeta = replace(inner.meta, embedding_schema=schema)
+        self.dimension = int(engine.config.model.vocab_size) if engine is not None else 0
         self.tokenizer: Tokenizer | None = inner.tokenizer
         self.max_tokens: int | None = inner.max_tokens
         self.late = False
         self.late_prompt_tokens = 0
 
     def embed_documents(self, texts: list[str]) -> list[dict[int, float]]:
+        if self.remote:
+            return [row or dict(EMPTY_ROW) for row in self.inner.embed_sparse(texts, queries=False)]  # type: ignore[attr-defined]
         if self.lexical:
             return sparse_rows(self.inner.embed_lexical(texts, queries=False))  # type: ignore[attr-defined]
         return sparse_rows(self.inner.embed_documents(texts))
 
     def embed_queries(self, texts: list[str]) -> list[dict[int, float]]:
+        if self.remote:
+            return [row or dict(EMPTY_ROW) for row in self.inner.embed_sparse(texts, queries=True)]  # type: ignore[attr-defined]
         if self.lexical:
             return sparse_rows(self.inner.embed_lexical(texts, queries=True))  # type: ignore[attr-defined]
         return sparse_rows(self.inner.embed_queries(texts))

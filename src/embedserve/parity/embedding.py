@@ -61,13 +61,16 @@ def embed_side(
     desc: str,
     progress: bool,
     cache: VectorCache | None = None,
+    role: str = "document",
 ) -> tuple[np.ndarray, Timing]:
-    """Embed in length order (similar lengths batch with little padding); rows in input order.
+    """Embed in length order (similar lengths batch with little padding); rows in input order;
+    `role`: the dataset side ("query" or "document": a `sided` backend embeds them apart).
 
     With a cache and a backend that declares an identity, stored vectors are reused.
     """
     identity = backend.cache_identity() if cache is not None else None
-    key = VectorCache.key(identity, prompt, items) if identity else ""
+    keyed = f"{role}|{prompt}" if backend.sided else prompt  # a sided model's roles differ
+    key = VectorCache.key(identity, keyed, items) if identity else ""
     if cache is not None and key:
         stored = cache.load(key, len(items))
         if stored is not None:
@@ -75,14 +78,14 @@ def embed_side(
     effective = [min(n, limit) if limit else n for n in lengths]  # tokens after truncation
     bar = tqdm(total=sum(effective), unit="tok", unit_scale=True, desc=desc, disable=not progress)
     with bar:
-        vectors, timing = _embed_batches(backend, items, prompt, effective, bar)
+        vectors, timing = _embed_batches(backend, items, prompt, role, effective, bar)
     if cache is not None and key:
         cache.store(key, vectors)
     return vectors, timing
 
 
 def _embed_batches(
-    backend: Backend, items: Sequence[Item], prompt: str, effective: Sequence[int], bar: tqdm
+    backend: Backend, items: Sequence[Item], prompt: str, role: str, effective: Sequence[int], bar: tqdm
 ) -> tuple[np.ndarray, Timing]:
     order = sorted(range(len(items)), key=lambda i: effective[i])
     rows: list[np.ndarray | None] = [None] * len(items)
@@ -90,7 +93,7 @@ def _embed_batches(
 
     def flush(batch: list[int]) -> None:
         start = time.perf_counter()
-        vectors = backend.embed([items[i] for i in batch], prompt)
+        vectors = backend.embed_as([items[i] for i in batch], prompt, role)
         timing.seconds += time.perf_counter() - start
         if vectors.ndim != 2 or vectors.shape[0] != len(batch):
             raise ParityError(f"{backend.spec}: returned {vectors.shape} for {len(batch)} inputs")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from embedserve.embedders.modeldir import TokenCounter, model_prompts
+from embedserve.embedders.modeldir import TokenCounter, model_prompts, tokenizer_dir
 from embedserve.parity.backends import Backend, open_backend
 from embedserve.parity.cache import VectorCache
 from embedserve.parity.datasets import Dataset, DatasetContext, check_dataset, find_data_dir, load_dataset
@@ -50,7 +50,7 @@ class Outcome:
 
 def _length_counter(sides: list[Backend]) -> TokenCounter:
     for side in sides:
-        if side.model_dir is not None and (side.model_dir / "tokenizer.json").exists():
+        if side.model_dir is not None and tokenizer_dir(side.model_dir) is not None:
             return TokenCounter(side.model_dir)
     raise ParityError(
         "token lengths need a local tokenizer: neither backend has a model directory with tokenizer.json "
@@ -100,7 +100,15 @@ class _Job:
         if queries:
             prompt, lengths = query_prompt, self.query_len
             q, tq = embed_side(
-                backend, queries, prompt, lengths, self.limit, f"{name} queries", self.progress, cache
+                backend,
+                queries,
+                prompt,
+                lengths,
+                self.limit,
+                f"{name} queries",
+                self.progress,
+                cache,
+                "query",
             )
             t.add(tq)
         return Vectors(d, q), t
