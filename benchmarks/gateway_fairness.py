@@ -14,6 +14,9 @@ Measured 2026-12-05 (2-core AMD EPYC, everything on the same two cores, MiniLM, 
 - `--weights 1 1 --sizes 180 8`: 48,048 : 18,640 (2.58 : 1); c's p99 63.9 -> 56.3 ms.
 - the same with `--clients 32`: 44,408 : 22,400 (1.98 : 1); c's p99 50.2 -> 103.5 ms.
   The small-input tenant cannot keep parts waiting at the gate (docs/gateway.md).
+Measured 2026-12-05 (2-core Intel Xeon, AVX-512 + AMX): `--weights 1 1 --sizes 180 8 --inputs 4 32`
+(b indexes in bulk: 32 inputs a request): 19,656 : 17,280 tokens (1.14 : 1; b's requests carry
+320 tokens against a's 728, so request fairness would give 2.27 : 1).
 """
 
 from __future__ import annotations
