@@ -237,11 +237,13 @@ def test_a_reloaded_pool_keeps_its_gate_and_what_is_in_flight_on_it() -> None:
             await held.wait()
             new = UpstreamSet(config(12), client, before=old)
             kept = new.pools["long"].gate
-            assert kept is gate and kept.capacity == 12 and kept.inflight == 8
+            assert kept is gate and kept.capacity == 10  # until the reload swaps (a refused one: never)
+            new.apply_limits()
+            assert kept.capacity == 12 and kept.inflight == 8
             waiter = asyncio.create_task(_take(kept, 6))  # 8 + 6 > 12: waits for the old part
             await asyncio.sleep(0.01)
             assert kept.waiting == 1
-            UpstreamSet(config(14), client, before=new)  # a second reload raises the limit: it goes
+            UpstreamSet(config(14), client, before=new).apply_limits()  # a larger limit: it goes
             await asyncio.wait_for(waiter, 1)
             release.set()
             await first
@@ -254,3 +256,41 @@ def test_a_reloaded_pool_keeps_its_gate_and_what_is_in_flight_on_it() -> None:
 async def _take(gate: FairGate, tokens: int) -> None:
     async with gate.slot(tokens, "batch"):
         pass
+
+
+def test_a_refused_reload_leaves_the_running_pools_limit(qwen3_dir: Path, tmp_path: Path) -> None:
+    """The new config's pools are built (its gate kept) before a tenant's missing key refuses
+    the reload: the running pool keeps its limit; a reload that goes through applies the new one."""
+    import yaml
+
+    from embedserve.gateway.fleet_config import load_fleet
+    from embedserve.gateway.live import build, reload
+
+    def write(limit: int, tenants: bool) -> Path:
+        pools = {
+            "long": {"max_tokens": 64, "upstreams": ["http://127.0.0.1:9"], "max_inflight_tokens": limit}
+        }
+        raw: dict[str, Any] = {
+            "model": str(qwen3_dir),
+            "pools": pools,
+            "routes": [{"class": "batch", "order": ["long"]}],
+        }
+        if tenants:
+            raw["tenants"] = {"t": {"api_keys_env": "EMBEDSERVE_TEST_UNSET_KEYS"}}
+        path = tmp_path / f"pools-{limit}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return path
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as client:
+            built = await build(load_fleet(write(10, False)), lambda m: str(m), client, None)
+            gate = built.live.fleet.default.upstreams.pools["long"].gate  # type: ignore[attr-defined]
+            kept = await reload(write(20, True), lambda c: c, lambda m: str(m), client, None, built)
+            assert kept is built and gate.capacity == 10  # refused: the key variable is not set
+            done = await reload(write(30, False), lambda c: c, lambda m: str(m), client, None, built)
+            assert done is not built and gate.capacity == 30
+            assert done.live.fleet.default.upstreams.pools["long"].gate is gate  # type: ignore[attr-defined]
+            for s in done.sets:
+                await s.close()
+
+    asyncio.run(go())

@@ -133,3 +133,25 @@ def test_cli_hybrid_through_a_bge_m3_server_equals_the_model_in_process(
             _close_rows([dict(rows[0][key])], [dict(row)])
     finally:
         server.terminate()
+
+
+def test_cli_sparse_model_url_beside_a_dense_model(
+    splade: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--sparse-model URL` beside a dense `--model`: the SPLADE server gets none of the dense
+    side's options (`--dimensions` would be its 400); the sparse rows are the server's."""
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": n, "text": topic(n)}) + "\n" for n in ("raise", "yield")))
+    server = start_server(splade, tmp_path, "--warmup-lengths", "8")
+    try:
+        server.wait_ready()
+        source = ["--model", str(minilm_dir()), "--dimensions", "128", "--sparse-model", server.base_url]
+        db = ["--store", str(tmp_path / "h.db")]
+        assert (
+            main(["index", str(docs), *db, *source, "--max-tokens", "64", "--overlap", "0", "--hybrid"]) == 0
+        )
+        assert main(["search", "raise an exception", *db, *source, "--hybrid", "rrf", "--json"]) == 0
+        hits = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert len(hits) == 10 and {h["doc_id"] for h in hits} <= {"raise", "yield"}
+    finally:
+        server.terminate()

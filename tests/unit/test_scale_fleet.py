@@ -94,7 +94,7 @@ def test_models_aliases_and_tenants_are_read_as_the_gateway_reads_them() -> None
         (lambda r: r["models"]["qwen"]["pools"]["short"].update(upstreams=["http://x"]), "not 'upstreams:'"),
         (
             lambda r: r["models"]["qwen"]["pools"]["long"].update(model="/m/other"),
-            "pools name different models",
+            "is not its entry's model",
         ),
         (lambda r: r["models"].update({"llama-v1": r["models"]["qwen"]}), "would both deploy as"),
         (lambda r: r["tenants"]["beta"].update(models=["nope"]), "nope"),
@@ -202,3 +202,22 @@ def test_the_kubernetes_counterpart_is_generated_and_valid() -> None:
     (app,) = serve.applications
     assert app_builder(app.args) is not None  # builds from the embedded mapping, no Ray started
     assert {d.name for d in app.deployments} >= {p.deployment for p in cluster.pools}
+
+
+def test_keys_are_read_before_ray_starts_and_the_rayservice_needs_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from embedserve.cli import main
+    from embedserve.scale.ingress_app import own_keys
+
+    raw = _raw("/m/a", "/m/b", api_keys_env="OPS_KEYS")
+    monkeypatch.setenv("OPS_KEYS", "ops-1,ops-2")
+    assert own_keys(parse_cluster_config(raw)) == ("ops-1", "ops-2")  # the gateway's own clients
+    config = tmp_path / "pools.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    monkeypatch.delenv("BETA_KEYS")
+    assert main(["serve-cluster", "--config", str(config)]) == 2  # before any Ray starts
+    assert "BETA_KEYS" in capsys.readouterr().err
+    raw["tenants"]["beta"] = {"api_keys_file": str(tmp_path / "keys")}
+    with pytest.raises(GatewayConfigError, match="give api_keys_env"):
+        rayservice(parse_cluster_config(raw), "embedserve:cpu")

@@ -7,8 +7,9 @@ swaps models, aliases, pools, routes and tenants at once, without dropping a req
 - then one swap: requests already running finish on what they started with (their pools, their
   tenant's quota), every later one sees the new config;
 - the old pools' health polling stops; a model keeping its name keeps its metrics (the counters
-  go on), and so do the tenants' metrics; a pool keeping its name keeps its fair-share gate
-  (`max_inflight_tokens` resized: parts still in flight count, parts waiting keep their turn).
+  go on), and so do the tenants' metrics; a pool keeping its name in a model keeping its name
+  keeps its fair-share gate (`max_inflight_tokens` resized at the swap: parts still in flight
+  count, parts waiting keep their turn). A renamed model or pool starts a new gate.
 
 Settings of the process itself (the port, keys given with --api-key, `upstream_api_key_env`,
 `timeout_s` of the shared HTTP client, tracing) need a restart.
@@ -111,6 +112,8 @@ async def build(
     if previous is None:
         return Built(Live(fleet, tenants), sets, counters)
     previous.live.swap(fleet, tenants)
+    for s in sets:
+        s.apply_limits()  # a kept gate takes its new limit only now: a refused reload changes none
     for metrics, upstreams in watch:
         metrics.watch(upstreams)
     return Built(previous.live, sets, counters)

@@ -46,10 +46,11 @@ class Pool:
         self._turn = itertools.count()
         limit = config.max_inflight_tokens
         kept: FairGate | None = before.gate if before is not None else None
-        # Parts beyond the limit wait, fairly; a reload keeps the gate and what it counts.
+        # Parts beyond the limit wait, fairly; a reload keeps the gate and what it counts (its
+        # new limit applies once the reload swaps: `apply_limits`).
         self.gate: FairGate | None = None
         if limit is not None:
-            self.gate = kept.resize(limit) if kept is not None else FairGate(limit)
+            self.gate = kept if kept is not None else FairGate(limit)
 
     @property
     def name(self) -> str:
@@ -85,6 +86,14 @@ class UpstreamSet:
         }
         self.schema: str | None = None  # fixed once known
         self._poller: asyncio.Task[None] | None = None
+
+    def apply_limits(self) -> None:
+        """Each pool's `max_inflight_tokens` on its gate (a kept gate still had the old limit
+        until the reload that built these pools swapped them in)."""
+        for pool in self.pools.values():
+            limit = pool.config.max_inflight_tokens
+            if pool.gate is not None and limit is not None:
+                pool.gate.resize(limit)
 
     # ---- lifecycle -------------------------------------------------------------------------
 

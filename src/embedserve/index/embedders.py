@@ -79,9 +79,13 @@ def _sparse_embedder(spec: EmbedderSpec) -> Embedder:
             dense.close()
             raise
     if is_url(spec.sparse_model):  # a server of the SPLADE model (or the dense endpoint's BGE-M3)
-        same = spec.sparse_model == spec.endpoint
-        url_spec = replace(
-            spec, endpoint=spec.sparse_model, endpoint_model=spec.endpoint_model if same else None
+        # another server: the dense side's model name, dimensions and query prompt are not its own
+        url_spec = (
+            spec
+            if spec.sparse_model == spec.endpoint
+            else replace(
+                spec, endpoint=spec.sparse_model, endpoint_model=None, dimensions=None, query_prompt_name=None
+            )
         )
         sparse: Embedder = _dense_or_splade(url_spec, sparse=True)
     else:

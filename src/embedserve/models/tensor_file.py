@@ -6,6 +6,14 @@ parameters plus the whole file (4.6 GB for BGE-M3's 2.3 GB). Read here, each ten
 one temporary buffer, freed once the caller has copied it into its parameter: the peak is the
 parameters plus the largest tensor.
 
+One exception, `MAPPED`: a token embedding table (a row per vocabulary id, `embed_tokens` /
+`word_embeddings`, 64 MB or more) is returned as a copy-on-write map of its bytes in the file.
+A model that keeps it as its parameter (models/weights.py `is_mapped`: same dtype, CPU) reads
+only the rows of the tokens it meets, and the rest stays on disk: a vocabulary of 250,002 x
+1,024 float32 (BGE-M3) is 1 GB, of which text in one language touches a small part. The kernel
+may drop those clean pages under memory pressure and read them again. A model file must not be
+rewritten in place while a server maps it (as with any memory-mapped weights).
+
 Format: an 8-byte little-endian header length, a JSON header (`{name: {"dtype", "shape",
 "data_offsets": [begin, end]}}` relative to the data after it, and `__metadata__`), the data.
 """
@@ -39,6 +47,8 @@ _DTYPES: dict[str, tuple[type, torch.dtype]] = {
     "F8_E5M2": (np.uint8, torch.float8_e5m2),
 }
 _MAX_HEADER = 100 << 20
+MAPPED = ("embed_tokens.weight", "word_embeddings.weight")  # name suffixes of token tables
+_MAP_MIN_BYTES = 64 << 20
 
 
 def read_header(path: Path) -> tuple[dict[str, dict[str, object]], int]:
@@ -67,7 +77,13 @@ def read_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     entries = sorted(header.items(), key=lambda kv: _offsets(kv[1])[0])
     with path.open("rb") as f:
         for name, entry in entries:
-            yield name, _read(f, path, name, entry, start, size)
+            tensor = _read(f, path, name, entry, start, size, mappable=name.endswith(MAPPED))
+            yield name, tensor
+
+
+def is_mapped(tensor: torch.Tensor) -> bool:
+    """A tensor `read_tensors` mapped from its file instead of reading it (`MAPPED`)."""
+    return bool(getattr(tensor, "embedserve_mapped", False))
 
 
 def _offsets(entry: object) -> tuple[int, int]:
@@ -77,7 +93,9 @@ def _offsets(entry: object) -> tuple[int, int]:
     return offsets[0], offsets[1]
 
 
-def _read(f: BinaryIO, path: Path, name: str, entry: object, start: int, size: int) -> torch.Tensor:
+def _read(
+    f: BinaryIO, path: Path, name: str, entry: object, start: int, size: int, mappable: bool = False
+) -> torch.Tensor:
     begin, end = _offsets(entry)
     assert isinstance(entry, dict)
     kind, shape = entry.get("dtype"), entry.get("shape")
@@ -92,6 +110,12 @@ def _read(f: BinaryIO, path: Path, name: str, entry: object, start: int, size: i
         raise ModelLoadError(
             f"cannot read weights from {path}: tensor {name}: data {begin}..{end} past its end"
         )
+    itemsize = np.dtype(np_dtype).itemsize
+    if mappable and nbytes >= _MAP_MIN_BYTES and (start + begin) % itemsize == 0:
+        mapped = np.memmap(path, dtype=np_dtype, mode="c", offset=start + begin, shape=(count,))
+        tensor = torch.from_numpy(mapped).view(torch_dtype).reshape(shape)
+        tensor.embedserve_mapped = True  # type: ignore[attr-defined]  # models/weights.py is_mapped
+        return tensor
     data: np.ndarray = np.empty(count, dtype=np_dtype)
     f.seek(start + begin)
     if nbytes and f.readinto(memoryview(data).cast("B")) != nbytes:  # type: ignore[attr-defined, arg-type]

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from embedserve.errors import ModelLoadError
+from embedserve.models.tensor_file import is_mapped
 
 # Where a checkpoint tensor goes: (our parameter name, shard index or None), or None to skip it.
 Route = tuple[str, int | None]
@@ -45,7 +46,10 @@ def load_fused(
         if shard is not None:
             assert sizes is not None, f"{target} is not a fused parameter"
             dst = dst.narrow(0, sum(sizes[:shard]), sizes[shard])
-        _copy(dst, tensor, raw_name)
+        if shard is None and is_mapped(tensor) and _adoptable(dst, tensor):
+            dst.data = tensor  # the file's map itself: rows never read stay on disk (tensor_file.py)
+        else:
+            _copy(dst, tensor, raw_name)
         loaded.add((target, shard))
     expected: set[tuple[str, int | None]] = set()
     for name in params:
@@ -54,6 +58,11 @@ def load_fused(
     missing = sorted(f"{n}[{s}]" if s is not None else n for n, s in expected - loaded)
     if missing:
         raise ModelLoadError(f"weights missing from the {arch} checkpoint: {', '.join(missing[:5])}")
+
+
+def _adoptable(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """A mapped tensor can be the parameter itself: same shape and dtype, in host memory."""
+    return dst.device.type == "cpu" and dst.dtype == src.dtype and tuple(dst.shape) == tuple(src.shape)
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:

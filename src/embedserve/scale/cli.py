@@ -50,6 +50,7 @@ def _cmd_serve_cluster(args: argparse.Namespace) -> int:
         config = load_cluster_config(args.config)
         if args.emit is not None:
             return _emit(config, args)
+        _check_keys(config)
         return _run(config, args)
     except ImportError as e:
         print(f"embedserve serve-cluster: {e}: install the extra: pip install -e '.[scale]'", file=sys.stderr)
@@ -57,6 +58,18 @@ def _cmd_serve_cluster(args: argparse.Namespace) -> int:
     except EmbedServeError as e:
         print(f"embedserve serve-cluster: error: {e}", file=sys.stderr)
         return 2
+
+
+def _check_keys(config: Any) -> None:
+    """The keys the ingress will read, read here first: a missing variable or a key two tenants
+    share is this command's error, not a replica that Serve retries. (On `--address` of a remote
+    cluster the ingress reads its own workers' environment: set the variables there too.)"""
+    from embedserve.gateway.tenants import Tenants
+    from embedserve.scale.ingress_app import own_keys
+
+    own_keys(config)
+    if config.tenants:
+        Tenants(config.tenants)
 
 
 def _emit(config: Any, args: argparse.Namespace) -> int:

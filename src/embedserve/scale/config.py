@@ -175,6 +175,11 @@ def _pool(
 ) -> ServePool:
     where = f"{within}.{name}"
     model = body.get("model", default_model)
+    if scope is not None and model != default_model:  # a models: entry counts with its own model
+        raise GatewayConfigError(
+            f"{where}.model: {model!r} is not its entry's model {default_model!r}: a served model is "
+            "one model (set it once, on the entry)"
+        )
     if not isinstance(model, str) or not model:
         raise GatewayConfigError(f"{where}: no model: set 'model:' on the pool or at the top")
     try:

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 import yaml
 
+from embedserve.gateway.config import GatewayConfigError
 from embedserve.scale.app import serve_config
 from embedserve.scale.cluster_config import ClusterConfig
 from embedserve.scale.config import ScaleConfig
@@ -82,6 +83,12 @@ def _worker_resources(gpus: float) -> dict[str, str]:
 def key_variables(config: ClusterConfig) -> list[str]:
     """The variables the ingress reads keys from (the gateway's own, each tenant's): every pod
     takes them from the Secret KEYS_SECRET (the ingress may be placed on any of them)."""
+    for t in config.tenants:
+        if t.api_keys_env is None:
+            raise GatewayConfigError(
+                f"tenants.{t.name}: the RayService reads keys from the Secret {KEYS_SECRET} by variable: "
+                "give api_keys_env (api_keys_file is for `embedserve gateway` and local serve-cluster)"
+            )
     names = [config.models[0].gateway.api_keys_env, *(t.api_keys_env for t in config.tenants)]
     return list(dict.fromkeys(n for n in names if n))
 
