@@ -50,3 +50,44 @@ def test_damaged_files_name_the_problem(tmp_path: Path) -> None:
     (tmp_path / "empty.safetensors").write_bytes(b"")
     with pytest.raises(ModelLoadError, match="shorter than its header length"):
         dict(read_tensors(tmp_path / "empty.safetensors"))
+
+
+def _mapped_files() -> str:
+    return Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.parametrize("model", ["qwen3", "bert"])
+def test_a_token_table_is_the_files_map_and_the_vectors_do_not_change(
+    model: str, qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the size floor lowered to the tiny models' tables: the table parameter is a map of
+    the safetensors file (listed in /proc/self/maps while the engine lives), the vectors are
+    bit-identical to a load that reads it, and a dtype the file does not hold copies as before."""
+    import gc
+    import shutil
+
+    import numpy as np
+
+    from embedserve import Engine
+    from embedserve.models import tensor_file
+    from tests.helpers.tiny_bert import minilm_dir
+
+    src = qwen3_dir if model == "qwen3" else minilm_dir()
+    root = shutil.copytree(src, tmp_path / model)  # a path of its own: its map is this test's
+    weights = str(root / "model.safetensors")
+    texts = ["a token table read from disk row by row", "Zürich", "x " * 40]
+    with Engine.from_pretrained(root) as engine:
+        read = engine.embed(texts)
+    gc.collect()
+    assert weights not in _mapped_files()
+    monkeypatch.setattr(tensor_file, "_MAP_MIN_BYTES", 0)
+    with Engine.from_pretrained(root) as engine:
+        assert weights in _mapped_files()
+        assert np.array_equal(engine.embed(texts), read)
+    del engine
+    gc.collect()
+    assert weights not in _mapped_files()
+    with Engine.from_pretrained(root, dtype="bfloat16") as engine:  # the file holds float32: copied
+        gc.collect()
+        assert weights not in _mapped_files()
+        assert np.allclose(engine.embed(texts), read, atol=0.05)
