@@ -27,6 +27,7 @@ from ray import serve
 from embedserve import Engine
 from embedserve.scale.app import APP_NAME, build_app
 from embedserve.scale.cluster_config import parse_cluster_config
+from tests.helpers.serve_cluster_run import pool_labels
 from tests.helpers.server_process import free_port, words
 
 KEYS = {"HEAVY_KEYS": "heavy-1", "LIGHT_KEYS": "light-1", "BULK_KEYS": "bulk-1"}
@@ -152,9 +153,7 @@ def main(a: str, b: str, out: str) -> None:
         metrics = httpx.get(f"{base}/metrics", headers={"Authorization": "Bearer heavy-1"})
         result["metrics_status"] = metrics.status_code
         result["fair"] = fair_share(base)
-        text = httpx.get(f"{base}/metrics").text if metrics.status_code != 200 else metrics.text
-        lines = [x for x in text.splitlines() if x.startswith("embedserve_request_latency_seconds_count{")]
-        result["metrics_pool_labels"] = sorted({x.split('pool="')[1].split('"')[0] for x in lines})
+        result["metrics_pool_labels"] = pool_labels(metrics.text)
         Path(out).write_text(json.dumps(result, indent=1))
     finally:
         serve.shutdown()

@@ -152,6 +152,12 @@ def rerank(base: str, model: str) -> dict[str, Any]:
     return out
 
 
+def pool_labels(metrics: str) -> list[str]:
+    """The `pool` labels of the replicas' request-latency counts on the ingress's /metrics."""
+    counts = [x for x in metrics.splitlines() if x.startswith("embedserve_request_latency_seconds_count{")]
+    return sorted({x.split('pool="')[1].split('"')[0] for x in counts})
+
+
 def wait_ready(base: str) -> None:
     for _ in range(240):
         if httpx.get(f"{base}/health/ready").status_code == 200:
@@ -244,11 +250,7 @@ def main(model: str, reranker: str, out: str) -> None:
         time.sleep(3)  # the killed replica's replacement comes up
         result["overhead"] = overhead(base, model)
         result["scale_trace"] = scale(base)
-        metrics = httpx.get(f"{base}/metrics").text
-        counts = [
-            x for x in metrics.splitlines() if x.startswith("embedserve_request_latency_seconds_count{")
-        ]
-        result["metrics_pool_labels"] = sorted({x.split('pool="')[1].split('"')[0] for x in counts})
+        result["metrics_pool_labels"] = pool_labels(httpx.get(f"{base}/metrics").text)
         t = time.monotonic()
         result["rerank"] = rerank(base, reranker)
         result["rerank_s"] = round(time.monotonic() - t, 1)
