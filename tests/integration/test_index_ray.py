@@ -47,6 +47,7 @@ def _rows_and_vectors(path: str) -> tuple[list[dict[str, object]], dict[str, np.
         store.close()
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 @pytest.mark.skipif(_isolated_network() is not None, reason=str(_isolated_network()))
 def test_ray_data_run_matches_the_local_run(qwen3_dir: Path, tmp_path: Path) -> None:
     docs = tmp_path / "docs.jsonl"

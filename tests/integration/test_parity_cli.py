@@ -106,6 +106,7 @@ def test_http_candidate_against_an_openai_compatible_server(qwen3_dir: Path) -> 
     assert queries and all("\nQuery:What is the pass key" in q for batch in queries for q in batch)
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_http_candidate_audits_embedserve_serve(qwen3_dir: Path, tmp_path: Path) -> None:
     """The real server (`embedserve serve`) as an http candidate, with an API key."""
     pytest.importorskip("embedserve.server")

@@ -79,6 +79,7 @@ def test_image_mix_refusals(qwen3_vl_dir: Path, qwen3_dir: Path, tmp_path: Path)
                  "--out", str(tmp_path)]) == 2  # fmt: skip
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_engine_and_http_targets_send_the_images(qwen3_vl_dir: Path, tmp_path: Path) -> None:
     item = build_inputs(_cfg(qwen3_vl_dir, tmp_path, lengths=[40], requests=1))["40"].texts[0]
     parts = [
@@ -106,6 +107,7 @@ def test_engine_and_http_targets_send_the_images(qwen3_vl_dir: Path, tmp_path: P
         assert cosine(asyncio.run(send())[None], ref)[0] >= 0.99999
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_small_image_mix_bench_run(qwen3_vl_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     code = main([

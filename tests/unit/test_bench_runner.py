@@ -55,6 +55,7 @@ def test_matrix_2x2_writes_every_output(qwen3_dir: Path, tmp_path: Path) -> None
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_failing_cells_and_targets_are_recorded_and_the_run_goes_on(qwen3_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench"
     code = main([

@@ -106,6 +106,7 @@ def test_compiled_buckets_give_the_same_vectors(
     np.testing.assert_allclose(_embed(qwen3_dir, route, backend="eager"), plain_vectors, atol=2e-5)
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 @pytest.mark.parametrize("route", [lower_right_attention], indirect=True, ids=["lr"])
 def test_inductor_buckets_give_the_same_vectors(
     qwen3_dir: Path, plain_vectors: np.ndarray, route: AttentionFn

@@ -202,6 +202,7 @@ def test_mean_pooling_folds_fixed_blocks_whatever_the_chunks() -> None:
     budget=st.sampled_from([256, 512, 768, 2048]),
     lane=st.sampled_from([0, 1, 600]),
 )
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_random_batches_and_budgets_give_the_same_bytes(
     qwen3_dir: Path, picks: list[int], budget: int, lane: int
 ) -> None:

@@ -105,6 +105,7 @@ def _perturbed(src: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_parity_run_on_images(qwen3_vl_dir: Path, tmp_path: Path) -> None:
     def gate(candidate: str) -> tuple[bool, dict[str, float]]:
         settings = Settings(

@@ -71,6 +71,7 @@ def test_worker_killed_mid_step(qwen3_dir: Path) -> None:
     _assert_closed(engine, workers)
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_worker_dying_while_idle_marks_the_engine_dead(qwen3_dir: Path) -> None:
     engine = Engine.from_pretrained(qwen3_dir, tensor_parallel_size=2)
     workers = _workers(engine)
@@ -100,6 +101,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_the_driver_process_exits_cleanly_after_a_worker_died(qwen3_dir: Path, tmp_path: Path) -> None:
     script = tmp_path / "driver.py"
     script.write_text(_SCRIPT)

@@ -81,6 +81,7 @@ def test_image_limits_and_bad_images(qwen3_vl_dir: Path) -> None:
     assert out.num_tokens > 4 + 20  # 4 image tokens (64 x 64) and the chat format around them
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_transformers_4_config_format_loads_the_same(qwen3_vl_dir: Path, tmp_path: Path) -> None:
     """Released Qwen3-VL directories (transformers 4.57) write `rope_theta` and `rope_scaling`
     (with mrope_section) in text_config and no vision rope_parameters."""

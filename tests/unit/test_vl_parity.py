@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from embedserve import Engine
@@ -76,6 +77,7 @@ def test_text_through_the_multimodal_path_is_the_plain_text(qwen3_vl_dir: Path) 
     assert out.num_tokens == len(engine.tokenize([text])[0].token_ids)
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_chunk_cuts_around_an_image_start(qwen3_vl_dir: Path) -> None:
     parts: Parts = ["some text before the image, long enough", image(128, 96, seed=7), "and text after it"]
     ref = hf_vl_embed(qwen3_vl_dir, parts)
@@ -146,6 +148,7 @@ def test_forced_preemption_of_a_multimodal_request(qwen3_vl_dir: Path) -> None:
     assert cosine(got, ref).min() >= FP32_MIN_COSINE
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 def test_generation_checkpoint_layout(models_dir: Path) -> None:
     path = build_vl(models_dir / "qwen3_vl_generation", layout="generation", seed=3)
     cases = {k: CASES[k] for k in ("text only", "interleaved")}

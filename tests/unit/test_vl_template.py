@@ -85,6 +85,7 @@ TEXT_ONLY = {
 }
 
 
+@pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
 @pytest.mark.parametrize("kind", sorted(TEXT_ONLY))
 def test_a_text_only_template_is_set_aside_for_the_built_in_format(
     qwen3_vl_dir: Path, tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
