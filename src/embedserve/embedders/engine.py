@@ -23,9 +23,8 @@ from embedserve.embedders.base import Item, Parts, VectorSource, split_items
 from embedserve.embedders.errors import SourceError
 from embedserve.embedders.spec import Spec
 from embedserve.engine.engine import Engine
-from embedserve.engine.loop import wait_all
 from embedserve.engine.options import EngineOptions
-from embedserve.engine.outputs import EmbeddingOutput, output_of
+from embedserve.engine.outputs import EmbeddingOutput, wait_outputs
 from embedserve.schema import ModelMetadata
 
 
@@ -82,7 +81,7 @@ class EngineSource(VectorSource):
             raise SourceError(f"{self.spec}: inference-free queries are text (its static weights' tokens)")
         tokenized = self.engine.tokenize_static(texts, prompt, "end")  # no engine step (engine/static.py)
         futures = self.engine.submit_tokenized(tokenized)
-        return self._stack([output_of(f, t) for f, t in zip(wait_all(futures), tokenized, strict=True)])
+        return self._stack(wait_outputs(futures, tokenized))
 
     def embed_texts(
         self,

@@ -16,11 +16,11 @@ from embedserve.engine.classify import ClassifyMixin
 from embedserve.engine.core import Finished
 from embedserve.engine.late import LateChunkingMixin
 from embedserve.engine.lexical import LexicalMixin
-from embedserve.engine.loop import EngineLoop, wait_all
+from embedserve.engine.loop import EngineLoop
 from embedserve.engine.multimodal import text_items, tokenize_multimodal
 from embedserve.engine.multivector import MultiVectorMixin
 from embedserve.engine.options import EngineOptions
-from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of, parse_priority
+from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of, parse_priority, wait_outputs
 from embedserve.engine.prefix import PromptCacheMixin
 from embedserve.engine.rerank import RerankMixin
 from embedserve.engine.static import StaticQueryMixin
@@ -195,7 +195,7 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
             priority=priority,
             truncate=truncate,
         )
-        return [output_of(f, t) for f, t in zip(wait_all(futures), tokenized, strict=True)]
+        return wait_outputs(futures, tokenized)
 
     def embed(
         self,

@@ -14,9 +14,8 @@ import torch
 
 from embedserve.config import PoolingMethod
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import wait_all
 from embedserve.engine.multivector import MultiVectorMixin
-from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of
+from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, wait_outputs
 from embedserve.errors import InternalEngineError, InvalidInputError
 from embedserve.models.lexical_head import LexicalHead
 from embedserve.pooling.head import apply_head
@@ -166,6 +165,4 @@ class LexicalMixin(MultiVectorMixin):
         (special tokens left out); options as `Engine.submit`."""
         tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
         futures = self.submit_lexical(tokenized, priority)
-        return np.stack(
-            [output_of(f, t).embedding for f, t in zip(wait_all(futures), tokenized, strict=True)]
-        )
+        return np.stack([o.embedding for o in wait_outputs(futures, tokenized)])

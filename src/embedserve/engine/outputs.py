@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import gather_all
+from embedserve.engine.loop import gather_all, wait_all
 from embedserve.errors import InvalidInputError
 from embedserve.request import Priority
 from embedserve.tokenizer import Tokenized
@@ -25,6 +25,11 @@ class EmbeddingOutput:
     num_steps: int = 0  # engine steps that ran a chunk of it (recomputed ones included)
     num_lane_slices: int = 0  # layer-major lane slices that ran it (long prompts)
     finish_time: float = 0.0  # time.monotonic() when it finished (tracing places spans by it)
+
+
+def wait_outputs(futures: list[Future[Finished]], tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
+    """Each input's output once every request finished (`gather_outputs`, blocking)."""
+    return [output_of(f, t) for f, t in zip(wait_all(futures), tokenized, strict=True)]
 
 
 async def gather_outputs(

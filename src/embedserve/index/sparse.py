@@ -42,7 +42,11 @@ EMPTY_ROW = {0: float(np.finfo(np.float32).tiny)}
 
 def sparse_rows(vectors: np.ndarray) -> list[dict[int, float]]:
     """Each vocabulary-wide row's non-zero weights, as Milvus takes a sparse vector."""
-    rows = [dict(zip(*(part.tolist() for part in nonzero(v)), strict=True)) for v in vectors]
+    return storable([dict(zip(*(part.tolist() for part in nonzero(v)), strict=True)) for v in vectors])
+
+
+def storable(rows: list[dict[int, float]]) -> list[dict[int, float]]:
+    """Rows as Milvus takes them: an empty one as `EMPTY_ROW`."""
     return [row or dict(EMPTY_ROW) for row in rows]
 
 
@@ -81,18 +85,18 @@ class SparseEmbedder:
         self.late_prompt_tokens = 0
 
     def embed_documents(self, texts: list[str]) -> list[dict[int, float]]:
-        if self.remote:
-            return [row or dict(EMPTY_ROW) for row in self.inner.embed_sparse(texts, queries=False)]  # type: ignore[attr-defined]
-        if self.lexical:
-            return sparse_rows(self.inner.embed_lexical(texts, queries=False))  # type: ignore[attr-defined]
-        return sparse_rows(self.inner.embed_documents(texts))
+        return self._rows(texts, queries=False)
 
     def embed_queries(self, texts: list[str]) -> list[dict[int, float]]:
+        return self._rows(texts, queries=True)
+
+    def _rows(self, texts: list[str], queries: bool) -> list[dict[int, float]]:
+        inner: Any = self.inner
         if self.remote:
-            return [row or dict(EMPTY_ROW) for row in self.inner.embed_sparse(texts, queries=True)]  # type: ignore[attr-defined]
+            return storable(inner.embed_sparse(texts, queries=queries))
         if self.lexical:
-            return sparse_rows(self.inner.embed_lexical(texts, queries=True))  # type: ignore[attr-defined]
-        return sparse_rows(self.inner.embed_queries(texts))
+            return sparse_rows(inner.embed_lexical(texts, queries=queries))
+        return sparse_rows(inner.embed_queries(texts) if queries else inner.embed_documents(texts))
 
     def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
         raise StoreError("late chunking does not combine with a sparse index")
