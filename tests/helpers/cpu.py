@@ -28,20 +28,25 @@ def short_rows_dtypes() -> list[Any]:
     """bfloat16 and float32 as pytest params, each skipped where the host lacks what its
     short-rows kernel needs (AMX; AVX2 + FMA or AVX-512; a C++ compiler on x86-64). Skipped by the host,
     never by the kernels' own self-check: a broken kernel fails `available` and must fail
-    the tests, not skip them."""
+    the tests, not skip them. The host is the CPU as capped (EMBEDSERVE_CPU_ISA, and for bf16
+    ONEDNN_MAX_CPU_ISA: kernels/isa.py): a suite run under the AVX2 caps is an AVX2-only host."""
     import pytest
     import torch
 
-    from embedserve.kernels import native
+    from embedserve.kernels import isa, native
 
     built = native.compiler() is not None and platform.machine() == "x86_64"
+    capped = isa.kernel_isa()
     needs = (
-        (torch.bfloat16, ("amx_bf16",), "AMX (amx_bf16)"),
-        (torch.float32, ("avx2", "fma"), "AVX2 + FMA"),
+        (torch.bfloat16, ("amx_bf16",), capped == "amx" and isa.bf16_dot_products(), "AMX (amx_bf16)"),
+        (torch.float32, ("avx2", "fma"), capped is not None, "AVX2 + FMA"),
     )
     return [
         pytest.param(
-            dtype, marks=pytest.mark.skipif(not (built and all(map(has, flags))), reason=f"no {what} or C++")
+            dtype,
+            marks=pytest.mark.skipif(
+                not (built and all(map(has, flags)) and allowed), reason=f"no {what} (or capped) or C++"
+            ),
         )
-        for dtype, flags, what in needs
+        for dtype, flags, allowed, what in needs
     ]

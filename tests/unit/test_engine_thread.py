@@ -4,6 +4,7 @@ op, so the process keeps one OpenMP pool (engine/loop.py says why that matters).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,3 +72,23 @@ def test_parts_built_elsewhere_still_run(qwen3_dir: Path) -> None:
         assert engine.embed([random_ids(40, seed=3)]).shape == (1, 64)
         assert engine.alive
     assert not engine.alive
+
+
+def test_one_calls_inputs_reach_the_loop_together(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call's inputs are posted to the loop thread as one item: the first step sees them all,
+    however slowly the calling thread gets through them (here 30 ms per input). Posted one by
+    one, the loop woke at the first and stepped it alone."""
+    from embedserve.engine import loop
+
+    class SlowFuture(loop.Future):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            time.sleep(0.03)
+            super().__init__()
+
+    monkeypatch.setattr(loop, "Future", SlowFuture)
+    with Engine.from_pretrained(qwen3_dir, max_model_len=256, max_num_batched_tokens=256) as engine:
+        engine.embed([random_ids(8, seed=1)])  # the loop thread is up and idle
+        before = engine.stats()["steps"]
+        vecs = engine.embed([random_ids(20, seed=s) for s in range(2, 6)])
+        assert engine.stats()["steps"] - before == 1
+    assert vecs.shape == (4, 64)

@@ -225,21 +225,23 @@ def test_bf16_without_a_onednn_bf16_matmul_runs_its_float32_matmul(monkeypatch: 
     calls: list[int] = []
     run = linear._onednn_linear
 
-    def spy(x: torch.Tensor, *args: object) -> torch.Tensor:
+    def spy(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         calls.append(x.shape[0])
-        return run(x, *args)
+        return run(x, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(linear, "_onednn_linear", spy)
     torch.manual_seed(3)
     layer = Linear(96, 80).to(torch.bfloat16)
     assert not layer.prepack()  # bf16 stays plain: no emulated bf16 matmul
-    x = torch.randn(40, 96).to(torch.bfloat16)
+    x = torch.randn(81, 96).to(torch.bfloat16)  # oneDNN runs 84 rows (`padded_rows`); 81 come back
     got = layer(x)
     want = (x.float() @ layer.weight.float().T + layer.bias.float()).to(torch.bfloat16)
-    assert got.dtype == torch.bfloat16 and calls == [40]
+    assert got.dtype == torch.bfloat16 and got.shape == (81, 80) and calls == [84]
     torch.testing.assert_close(got.float(), want.float(), rtol=1e-2, atol=1e-2)
     assert torch.equal(layer(x[:1]), got[:1]) and torch.equal(layer(x[:7]), got[:7])
-    assert calls[1] == 2  # one row ran as two
+    assert calls[1:] == [2, 7]  # one row ran as two
+    kept = layer.padded(x)  # the padding rows left on for an elementwise op after it
+    assert kept.shape == (84, 80) and torch.equal(kept[:81], got)
     mlp = SiluGateUp(96, 64).to(torch.bfloat16)
     both = functional.linear(x.float(), mlp.weight.float())
     want = (functional.silu(both[:, :64]).to(torch.bfloat16).float() * both[:, 64:]).to(torch.bfloat16)

@@ -60,7 +60,8 @@ class EngineLoop:
     def __init__(self, build: Callable[[], EngineParts]) -> None:
         """Start the loop's thread and build the engine's parts there with `build()`; returns
         once they are built, raising what `build()` raised."""
-        self._inbox: queue.SimpleQueue[tuple[Request, Future[Finished]] | None] = queue.SimpleQueue()
+        # one item per `submit`: a call's requests reach the core together (one step sees them all)
+        self._inbox: queue.SimpleQueue[list[tuple[Request, Future[Finished]]] | None] = queue.SimpleQueue()
         self._futures: dict[int, Future[Finished]] = {}
         self._lock = threading.Lock()
         self._error: BaseException | None = None
@@ -76,12 +77,9 @@ class EngineLoop:
     def submit(self, requests: list[Request]) -> list[Future[Finished]]:
         if not self.alive:
             raise EngineDeadError(f"the engine loop is not running ({self._error or 'stopped'})")
-        futures: list[Future[Finished]] = []
-        for req in requests:
-            fut: Future[Finished] = Future()
-            futures.append(fut)
-            self._inbox.put((req, fut))
-        return futures
+        posted: list[tuple[Request, Future[Finished]]] = [(req, Future()) for req in requests]
+        self._inbox.put(posted)
+        return [fut for _, fut in posted]
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -114,8 +112,9 @@ class EngineLoop:
         while True:
             if item is None:
                 return False
-            req, fut = item
-            if not fut.cancelled():
+            for req, fut in item:
+                if fut.cancelled():
+                    continue
                 try:
                     self.core.add(req)
                     self._futures[req.request_id] = fut
@@ -162,8 +161,8 @@ class EngineLoop:
                     item = self._inbox.get_nowait()
                 except queue.Empty:
                     break
-                if item is not None:
-                    _settle(item[1], error=err)
+                for _, fut in item or ():
+                    _settle(fut, error=err)
 
 
 def _settle(

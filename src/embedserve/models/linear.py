@@ -97,8 +97,8 @@ def _bf16_via_float32(
     takes a single row on another kernel over a plain weight, whose sums differ in the last bit
     from the same row's in a larger call, and deterministic mode must not see that."""
     rows, b = x.shape[0], None if bias is None else bias.float()
-    out = _onednn_linear(_rows_padded(x.float(), minimum=2), weight.float(), b, keep_padding)
-    return (out if rows > 1 or keep_padding else out[:1]).to(torch.bfloat16)
+    out = _onednn_linear(_rows_padded(x.float(), minimum=2), weight.float(), b, keep_padding=True)
+    return (out if keep_padding else out[:rows]).to(torch.bfloat16)
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
