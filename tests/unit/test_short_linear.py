@@ -187,3 +187,19 @@ def test_short_queries_through_the_engine_agree_with_onednn_and_deterministic_mo
             vectors[mode] = np.stack([engine.embed([s])[0] for s in seqs])  # one short query per step
     cos = np.sum(vectors["short"] * vectors["onednn"], axis=1)
     assert cos.min() > (0.9999 if dtype == torch.bfloat16 else 0.999999), cos
+
+
+def test_bf16_without_amx_is_a_quiet_false(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CPU (or a cap) without AMX has no bf16 short-rows kernel, and no warning saying it failed."""
+    from embedserve.kernels import isa
+
+    monkeypatch.setattr(isa, "kernel_isa", lambda: "avx2")
+    short_linear.available.cache_clear()
+    try:
+        with caplog.at_level("DEBUG", logger="embedserve.kernels.short_linear"):
+            assert not short_linear.available(torch.bfloat16)
+        assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.records
+    finally:
+        short_linear.available.cache_clear()
