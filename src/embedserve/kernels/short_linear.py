@@ -176,10 +176,10 @@ def available(dtype: torch.dtype) -> bool:
     seeded weights gives oneDNN's results (plain, with a bias, strided rows, 1 to 33 rows;
     bfloat16 bit for bit up to 32 rows) and oneDNN's fused silu product to the dtype's
     rounding. A CPU without the instruction set (no AMX; neither AVX-512 nor AVX2) is a quiet False."""
-    if _kernels(dtype) is None:
-        return False
     if dtype == torch.bfloat16 and isa.kernel_isa() != "amx":
         return False  # AMX tiles are its instruction set (an AVX2 CPU cannot even pack bf16)
+    if _kernels(dtype) is None:
+        return False
     gen = torch.Generator().manual_seed(0)
     n, k = 128, 96
     w, g, u = ((torch.randn(n, k, generator=gen) * 0.1).to(dtype) for _ in range(3))
