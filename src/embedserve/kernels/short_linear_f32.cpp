@@ -7,7 +7,8 @@
 // cache line: one AVX-512 register or two AVX2 ones) for up to 16 input rows (AVX2: 6 at a
 // time, of its 16 registers): per k one load of the line and one FMA per row and register with
 // x[r, k] broadcast, the accumulators in registers. k runs in chunks of 64 rows (16 KB): the block's passes read a
-// chunk from L1, and each prefetches its share of the next chunk into L2 in address order.
+// chunk from L1, and each prefetches its share of the next chunk into L2 in address order,
+// spread over the pass's calls of up to 6 / 16 rows.
 // Passes over whole blocks instead read every fourth cache line, a stride the hardware
 // prefetchers do not follow: the misses then wait one by one (slower than oneDNN; with this
 // order faster, docs/performance.md, "Short rows on their own kernels"). Each pass also
@@ -72,20 +73,28 @@ constexpr int64_t PASSES = BLOCK / LINE;
 
 // acc[r * NREG + j] (r < R, j < NREG) += x[r, k0:k1] . W[the pass's 16 columns]: xt is the
 // rows' group transposed, [k][ROWS] (one cache line per k), from the pass's first row; w the
-// block's first row at the pass's columns; `ahead` is one line per k of the next chunk's rows
-// to prefetch (null: another row group of the pass prefetches them).
+// block's first row at the pass's columns; `ahead` is the pass's share of the next chunk, one
+// line per k, to prefetch into L2. The pass runs its rows as `groups` calls of up to RMAX rows
+// (this one is `group`); each takes every groups-th line of the share, so the requests spread
+// over the whole pass: AVX2's 16 rows are 3 calls, and the first taking all of them left the
+// line fill buffers idle for the other two (the kernel 0.89-0.90x the time at 16 rows over
+// the 0.6B shapes' weights, docs/performance.md, "AVX2 short rows: prefetches spread").
 template <int R>
-inline void dot(const float* xt, const float* w, int64_t k0, int64_t k1, const char* ahead, Reg* acc) {
+inline void dot(const float* xt, const float* w, int64_t k0, int64_t k1, const char* ahead, int group, int groups,
+                Reg* acc) {
   // acc and c are [R][NREG]: flat, and every loop over them unrolled by pragma, or GCC keeps
   // a copy of c on the stack and stores to it at every k (seen with AVX2's two registers)
   Reg c[R * NREG];
 #pragma GCC unroll 32
   for (int q = 0; q < R * NREG; ++q) c[q] = acc[q];
+  int turn = group;  // line i - k0 is this call's where (i - k0 + group) % groups == 0
   for (int64_t i = k0; i < k1; ++i) {
-    if (ahead != nullptr) {  // the first of a pass's row groups prefetches, the rest find it there
-      _mm_prefetch(ahead + (i - k0) * 64, _MM_HINT_T1);
-      // and this pass's line 8 rows on from L2 into L1, so the load below does not wait for it
-      // (past the chunk: the next chunk's rows, prefetched into L2 by now)
+    if (turn == 0) _mm_prefetch(ahead + (i - k0) * 64, _MM_HINT_T1);
+    if (++turn == groups) turn = 0;
+    if (group == 0) {
+      // the first call brings the pass's line 8 rows on from L2 into L1, so the load below
+      // does not wait for it (past the chunk: the next chunk's rows, in L2 by now); the
+      // other calls find the chunk in L1
       _mm_prefetch(reinterpret_cast<const char*>(w + (i + 8) * BLOCK), _MM_HINT_T0);
     }
     Reg b[NREG];
@@ -102,7 +111,7 @@ inline void dot(const float* xt, const float* w, int64_t k0, int64_t k1, const c
   for (int q = 0; q < R * NREG; ++q) acc[q] = c[q];
 }
 
-using Dot = void (*)(const float*, const float*, int64_t, int64_t, const char*, Reg*);
+using Dot = void (*)(const float*, const float*, int64_t, int64_t, const char*, int, int, Reg*);
 
 template <int... R>
 constexpr auto dots(std::integer_sequence<int, R...>) {
@@ -145,11 +154,12 @@ void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, cons
             // the rows after this chunk: the next chunk, or after the last one the next
             // block's first (blocks follow each other; a prefetch past the end never faults)
             const char* next = reinterpret_cast<const char*>(wb + k1 * BLOCK);
+            const int calls = static_cast<int>((rows + RMAX - 1) / RMAX);
             for (int64_t pass = 0; pass < PASSES; ++pass) {
               const char* ahead = next + pass * CHUNK * 64;
               for (int64_t r = 0; r < rows; r += RMAX)  // the group's rows, RMAX at a time
-                DOTS[std::min<int64_t>(RMAX, rows - r) - 1](xg + r, wb + pass * LINE, k0, k1, r == 0 ? ahead : nullptr,
-                                                             acc[wi][pass][r]);
+                DOTS[std::min<int64_t>(RMAX, rows - r) - 1](xg + r, wb + pass * LINE, k0, k1, ahead,
+                                                             static_cast<int>(r / RMAX), calls, acc[wi][pass][r]);
             }
           }
         }
