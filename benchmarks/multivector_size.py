@@ -1,6 +1,6 @@
 """How large a multi-vector answer is: one document of `--tokens` tokens through `POST
 /v1/embeddings` (`embedding_type: multivector`) on an in-process server, in each encoding
-(JSON floats, base64, and the compressed types), with the time each answer took (median of
+(JSON floats, base64, and the compressed types' own bytes), with the time each answer took (median of
 `--rounds`).
 
 The model is a decoder ColBERT directory (tests/helpers/tiny_multivector.py `decoder_colbert`):
@@ -22,8 +22,8 @@ ENCODINGS = [
     ("float", "float"),
     ("float", "base64"),
     ("int8", "float"),
-    ("int8", "base64"),
-    ("binary", "base64"),
+    ("int8", "base64_bytes"),
+    ("binary", "base64_bytes"),
 ]
 
 

@@ -6,6 +6,7 @@ the float vectors the same server returns; Cohere's own client is pointed at the
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,10 +85,32 @@ def test_compressed_types_through_v1_embeddings(client: TestClient) -> None:
     assert np.array_equal(np.array([d["embedding"] for d in resp.json()["data"]]), ref)
     plain = client.post("/v1/embeddings", json={"input": TEXTS}).json()
     assert resp.json()["embedding_schema"] != plain["embedding_schema"]
-    b64 = client.post(
-        "/v1/embeddings", json={"input": TEXTS, "embedding_type": "int8", "encoding_format": "base64"}
-    ).json()
-    assert isinstance(b64["data"][0]["embedding"], str)
+    ints = client.post("/v1/embeddings", json={"input": TEXTS, "embedding_type": "int8"}).json()
+    codes = np.array([d["embedding"] for d in ints["data"]], dtype=np.int8)
+    assert np.array_equal(
+        codes,
+        quantize_embeddings(floats, "int8", ranges=np.array([[-0.5], [0.5]]).repeat(floats.shape[1], 1)),
+    )
+
+    def blobs(fmt: str, dtype: str) -> np.ndarray:
+        body = {"input": TEXTS, "embedding_type": "int8", "encoding_format": fmt}
+        data = client.post("/v1/embeddings", json=body).json()["data"]
+        return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype=dtype) for d in data])
+
+    # base64 is OpenAI's float32 whatever the type; base64_bytes the codes' own bytes
+    assert np.array_equal(blobs("base64", "<f4"), codes.astype(np.float32))
+    assert np.array_equal(blobs("base64_bytes", "i1"), codes)
+
+
+@pytest.mark.parametrize("kind", ["int8", "uint8", "binary", "ubinary"])
+def test_the_openai_client_gets_compressed_vectors_right(client: TestClient, kind: str) -> None:
+    """The openai client asks for base64 by default and decodes it as float32: it must get the
+    same integers as a JSON answer, not bytes read as floats."""
+    openai = pytest.importorskip("openai")
+    oa = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client, max_retries=0)
+    got = oa.embeddings.create(model="qwen3", input=TEXTS, extra_body={"embedding_type": kind})
+    want = client.post("/v1/embeddings", json={"input": TEXTS, "embedding_type": kind}).json()
+    assert [d.embedding for d in got.data] == [d["embedding"] for d in want["data"]]
 
 
 @pytest.mark.parametrize(

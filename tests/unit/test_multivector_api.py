@@ -35,6 +35,11 @@ def test_openai_client_and_json_get_the_engine_vectors(colbert: Path) -> None:
         want = engine.embed_multivector(DOCS)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         resp = client.embeddings.create(model="c", input=DOCS, extra_body={"embedding_type": "multivector"})
+        compressed = client.embeddings.create(
+            model="c",
+            input=DOCS[0],
+            extra_body={"embedding_type": "multivector", "multivector_dtype": "binary"},
+        )
         body = c.post("/v1/embeddings", json={"input": DOCS, "embedding_type": "multivector"}).json()
         b64 = c.post(
             "/v1/embeddings",
@@ -45,6 +50,9 @@ def test_openai_client_and_json_get_the_engine_vectors(colbert: Path) -> None:
         # the client decodes the base64 blob as flat float32: `shape` (kept as an extra field) restores it
         got = np.array(d.embedding, dtype=np.float32).reshape(d.model_extra["shape"])
         assert np.array_equal(got, w)
+    codes = quantize(want[0], "binary", None)
+    for d in compressed.data:  # compressed: the same, the codes' values as floats
+        assert np.array_equal(np.array(d.embedding).reshape(d.model_extra["shape"]), codes)
     for d, e, w in zip(body["data"], b64["data"], want, strict=True):
         assert np.array_equal(np.array(d["embedding"], dtype=np.float32), w)
         blob = np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4").reshape(e["shape"])
@@ -78,6 +86,20 @@ def test_query_side_dimensions_and_compressed_types(colbert: Path) -> None:
             expect = quantize(want, kind, runtime_of(c).service.calibration)  # type: ignore[union-attr]
             assert np.array_equal(np.array(got["data"][0]["embedding"]), expect)
             assert got["data"][0]["shape"] == list(expect.shape)
+            # base64 is float32 of the codes (what the openai client decodes); base64_bytes their bytes
+            blobs = {
+                fmt: c.post(
+                    "/v1/embeddings",
+                    json={"input": DOCS[0], "embedding_type": "multivector", "multivector_dtype": kind,
+                          "dimensions": 32, "encoding_format": fmt},
+                ).json()["data"][0]["embedding"]
+                for fmt in ("base64", "base64_bytes")
+            }  # fmt: skip
+            as_floats = np.frombuffer(base64.b64decode(blobs["base64"]), dtype="<f4").reshape(expect.shape)
+            assert np.array_equal(as_floats, expect)
+            assert np.array_equal(
+                np.frombuffer(base64.b64decode(blobs["base64_bytes"]), dtype=expect.dtype), expect.ravel()
+            )
         schemas = {
             c.post(
                 "/v1/embeddings", json={"input": DOCS[0], "embedding_type": "multivector", **extra}

@@ -53,7 +53,9 @@ class EmbeddingItem(BaseModel):
     object: Literal["embedding"]
     index: int = Field(ge=0, description="position of the input (late chunking: of the chunk) in the request")
     embedding: list[float] | str | SparseEmbedding | list[list[float]] = Field(
-        description="float list, or base64 of little-endian float32 with encoding_format=base64; "
+        description="float list (compressed embedding types: integers), or base64 of little-endian "
+        "float32 with encoding_format=base64 (compressed types too: their values as float32), or of "
+        "the vector's own bytes with base64_bytes (one per int8 / uint8 value, one per 8 binary bits); "
         "a SPLADE model's sparse vector (embedding_type sparse) as indices and values; "
         "embedding_type multivector: a list of vectors, or base64 of the whole [vectors, dim] matrix"
     )

@@ -116,7 +116,10 @@ class EmbeddingRequest(BaseModel):
 
     input: EmbeddingInput
     model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
+    # base64: OpenAI's little-endian float32, for every embedding_type (an int8 or binary
+    # vector's values are exact in float32), as the openai client decodes it by default;
+    # base64_bytes (extension): the vector's own bytes, one per value or per 8 bits
+    encoding_format: Literal["float", "base64", "base64_bytes"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
     # Extensions (optional; absent means the model's own defaults).
@@ -239,7 +242,8 @@ def describe_validation_errors(errors: list[Any]) -> str:
 
 
 def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
-    if encoding_format == "base64":
-        # The OpenAI client decodes base64 as little-endian float32.
+    """A float vector as JSON floats or base64 of its little-endian float32 (base64_bytes: the
+    same bytes). The OpenAI client decodes base64 as little-endian float32."""
+    if encoding_format in ("base64", "base64_bytes"):
         return base64.b64encode(np.ascontiguousarray(vector, dtype="<f4").tobytes()).decode("ascii")
     return vector.astype(np.float32, copy=False).tolist()

@@ -2,7 +2,8 @@
 input (ColBERT, BGE-M3's colbert head: engine/multivector.py).
 
 Each item's `embedding` is its list of vectors, or with `encoding_format: "base64"` one
-little-endian blob of the whole [vectors, dim] matrix beside `"shape": [vectors, dim]`;
+little-endian float32 blob of the whole [vectors, dim] matrix beside `"shape": [vectors, dim]`
+(`base64_bytes`: the matrix's own bytes, one per value of a compressed type);
 `multivector_dtype` compresses each vector (api/quantize.py: int8 / uint8 one byte per value,
 binary / ubinary one bit, packed). `input_type` picks the side (query: expansion, no skiplist;
 document: the skiplist). A request whose vectors would pass `--max-output-vectors` is refused
@@ -114,8 +115,11 @@ def check_vector_count(svc: EmbeddingService, n: int) -> None:
 
 
 def encode_matrix(rows: np.ndarray, encoding_format: str) -> list[Any] | str:
-    """A [vectors, dim] matrix as JSON lists, or as one base64 blob of its little-endian bytes
-    (float32, or one byte per value for compressed types)."""
+    """A [vectors, dim] matrix as JSON lists, or as one base64 blob: of little-endian float32
+    (base64, whatever the type: what the openai client decodes), or of the matrix's own bytes
+    (base64_bytes: one byte per value for compressed types)."""
     if encoding_format == "base64":
+        return to_base64(rows.astype("<f4", copy=False))
+    if encoding_format == "base64_bytes":
         return to_base64(rows)
     return rows.tolist()
