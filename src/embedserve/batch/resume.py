@@ -98,6 +98,35 @@ def written_keys(path: Path) -> set[Key]:
     return keys
 
 
+def drop_unsent(path: Path, codes: frozenset[str]) -> int:
+    """Remove from an error file the lines whose error code is one of `codes` (lines never
+    answered because the server could not be reached: a new run sends them again); how many.
+    The file is rewritten beside itself and renamed over it, so a crash leaves either."""
+    if not path.exists():
+        return 0
+    kept: list[bytes] = []
+    dropped = 0
+    with path.open("rb") as f:
+        for text in f:
+            try:
+                rec = json.loads(text)
+            except ValueError:
+                rec = None
+            error = rec.get("error") if isinstance(rec, dict) else None
+            if isinstance(error, dict) and error.get("code") in codes:
+                dropped += 1
+            else:
+                kept.append(text)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("wb") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return dropped
+
+
 def written_tokens(path: Path) -> int:
     """The tokens the answers in an output file report (format.py `tokens_of`)."""
     total = 0

@@ -3,9 +3,12 @@
 file (status 200) and an error file (anything else, with the input line number), in input order.
 
 Resumable: run the same command again after a crash or Ctrl-C and only the lines missing from
-both files are computed. Exit status: 0 every line answered 200; 1 some lines are in the error
-file; 2 bad usage (a duplicate custom_id, a missing file, a model that does not load); 130
-interrupted (what was answered is written; run again to resume).
+both files are computed; lines a --url server could not be reached for (error code
+`unreachable`) are taken out of the error file and sent again. A --url that answers nothing at
+the start is exit 2 before any line is sent. Exit status: 0 every line answered 200; 1 some
+lines are in the error file; 2 bad usage (a duplicate custom_id, a missing file, a model that
+does not load, a --url that cannot be reached); 130 interrupted (what was answered is written;
+run again to resume).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from embedserve.batch.resume import scan, written_keys
+from embedserve.batch.format import UNREACHABLE
+from embedserve.batch.resume import drop_unsent, scan, written_keys
 from embedserve.engine.options import EngineOptions, add_engine_options, positive_int
+from embedserve.errors import EmbedServeError
 
 API_KEY_ENV = "EMBEDSERVE_API_KEY"
 INTERRUPTED = 130
@@ -71,10 +76,13 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
         return 2
     try:
         listed = scan(args.input)  # a duplicate custom_id: BatchFileError, exit 2 before any work
+        unsent = drop_unsent(errors, frozenset({UNREACHABLE}))
         done = written_keys(args.output) | written_keys(errors)
     except KeyboardInterrupt:
         print("interrupted before any work", file=sys.stderr)
         return INTERRUPTED
+    if unsent:
+        print(f"sending again {unsent} lines the server could not be reached for", file=sys.stderr)
     left = len(listed.keys - done)
     if done:
         print(f"resuming: {len(listed.keys & done)} of {listed.lines} lines already written", file=sys.stderr)
@@ -144,6 +152,21 @@ async def _run(args: argparse.Namespace, errors: Path, left: int, done: set[Any]
     return _status(errors)
 
 
+class Unreachable(EmbedServeError):
+    """The --url answered nothing at the start (cli.py: exit 2; nothing was sent)."""
+
+
+async def _reachable(remote: Any) -> None:
+    """Any HTTP answer from the --url's host (a 404 too) will do: one that answers nothing
+    would turn every line into an `unreachable` error."""
+    import httpx
+
+    try:
+        await remote.client.get(remote.base + "/v1/models")
+    except httpx.HTTPError as e:
+        raise Unreachable(f"cannot reach {remote.base}: {type(e).__name__}: {e} (nothing was sent)") from None
+
+
 def _window(args: argparse.Namespace) -> int:
     return int(args.concurrency or (8 if args.url else 64))
 
@@ -160,7 +183,9 @@ async def _executor(args: argparse.Namespace) -> AsyncIterator[Any]:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         limits = httpx.Limits(max_connections=_window(args))
         async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as client:
-            yield Remote(args.url, client, args.retries)
+            remote = Remote(args.url, client, args.retries)
+            await _reachable(remote)
+            yield remote
         return
     from embedserve.errors import ModelLoadError
     from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
