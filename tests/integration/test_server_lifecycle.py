@@ -1,4 +1,4 @@
-"""Process lifecycle: graceful SIGTERM under load, and a model that cannot load."""
+"""Process lifecycle: graceful SIGTERM under load, Ctrl-C, and a model that cannot load."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers.server_process import free_port, start_server, words
+from tests.helpers.gateway_process import write_config
+from tests.helpers.server_process import ServerProcess, free_port, start_server, words
 
 
 def test_sigterm_under_load_finishes_in_flight_requests_then_exits_0(qwen3_dir: Path, tmp_path: Path) -> None:
@@ -46,6 +47,63 @@ def test_sigterm_under_load_finishes_in_flight_requests_then_exits_0(qwen3_dir: 
         assert len(r.json()["data"][0]["embedding"]) == 64
     assert rc == 0, server.log()
     assert "shutdown complete" in server.log()
+
+
+def _started(cmd: list[str], port: int, log: Path) -> ServerProcess:
+    with log.open("wb") as out:
+        # SIGINT's default restored: a child of a non-interactive shell may inherit it ignored
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "embedserve", *cmd, "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    return ServerProcess(proc, f"http://127.0.0.1:{port}", log)
+
+
+def _ctrl_c(process: ServerProcess) -> int:
+    try:
+        process.proc.send_signal(signal.SIGINT)
+        return process.proc.wait(60)
+    finally:
+        process.terminate()
+
+
+def test_ctrl_c_drains_and_exits_0_without_a_traceback(qwen3_dir: Path, tmp_path: Path) -> None:
+    """Ctrl-C in a terminal is SIGINT: the same drain as SIGTERM, not KeyboardInterrupt's
+    traceback and exit 130 (uvicorn re-raises the signal it caught once it has shut down)."""
+    cmd = ["serve", "--model", str(qwen3_dir), "--warmup-lengths", "16"]
+    server = _started(cmd, free_port(), tmp_path / "serve.log")
+    try:
+        server.wait_ready()
+        reply = httpx.post(server.base_url + "/v1/embeddings", json={"input": "hi"}, timeout=60)
+        assert reply.status_code == 200
+    finally:
+        rc = _ctrl_c(server)
+    assert rc == 0, server.log()
+    assert "Traceback" not in server.log() and "shutdown complete" in server.log()
+
+
+def test_the_gateway_takes_ctrl_c_the_same_way(qwen3_dir: Path, tmp_path: Path) -> None:
+    pools = {"short": {"max_tokens": 256, "upstreams": [f"http://127.0.0.1:{free_port()}"]}}
+    config = write_config(tmp_path / "g.yaml", qwen3_dir, pools, [{"class": "online", "order": ["short"]}])
+    gateway = _started(["gateway", "--config", str(config)], free_port(), tmp_path / "gateway.log")
+    try:
+        deadline = time.monotonic() + 120
+        while _live(gateway.base_url) != 200:  # its pool is not up: live, never ready
+            assert gateway.proc.poll() is None and time.monotonic() < deadline, gateway.log()
+            time.sleep(0.05)
+    finally:
+        rc = _ctrl_c(gateway)
+    assert rc == 0, gateway.log()
+    assert "Traceback" not in gateway.log()
+
+
+def _live(base_url: str) -> int:
+    try:
+        return httpx.get(base_url + "/health/live", timeout=2).status_code
+    except httpx.TransportError:
+        return 0
 
 
 def _wait_admitted(base_url: str, n: int, timeout: float = 30.0) -> None:

@@ -1,4 +1,4 @@
-"""Run the app on uvicorn with a graceful, exit-0 SIGTERM."""
+"""Run the app on uvicorn with a graceful, exit-0 SIGTERM and Ctrl-C (SIGINT)."""
 
 from __future__ import annotations
 
@@ -50,10 +50,13 @@ def serve(settings: ServerSettings, host: str, port: int, log_level: str = "info
         limit_concurrency=settings.limit_concurrency,
     )
     server = DrainingServer(config, app.state.runtime.begin_drain)
-    # uvicorn re-raises a caught SIGTERM after its graceful shutdown so that the previous
-    # handler runs; the default handler would then kill the process (exit 143). The drain
-    # has already happened by then, so this handler only records it and the process exits 0.
+    # uvicorn re-raises a caught SIGTERM or SIGINT after its graceful shutdown so that the
+    # previous handler runs; the default handlers would then kill the process (exit 143) or
+    # raise KeyboardInterrupt through asyncio (a traceback, exit 130: Ctrl-C in a terminal).
+    # The drain has already happened by then, so this handler only records it and the process
+    # exits 0. A second Ctrl-C during the drain is still uvicorn's force quit.
     signal.signal(signal.SIGTERM, _drained)
+    signal.signal(signal.SIGINT, _drained)
     server.run()
     if fatal:
         log.error("embedserve serve: %s", fatal[0])
