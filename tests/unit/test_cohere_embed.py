@@ -129,7 +129,11 @@ def test_bad_cohere_requests_are_422(client: TestClient, body: dict[str, Any]) -
 
 def test_truncate_none_refuses_an_over_long_text(client: TestClient) -> None:
     long = "word " * 1000
-    assert client.post("/v2/embed", json={"texts": [long], "truncate": "NONE"}).status_code == 400
+    refused = client.post("/v2/embed", json={"texts": [long], "truncate": "NONE"})
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"].endswith("pass truncate 'END' / 'START'")  # Cohere's values
+    openai = client.post("/v1/embeddings", json={"input": long})
+    assert openai.json()["error"]["message"].endswith("pass truncate='end' / 'start'")
     assert client.post("/v2/embed", json={"texts": [long], "truncate": "END"}).status_code == 200
 
 

@@ -51,6 +51,7 @@ def test_embed_truncation_follows_teis_flags(client: TestClient) -> None:
     long = "wing " * (limit + 50)
     refused = client.post("/embed", json={"inputs": long})  # TEI's default: truncate false
     assert refused.status_code == 400 and "exceed" in refused.json()["error"]["message"]
+    assert refused.json()["error"]["message"].endswith("pass truncate: true")  # TEI's flag, not ours
     for direction, policy in (("Right", "end"), ("Left", "start")):
         body = {"inputs": long, "truncate": True, "truncation_direction": direction}
         cut = client.post("/embed", json=body)

@@ -65,7 +65,7 @@ class InProcess:
             svc = self.service()
             job = bound.job(svc, bound.route.parse(line.body))
             check_request(svc, bound.route, job)
-            with engine_errors(svc.on_forward_failure):
+            with engine_errors(svc.on_forward_failure, job.truncate_remedy):
                 await asyncio.to_thread(job.tokenize)
         except ApiError as e:
             return e

@@ -26,6 +26,8 @@ from embedserve.tokenizer import Tokenized
 
 
 class CohereEmbedJob(EmbeddingsJob):
+    truncate_remedy = "pass truncate 'END' / 'START'"
+
     def __init__(self, svc: EmbeddingService, req: CohereEmbedRequest) -> None:
         super().__init__(svc, req.to_embedding_request(svc.engine.config.prompts))
         self.cohere = req

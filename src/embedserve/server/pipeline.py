@@ -25,6 +25,7 @@ from embedserve.api.http import unless_disconnected
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import Req, Route, body_priority, model_not_found, too_many_inputs, wrong_task
 from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.errors import API_REMEDY
 from embedserve.server.admission import Ticket
 from embedserve.server.serving import EmbeddingService, engine_errors, timing_headers
 from embedserve.tokenizer import Tokenized
@@ -54,6 +55,7 @@ class Job(ABC):
     is answered from its tokens: no admission, no engine work."""
 
     computes = True
+    truncate_remedy = API_REMEDY  # how this route's body asks to cut an over-long input
 
     def serves(self, task: str) -> bool:
         """A task beyond its route's that this job serves (a multi-vector model's MaxSim rerank)."""
@@ -97,7 +99,7 @@ async def answer(
     job = bound.job(svc, req)
     start = time.perf_counter()
     check_request(svc, route, job)
-    with engine_errors(svc.on_forward_failure):
+    with engine_errors(svc.on_forward_failure, job.truncate_remedy):
         # Tokenizing a long document takes milliseconds: keep it off the event loop.
         tokenized = await asyncio.to_thread(job.tokenize)
     tokenize_time = time.perf_counter() - start

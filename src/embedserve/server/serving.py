@@ -15,7 +15,14 @@ from embedserve.api.protocol import ApiError
 from embedserve.api.quantize import Calibration, schema_type
 from embedserve.engine.engine import Engine
 from embedserve.engine.outputs import EmbeddingOutput
-from embedserve.errors import EngineDeadError, ImageTooLargeError, InternalEngineError, InvalidInputError
+from embedserve.errors import (
+    API_REMEDY,
+    EngineDeadError,
+    ImageTooLargeError,
+    InputTooLongError,
+    InternalEngineError,
+    InvalidInputError,
+)
 from embedserve.lengths import bucket_of
 from embedserve.schema import ModelMetadata
 from embedserve.server.admission import Admission
@@ -131,12 +138,15 @@ class EmbeddingService:
 
 
 @contextlib.contextmanager
-def engine_errors(on_forward_failure: Callable[[], None]) -> Iterator[None]:
-    """Engine exceptions -> HTTP statuses. Bad input is the caller's fault; the rest is ours."""
+def engine_errors(on_forward_failure: Callable[[], None], remedy: str = API_REMEDY) -> Iterator[None]:
+    """Engine exceptions -> HTTP statuses. Bad input is the caller's fault; the rest is ours.
+    `remedy`: how the route's body asks for truncation, for an over-long input's message."""
     try:
         yield
     except ImageTooLargeError as e:
         raise ApiError(413, str(e)) from None
+    except InputTooLongError as e:
+        raise ApiError(400, str(e.with_remedy(remedy))) from None
     except InvalidInputError as e:
         raise ApiError(400, str(e)) from None
     except EngineDeadError as e:

@@ -12,8 +12,12 @@ from embedserve.server.embeddings_routes import EmbeddingsJob
 from embedserve.server.pipeline import Computed, ServerRoute
 from embedserve.server.serving import EmbeddingService
 
+TEI_REMEDY = "pass truncate: true"
+
 
 class TeiEmbedJob(EmbeddingsJob):
+    truncate_remedy = TEI_REMEDY
+
     def __init__(self, svc: EmbeddingService, req: TeiEmbedRequest) -> None:
         super().__init__(svc, req.to_embedding_request())
 
@@ -22,6 +26,8 @@ class TeiEmbedJob(EmbeddingsJob):
 
 
 class TeiEmbedSparseJob(EmbeddingsJob):
+    truncate_remedy = TEI_REMEDY
+
     def __init__(self, svc: EmbeddingService, req: TeiEmbedSparseRequest) -> None:
         super().__init__(svc, req.to_embedding_request())
 
