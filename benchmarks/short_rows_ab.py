@@ -4,8 +4,9 @@ projection shapes with every layer's weights read from memory, as a short query 
     python benchmarks/short_rows_ab.py --model /tmp/embedserve-bench-models/q06 \
         [--rows 16] [--rounds 15] [--threads 2] [--same-layer] [A.cpp B.cpp ...]
 
-Each source (default: the package's `kernels/short_linear_f32.cpp`) is built as the package
-builds it (`kernels/native.py`: -march=native less EMBEDSERVE_CPU_ISA's cap), then checked on
+Each source (default: the package's `kernels/short_linear_f32.cpp`; a copy elsewhere needs
+the package's `cpu_vec.h` beside it) is built as the package builds it (`kernels/native.py`:
+-march=native less EMBEDSERVE_CPU_ISA's cap; kept under `--out`), then checked on
 the first layer's projections against torch's matmul on the unpacked weights: a variant that
 is fast but wrong is refused. The weights are random, in oneDNN's fp32 packing ([N/64][K][64],
 what the kernel reads), one buffer per projection and layer on 2 MB pages like the engine's.
@@ -29,7 +30,6 @@ from pathlib import Path
 import torch
 
 from embedserve.kernels import native
-from embedserve.settings import settings
 from embedserve.worker.host_memory import on_huge_pages
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
@@ -53,7 +53,10 @@ def load(source: Path, out: Path) -> ctypes.CDLL:
     compiler = native.compiler()
     if compiler is None:
         raise SystemExit("no C++ compiler here")
-    key = hashlib.sha256(source.read_bytes() + str(settings().cpu_isa).encode()).hexdigest()[:16]
+    # the source, the headers beside it and the build command (compiler, flags, torch, cap)
+    parts = [source.read_bytes(), *(h.read_bytes() for h in sorted(source.parent.glob("*.h")))]
+    parts.append(" ".join(native._command(compiler, source, Path("kernel.so"))).encode())
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     target = out / f"{source.stem}-{key}.so"
     if not target.exists():
         native._build(compiler, source, target)
@@ -119,7 +122,7 @@ def main() -> None:
     plan = shapes(cfg)
     if any(n % 64 for _, _, n, _ in plan):
         raise SystemExit(f"the kernel takes N in multiples of 64: {plan}")
-    sources = args.sources or [Path(native.SOURCES) / "short_linear_f32.cpp"]
+    sources = args.sources or [native.SOURCES / "short_linear_f32.cpp"]
     args.out.mkdir(parents=True, exist_ok=True)
     libs = [load(s, args.out) for s in sources]
     first = [weight(k * n * (2 if gated else 1)) for _, k, n, gated in plan]

@@ -11,7 +11,10 @@ class InvalidInputError(EmbedServeError, ValueError):
     """The caller sent something the engine can never embed (HTTP 400)."""
 
 
-API_REMEDY = "pass truncate='end' / 'start'"
+# How each body shape asks to cut an over-long input: the hint of its 400
+API_REMEDY = "pass truncate='end' / 'start'"  # OpenAI-style bodies (ours, vLLM's)
+TEI_REMEDY = "pass truncate: true"  # TEI's bool
+COHERE_REMEDY = "pass truncate 'END' / 'START'"  # Cohere's /v2/embed
 
 
 class InputTooLongError(InvalidInputError):

@@ -26,7 +26,11 @@ COHERE_REFUSALS: list[tuple[dict[str, Any], int, str]] = [
     ({"texts": []}, 422, "texts"),
     ({"texts": ["x"], "input_type": "nope"}, 422, "input_type"),
     ({"texts": ["x"] * 5}, 400, "5 inputs in one request; the limit is 4"),
-    ({"texts": [words(5000)], "truncate": "NONE"}, 400, "exceed the limit of 512"),
+    (  # the hint names Cohere's own values
+        {"texts": [words(5000)], "truncate": "NONE"},
+        400,
+        "limit of 512 tokens; shorten the input or pass truncate 'END' / 'START'",
+    ),
     ({"texts": ["x"], "model": "other"}, 404, "this gateway serves"),
     ({"texts": ["x"], "output_dimension": 10**6}, 400, "pool 'short'"),  # found by the pool
 ]

@@ -143,7 +143,11 @@ def test_classify_equals_transformers(tmp_path: Path, problem_type: str | None) 
         info = c.get("/info").json()
         assert info["model_type"] == {"classifier": {"id2label": {str(i): x for i, x in enumerate(LABELS)}}}
         assert c.post("/v1/embeddings", json={"input": "x"}).status_code == 400
-        assert c.post("/classify", json={"input": "x " * 5000}).status_code == 400  # over max_model_len
+        long = "x " * 5000  # over max_model_len: each body's hint names its own truncation field
+        vllm, tei = c.post("/classify", json={"input": long}), c.post("/predict", json={"inputs": long})
+        assert vllm.status_code == tei.status_code == 400
+        assert vllm.json()["error"]["message"].endswith("pass truncate='end' / 'start'")
+        assert tei.json()["error"]["message"].endswith("pass truncate: true")
 
 
 def test_classify_refusals(embedder: TestClient) -> None:

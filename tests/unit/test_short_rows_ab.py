@@ -20,7 +20,13 @@ FLOAT32 = short_rows_dtypes()[1]
 assert FLOAT32.values == (torch.float32,)
 
 
-def _run(tmp_path: Path, *sources: Path) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build folder for the module: the package's kernel is built once."""
+    return tmp_path_factory.mktemp("short-rows-built")
+
+
+def _run(tmp_path: Path, built: Path, *sources: Path) -> subprocess.CompletedProcess[str]:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     cfg = {
@@ -33,13 +39,15 @@ def _run(tmp_path: Path, *sources: Path) -> subprocess.CompletedProcess[str]:
     }
     (model / "config.json").write_text(json.dumps(cfg))
     cmd = [sys.executable, "benchmarks/short_rows_ab.py", "--model", str(model), "--rounds", "2"]
-    cmd += ["--threads", "1", "--out", str(tmp_path / "built"), *map(str, sources)]
+    cmd += ["--threads", "1", "--out", str(built), *map(str, sources)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.mark.parametrize("dtype", [FLOAT32])
-def test_the_kernel_is_checked_then_timed_beside_the_stream(tmp_path: Path, dtype: torch.dtype) -> None:
-    done = _run(tmp_path)
+def test_the_kernel_is_checked_then_timed_beside_the_stream(
+    tmp_path: Path, built: Path, dtype: torch.dtype
+) -> None:
+    done = _run(tmp_path, built)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "short_linear_f32.cpp: largest difference to torch" in done.stdout
     assert "16 rows, 2 layers" in done.stdout
@@ -47,14 +55,16 @@ def test_the_kernel_is_checked_then_timed_beside_the_stream(tmp_path: Path, dtyp
 
 
 @pytest.mark.parametrize("dtype", [FLOAT32])
-def test_a_variant_that_computes_something_else_is_refused(tmp_path: Path, dtype: torch.dtype) -> None:
+def test_a_variant_that_computes_something_else_is_refused(
+    tmp_path: Path, built: Path, dtype: torch.dtype
+) -> None:
     source = (native.SOURCES / "short_linear_f32.cpp").read_text()
     right = "fma(a, b[j], c[r * NREG + j])"
     assert right in source, "the kernel's inner FMA moved: update this test's mutation"
     wrong = tmp_path / "wrong.cpp"
     wrong.write_text(source.replace(right, "fma(a, a, c[r * NREG + j])"))
     (tmp_path / "cpu_vec.h").write_text((native.SOURCES / "cpu_vec.h").read_text())
-    done = _run(tmp_path, native.SOURCES / "short_linear_f32.cpp", wrong)
+    done = _run(tmp_path, built, native.SOURCES / "short_linear_f32.cpp", wrong)
     assert done.returncode != 0
     assert "wrong.cpp computes something else" in done.stderr
     assert "GFLOP/s" not in done.stdout  # nothing timed

@@ -80,6 +80,15 @@ def test_rerank_answers_teis_shape_for_teis_body(tmp_path: Path) -> None:
         ]
         assert [r["text"] for r in tei.json()] == [TEXTS[r["index"]] for r in tei.json()]
         assert c.get("/info").json()["model_type"] == {"reranker": {"id2label": {"0": "LABEL_0"}}}
+        long = {"query": "q", "texts": ["word " * 5000]}  # TEI's default: truncate false
+        refused = [
+            c.post("/rerank", json=long),
+            TestClient(gateway_app(c.app, ce)).post("/rerank", json=long),
+        ]
+        assert [r.status_code for r in refused] == [400, 400]
+        assert all(r.json()["error"]["message"].endswith("pass truncate: true") for r in refused), refused[
+            1
+        ].text
         both = c.post("/rerank", json={"query": "q", "texts": ["a"], "documents": ["a"]})
         assert both.status_code == 422  # neither shape: Cohere's has no `texts`
         gateway = TestClient(gateway_app(c.app, ce))

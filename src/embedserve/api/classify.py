@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embedserve.api.protocol import listed
 from embedserve.api.tei import Direction, policy
+from embedserve.errors import API_REMEDY, TEI_REMEDY
 
 Input = str | tuple[str, str]  # a text, or a (text, text_pair) pair
 
@@ -39,6 +40,8 @@ class ClassifyRequest(BaseModel):
         """The over-long policy (TEI's body, `PredictRequest`, says it another way)."""
         return self.truncate
 
+    truncate_remedy: ClassVar[str] = API_REMEDY  # the hint of an over-long input's 400
+
 
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -48,6 +51,7 @@ class PredictRequest(BaseModel):
     raw_scores: bool = False
     truncate: bool | None = False
     truncation_direction: Direction = "Right"
+    truncate_remedy: ClassVar[str] = TEI_REMEDY
 
     @model_validator(mode="after")
     def _shape(self) -> PredictRequest:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from embedserve.api.protocol import usage
+from embedserve.errors import API_REMEDY, TEI_REMEDY
 
 
 class RerankDocument(BaseModel):
@@ -43,6 +44,10 @@ class RerankRequest(BaseModel):
     @property
     def tei(self) -> bool:
         return self._tei
+
+    @property
+    def truncate_remedy(self) -> str:
+        return TEI_REMEDY if self._tei else API_REMEDY
 
     def as_tei(self) -> RerankRequest:
         self._tei = True

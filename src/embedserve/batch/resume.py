@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,26 +105,27 @@ def drop_unsent(path: Path, codes: frozenset[str]) -> int:
     The file is rewritten beside itself and renamed over it, so a crash leaves either."""
     if not path.exists():
         return 0
-    kept: list[bytes] = []
     dropped = 0
-    with path.open("rb") as f:
-        for text in f:
-            try:
-                rec = json.loads(text)
-            except ValueError:
-                rec = None
-            error = rec.get("error") if isinstance(rec, dict) else None
-            if isinstance(error, dict) and error.get("code") in codes:
-                dropped += 1
-            else:
-                kept.append(text)
-    if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        with tmp.open("wb") as f:
-            f.writelines(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with path.open("rb") as f, tmp.open("wb") as out:  # line by line: bodies never all in memory
+            for text in f:
+                try:
+                    rec = json.loads(text)
+                except ValueError:
+                    rec = None
+                error = rec.get("error") if isinstance(rec, dict) else None
+                if isinstance(error, dict) and error.get("code") in codes:
+                    dropped += 1
+                else:
+                    out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if dropped:
+            shutil.copymode(path, tmp)
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return dropped
 
 

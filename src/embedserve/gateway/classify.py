@@ -17,6 +17,10 @@ class ClassifyJob(WholeJob[ClassifyRequest | PredictRequest]):
         super().__init__(req, req.model, len(req.items), req.policy)
         self.counter = gw.counter
 
+    @property
+    def truncate_remedy(self) -> str:
+        return self.req.truncate_remedy  # vLLM's body or TEI's
+
     def count(self) -> list[int]:
         return self.counter.count_classify(self.req.items)
 

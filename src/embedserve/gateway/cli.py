@@ -221,8 +221,10 @@ async def _serve(
             jobs = None if batch is None else (gateway_batch_jobs(batch, built.live), batch.max_file_bytes)
             app = create_app(built.live, keys, jobs)
             server = uvicorn.Server(uvicorn_config(app, args))
-            # uvicorn re-raises SIGTERM after its graceful shutdown; this handler makes that exit 0.
+            # uvicorn re-raises SIGTERM / SIGINT (Ctrl-C) after its graceful shutdown; these
+            # handlers make that exit 0 (not 143, nor a KeyboardInterrupt into the pools' close)
             signal.signal(signal.SIGTERM, _stopped)
+            signal.signal(signal.SIGINT, _stopped)
             reloading: list[asyncio.Task[None]] = []
 
             async def on_hup() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import COHERE_EMBED
+from embedserve.errors import COHERE_REMEDY
 from embedserve.gateway.forward import PartResult
 from embedserve.gateway.jobs import Job
 from embedserve.gateway.pipeline import GatewayRoute, Pipeline
@@ -36,6 +37,10 @@ class CohereEmbedJob(Job[CohereEmbedRequest]):
         self.inner = req.to_embedding_request(gw.counter.prompts)
         super().__init__(req, req.model, len(req.texts), self.inner.truncate)
         self.counter = gw.counter
+
+    @property
+    def truncate_remedy(self) -> str:
+        return COHERE_REMEDY
 
     def count(self) -> list[int]:
         head = self.counter.multivector

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Generic
 
 from embedserve.api.routes import Req
+from embedserve.errors import API_REMEDY
 from embedserve.gateway.forward import PartResult
 
 
@@ -26,6 +27,11 @@ class Job(ABC, Generic[Req]):
         self.model = model  # the request's `model` field
         self.n_inputs = n_inputs  # inputs before counting (the per-request limit)
         self.truncate = truncate  # the over-long policy: "error", "end" or "start"
+
+    @property
+    def truncate_remedy(self) -> str:
+        """How this route's body asks to cut an over-long input (errors.py: its 400's hint)."""
+        return API_REMEDY
 
     @abstractmethod
     def count(self) -> list[int]:

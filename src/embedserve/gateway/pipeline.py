@@ -188,7 +188,7 @@ class Pipeline:
             placements = place_inputs(counts, route, self._limits, self.upstreams.available(), job.truncate)
         except InputTooLongError as e:
             self.metrics.rejections.labels(traffic_class, "too_long").inc()
-            raise ApiError(400, str(e)) from None
+            raise ApiError(400, str(e.with_remedy(job.truncate_remedy))) from None
         except InvalidInputError as e:
             raise ApiError(400, str(e)) from None
         except NoPoolAvailable as e:

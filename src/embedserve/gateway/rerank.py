@@ -30,6 +30,10 @@ class PairsJob(WholeJob[RerankRequest]):
         super().__init__(req, req.model, len(req.texts), req.truncate)
         self.counter = gw.counter
 
+    @property
+    def truncate_remedy(self) -> str:
+        return self.req.truncate_remedy  # TEI's body or ours
+
     def count(self) -> list[int]:
         req = self.req
         return self.counter.count_pairs(req.query, req.texts, req.instruction)

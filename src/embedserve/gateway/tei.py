@@ -10,12 +10,21 @@ from typing import Any
 
 from embedserve.api.routes import EMBEDDINGS, TEI_EMBED, TEI_EMBED_SPARSE
 from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, embed_vectors, sparse_vectors
+from embedserve.errors import TEI_REMEDY
 from embedserve.gateway.embeddings import EmbeddingsJob
 from embedserve.gateway.forward import PartResult
 from embedserve.gateway.pipeline import GatewayRoute, Pipeline
 
 
-class TeiEmbedJob(EmbeddingsJob):
+class TeiJob(EmbeddingsJob):
+    """TEI's bodies: an over-long input's hint names TEI's `truncate` flag."""
+
+    @property
+    def truncate_remedy(self) -> str:
+        return TEI_REMEDY
+
+
+class TeiEmbedJob(TeiJob):
     def __init__(self, gw: Pipeline, req: TeiEmbedRequest) -> None:
         super().__init__(gw, req.to_embedding_request())
 
@@ -23,7 +32,7 @@ class TeiEmbedJob(EmbeddingsJob):
         return embed_vectors(super().body(results, counts, name))
 
 
-class TeiEmbedSparseJob(EmbeddingsJob):
+class TeiEmbedSparseJob(TeiJob):
     def __init__(self, gw: Pipeline, req: TeiEmbedSparseRequest) -> None:
         super().__init__(gw, req.to_embedding_request())
 

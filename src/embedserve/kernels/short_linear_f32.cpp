@@ -7,8 +7,8 @@
 // cache line: one AVX-512 register or two AVX2 ones) for up to 16 input rows (AVX2: 6 at a
 // time, of its 16 registers): per k one load of the line and one FMA per row and register with
 // x[r, k] broadcast, the accumulators in registers. k runs in chunks of 64 rows (16 KB): the block's passes read a
-// chunk from L1, and each prefetches its share of the next chunk into L2 in address order,
-// spread over the pass's calls of up to 6 / 16 rows.
+// chunk from L1, and each prefetches its share of the next chunk into L2, spread over the
+// pass's calls of up to 6 / 16 rows (each call's lines in address order).
 // Passes over whole blocks instead read every fourth cache line, a stride the hardware
 // prefetchers do not follow: the misses then wait one by one (slower than oneDNN; with this
 // order faster, docs/performance.md, "Short rows on their own kernels"). Each pass also
@@ -152,12 +152,12 @@ void run(const float* x, int64_t m, int64_t k, int64_t ldx, const float* w, cons
               for (auto& a : row) a = zero();
           // k in chunks whose rows (CHUNK x 256 bytes) stay in L1 across the block's passes;
           // each pass prefetches its share of the next chunk, in order
+          const int calls = static_cast<int>((rows + RMAX - 1) / RMAX);
           for (int64_t k0 = 0; k0 < k; k0 += CHUNK) {
             const int64_t k1 = std::min(k, k0 + CHUNK);
             // the rows after this chunk: the next chunk, or after the last one the next
             // block's first (blocks follow each other; a prefetch past the end never faults)
             const char* next = reinterpret_cast<const char*>(wb + k1 * BLOCK);
-            const int calls = static_cast<int>((rows + RMAX - 1) / RMAX);
             for (int64_t pass = 0; pass < PASSES; ++pass) {
               const char* ahead = next + pass * CHUNK * 64;
               for (int64_t r = 0; r < rows; r += RMAX)  // the group's rows, RMAX at a time

@@ -24,6 +24,10 @@ class ClassifyJob(Job):
         self.svc = svc
         self.req = req
 
+    @property
+    def truncate_remedy(self) -> str:
+        return self.req.truncate_remedy  # vLLM's body or TEI's
+
     def tokenize(self) -> list[Tokenized]:
         return self.svc.engine.tokenize_classify(self.req.items, self.req.policy)
 

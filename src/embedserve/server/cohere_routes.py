@@ -17,6 +17,7 @@ from embedserve.api.protocol import ApiError
 from embedserve.api.routes import COHERE_EMBED
 from embedserve.engine.multivector import MultiVectorInput
 from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.errors import COHERE_REMEDY
 from embedserve.schema import MULTIVECTOR, multivector_type
 from embedserve.server.embeddings_routes import EmbeddingsJob
 from embedserve.server.multivector_routes import check_vector_count
@@ -26,7 +27,9 @@ from embedserve.tokenizer import Tokenized
 
 
 class CohereEmbedJob(EmbeddingsJob):
-    truncate_remedy = "pass truncate 'END' / 'START'"
+    @property
+    def truncate_remedy(self) -> str:
+        return COHERE_REMEDY
 
     def __init__(self, svc: EmbeddingService, req: CohereEmbedRequest) -> None:
         super().__init__(svc, req.to_embedding_request(svc.engine.config.prompts))

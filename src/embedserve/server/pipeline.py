@@ -55,7 +55,11 @@ class Job(ABC):
     is answered from its tokens: no admission, no engine work."""
 
     computes = True
-    truncate_remedy = API_REMEDY  # how this route's body asks to cut an over-long input
+
+    @property
+    def truncate_remedy(self) -> str:
+        """How this route's body asks to cut an over-long input (errors.py: its 400's hint)."""
+        return API_REMEDY
 
     def serves(self, task: str) -> bool:
         """A task beyond its route's that this job serves (a multi-vector model's MaxSim rerank)."""
@@ -108,7 +112,7 @@ async def answer(
         return job.body(Computed(tokenized, [], n_tokens)), {}
     ticket = admit(svc, len(tokenized), n_tokens)
     try:
-        with engine_errors(svc.on_forward_failure):
+        with engine_errors(svc.on_forward_failure, job.truncate_remedy):
             run = unless_disconnected(job.run(tokenized), wait_disconnect)
             outputs = await svc.within_deadline(run, timeout_s)
     finally:

@@ -26,6 +26,10 @@ class RerankJob(Job):
         self.svc = svc
         self.req = req
 
+    @property
+    def truncate_remedy(self) -> str:
+        return self.req.truncate_remedy  # TEI's body or ours
+
     def tokenize(self) -> list[Tokenized]:
         req = self.req
         return self.svc.engine.tokenize_pairs(req.query, req.texts, req.truncate, req.instruction)
@@ -52,6 +56,10 @@ class MaxSimRerankJob(Job):
         self.svc = svc
         self.req = req
         self.items: list[MultiVectorInput] = []
+
+    @property
+    def truncate_remedy(self) -> str:
+        return self.req.truncate_remedy
 
     def serves(self, task: str) -> bool:
         return task == "embed"

@@ -19,6 +19,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -76,13 +77,17 @@ def _cmd_run_batch(args: argparse.Namespace) -> int:
         return 2
     try:
         listed = scan(args.input)  # a duplicate custom_id: BatchFileError, exit 2 before any work
+        done = written_keys(args.output)  # both files checked (and a cut-short last line cut) first
+        written_keys(errors)
+        if args.url is not None:
+            _reachable(args)  # Unreachable: exit 2, nothing sent and no file changed
         unsent = drop_unsent(errors, frozenset({UNREACHABLE}))
-        done = written_keys(args.output) | written_keys(errors)
+        done |= written_keys(errors)
     except KeyboardInterrupt:
         print("interrupted before any work", file=sys.stderr)
         return INTERRUPTED
     if unsent:
-        print(f"sending again {unsent} lines the server could not be reached for", file=sys.stderr)
+        print(f"sending again {unsent} lines that got no answer from {args.url} before", file=sys.stderr)
     left = len(listed.keys - done)
     if done:
         print(f"resuming: {len(listed.keys & done)} of {listed.lines} lines already written", file=sys.stderr)
@@ -156,15 +161,24 @@ class Unreachable(EmbedServeError):
     """The --url answered nothing at the start (cli.py: exit 2; nothing was sent)."""
 
 
-async def _reachable(remote: Any) -> None:
-    """Any HTTP answer from the --url's host (a 404 too) will do: one that answers nothing
-    would turn every line into an `unreachable` error."""
+def _reachable(args: argparse.Namespace) -> None:
+    """Any HTTP answer from the --url (a 404 too) will do: one that answers nothing would turn
+    every line into an `unreachable` error. Tried as often as a line is (--retries, 1 s apart:
+    a server still starting is waited for), each connection attempt at most 10 s."""
     import httpx
 
-    try:
-        await remote.client.get(remote.base + "/v1/models")
-    except httpx.HTTPError as e:
-        raise Unreachable(f"cannot reach {remote.base}: {type(e).__name__}: {e} (nothing was sent)") from None
+    url = args.url.rstrip("/") + "/v1/models"
+    timeout = httpx.Timeout(args.timeout, connect=min(args.timeout, 10.0))
+    for attempt in range(args.retries + 1):
+        try:
+            httpx.get(url, timeout=timeout)
+            return
+        except httpx.HTTPError as e:
+            if attempt == args.retries:
+                raise Unreachable(
+                    f"cannot reach {args.url}: {type(e).__name__}: {e} (nothing was sent)"
+                ) from None
+            time.sleep(1.0)
 
 
 def _window(args: argparse.Namespace) -> int:
@@ -183,9 +197,7 @@ async def _executor(args: argparse.Namespace) -> AsyncIterator[Any]:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         limits = httpx.Limits(max_connections=_window(args))
         async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as client:
-            remote = Remote(args.url, client, args.retries)
-            await _reachable(remote)
-            yield remote
+            yield Remote(args.url, client, args.retries)
         return
     from embedserve.errors import ModelLoadError
     from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument

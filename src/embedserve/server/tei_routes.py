@@ -8,16 +8,21 @@ from typing import Any
 
 from embedserve.api.routes import TEI_EMBED, TEI_EMBED_SPARSE
 from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, embed_vectors, sparse_vectors
+from embedserve.errors import TEI_REMEDY
 from embedserve.server.embeddings_routes import EmbeddingsJob
 from embedserve.server.pipeline import Computed, ServerRoute
 from embedserve.server.serving import EmbeddingService
 
-TEI_REMEDY = "pass truncate: true"
+
+class TeiJob(EmbeddingsJob):
+    """TEI's bodies: an over-long input's hint names TEI's `truncate` flag."""
+
+    @property
+    def truncate_remedy(self) -> str:
+        return TEI_REMEDY
 
 
-class TeiEmbedJob(EmbeddingsJob):
-    truncate_remedy = TEI_REMEDY
-
+class TeiEmbedJob(TeiJob):
     def __init__(self, svc: EmbeddingService, req: TeiEmbedRequest) -> None:
         super().__init__(svc, req.to_embedding_request())
 
@@ -25,9 +30,7 @@ class TeiEmbedJob(EmbeddingsJob):
         return embed_vectors(super().body(done))
 
 
-class TeiEmbedSparseJob(EmbeddingsJob):
-    truncate_remedy = TEI_REMEDY
-
+class TeiEmbedSparseJob(TeiJob):
     def __init__(self, svc: EmbeddingService, req: TeiEmbedSparseRequest) -> None:
         super().__init__(svc, req.to_embedding_request())
 
