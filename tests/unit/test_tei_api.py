@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from embedserve.engine.options import EngineOptions
 from tests.helpers.fuzz import threaded_server
 from tests.helpers.inprocess import gateway_app, server_client
 from tests.helpers.tiny_rerankers import build_cross_encoder
@@ -21,7 +22,9 @@ TEXTS = ["What is Deep Learning?", "Deep Learning is a subset of machine learnin
 
 @pytest.fixture(scope="module")
 def client(qwen3_dir: Path) -> Iterator[TestClient]:
-    with server_client(qwen3_dir) as c:
+    # 1,024 tokens: above the gateway's long pool (512), and over-long inputs stay cheap (the
+    # model's own 32,768 made the truncation test embed three 32K-token inputs)
+    with server_client(qwen3_dir, engine=EngineOptions(max_model_len=1024)) as c:
         yield c
 
 
