@@ -23,7 +23,7 @@ import base64
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -109,6 +109,18 @@ def to_base64(vector: np.ndarray) -> str:
     """Raw little-endian bytes of one vector (float32, or one byte per value)."""
     arr = vector.astype("<f4") if vector.dtype.kind == "f" else vector
     return base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
+
+
+def encode_values(values: np.ndarray, encoding_format: str) -> Any:
+    """A vector or a [vectors, dim] matrix of any type for `encoding_format`: JSON numbers
+    (a compressed type's integers); base64 of little-endian float32 whatever the type (what
+    the openai client decodes; integers are exact in float32); base64_bytes, of the values' own
+    bytes (one per int8 / uint8 value, one per 8 binary bits)."""
+    if encoding_format == "base64":
+        return to_base64(values.astype("<f4", copy=False))
+    if encoding_format == "base64_bytes":
+        return to_base64(values)
+    return values.tolist()
 
 
 def schema_type(kind: str, calibration: Calibration | None) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 
 from embedserve.api.multimodal import resolve_items
 from embedserve.api.protocol import ApiError, EmbeddingRequest, encode_vector, usage
-from embedserve.api.quantize import quantize, to_base64
+from embedserve.api.quantize import encode_values, quantize
 from embedserve.api.routes import EMBEDDINGS
 from embedserve.api.sparse import sparse_item
 from embedserve.engine.outputs import EmbeddingOutput
@@ -115,7 +115,7 @@ class EmbeddingsJob(Job):
             vectors = [encode_vector(row, req.encoding_format) for row in rows]
         else:  # compressed (extension)
             q = quantize(np.asarray(rows), kind, svc.calibration)
-            vectors = [encode_codes(v, req.encoding_format) for v in q]
+            vectors = [encode_values(v, req.encoding_format) for v in q]
         data = [
             {"object": "embedding", "index": item.pop("index"), "embedding": vec, **item}
             for vec, item in zip(vectors, items, strict=True)
@@ -132,17 +132,6 @@ class EmbeddingsJob(Job):
             **svc.metadata.fields(req.dimensions, self._normalize(), svc.schema_type(kind), span_pooling),
             **late,
         }
-
-
-def encode_codes(codes: np.ndarray, encoding_format: str) -> list[int] | str:
-    """A compressed vector: JSON integers; base64 as every vector's, little-endian float32 (its
-    values are exact there, and the openai client, which asks base64 by default, decodes them
-    right); base64_bytes its own bytes (one per value, or per 8 bits packed)."""
-    if encoding_format == "base64_bytes":
-        return to_base64(codes)
-    if encoding_format == "base64":
-        return to_base64(codes.astype("<f4"))
-    return codes.tolist()
 
 
 def late_items(plan: LongPlan) -> list[dict[str, Any]]:

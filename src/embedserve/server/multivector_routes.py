@@ -14,11 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from embedserve.api.multimodal import resolve_items
 from embedserve.api.protocol import ApiError, EmbeddingRequest, usage
-from embedserve.api.quantize import quantize, to_base64
+from embedserve.api.quantize import encode_values, quantize
 from embedserve.engine.multivector import MultiVectorInput
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.models.multivector import MultiVectorHead
@@ -77,7 +75,7 @@ class MultiVectorJob(Job):
                 {
                     "object": "embedding",
                     "index": i,
-                    "embedding": encode_matrix(rows, req.encoding_format),
+                    "embedding": encode_values(rows, req.encoding_format),
                     "shape": list(rows.shape),
                     "num_tokens": out.num_tokens,
                     "truncated": tok.truncated,
@@ -112,14 +110,3 @@ def check_vector_count(svc: EmbeddingService, n: int) -> None:
             f"the answer would hold {n} vectors; this server answers at most {limit} per request "
             "(--max-output-vectors): send fewer or shorter inputs",
         )
-
-
-def encode_matrix(rows: np.ndarray, encoding_format: str) -> list[Any] | str:
-    """A [vectors, dim] matrix as JSON lists, or as one base64 blob: of little-endian float32
-    (base64, whatever the type: what the openai client decodes), or of the matrix's own bytes
-    (base64_bytes: one byte per value for compressed types)."""
-    if encoding_format == "base64":
-        return to_base64(rows.astype("<f4", copy=False))
-    if encoding_format == "base64_bytes":
-        return to_base64(rows)
-    return rows.tolist()
