@@ -53,10 +53,33 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 0
     position_offset: int = 0
+    # MPNet: buckets of its relative position bias (shared by every layer); 0: none
+    relative_attention_buckets: int = 0
     # *ForSequenceClassification only: id2label in id order (a head of one label is a cross-encoder
     # reranker's) and config.json's problem_type (classify's activation: models/score_head.py).
     labels: tuple[str, ...] = ()
     problem_type: str | None = None
+    # Gemma3 (models/gemma3.py): each layer's attention window (0: the whole sequence; w: keys
+    # with |q - k| < w, causal: 0 <= q - k < w), the sliding layers' RoPE base, the score scale
+    # (query_pre_attn_scalar ** -0.5), the full layers' linear RoPE factor, and whether its
+    # attention is causal (it runs every input whole, as encoders do: `is_causal` stays False).
+    layer_windows: tuple[int, ...] = ()
+    local_rope_theta: float = 0.0
+    attention_scale: float = 0.0
+    rope_factor: float = 1.0
+    causal_mask: bool = False
+
+
+@dataclass(frozen=True)
+class DenseLayer:
+    """One sentence-transformers `Dense` module after pooling (pooling/dense.py loads it):
+    `activation(x @ W.T + b)`, in its folder's `model.safetensors` (or `pytorch_model.bin`)."""
+
+    path: str
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # "identity" | "tanh" | "relu" | "gelu" | "sigmoid"
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,13 @@ class PoolingConfig:
     # SPLADE (sentence-transformers' SpladePooling): the activation ("relu" | "log1p_relu") and
     # how token weights fold ("max" | "sum"); None for dense poolings.
     splade: tuple[str, str] | None = None
+    # sentence-transformers Dense modules between pooling and Normalize (EmbeddingGemma's
+    # 768 -> 3072 -> 768); Matryoshka `dimensions` slice after the last one.
+    dense: tuple[DenseLayer, ...] = ()
+
+    def output_size(self, hidden_size: int) -> int:
+        """The pooled vector's width after the Dense modules."""
+        return self.dense[-1].out_features if self.dense else hidden_size
 
 
 @dataclass(frozen=True)

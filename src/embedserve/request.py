@@ -18,6 +18,7 @@ from embedserve.vision.state import MultimodalState
 
 if TYPE_CHECKING:
     from embedserve.models.sparse_head import SparseHead
+    from embedserve.pooling.dense import DenseHead
 
 
 class Priority(str, enum.Enum):
@@ -46,6 +47,7 @@ class EmbedParams:
 
     dimensions: int | None = None
     normalize: bool = True
+    dense: DenseHead | None = None  # sentence-transformers Dense modules, before the two above
 
 
 class Request:

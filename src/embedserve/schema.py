@@ -95,6 +95,11 @@ class ModelMetadata:
                 "pooling": pool.method.value,
                 "pool_prompt": pool.include_prompt,
                 **({"splade": list(pool.splade)} if pool.splade is not None else {}),
+                **(
+                    {"dense": [[d.out_features, d.bias, d.activation] for d in pool.dense]}
+                    if pool.dense
+                    else {}
+                ),
                 "prompts": config.prompts,
                 "default_prompt": config.default_prompt_name,
             },
@@ -109,7 +114,11 @@ class ModelMetadata:
             ),
             # A SPLADE vector has a weight per vocabulary id (its indices are the tokenizer's ids,
             # whose file the fingerprint covers).
-            hidden_size=config.model.vocab_size if pool.splade is not None else config.model.hidden_size,
+            hidden_size=(
+                config.model.vocab_size
+                if pool.splade is not None
+                else pool.output_size(config.model.hidden_size)
+            ),
             max_model_len=config.scheduler.max_model_len,
             default_normalize=pool.normalize,
             space_key=space,

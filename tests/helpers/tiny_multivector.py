@@ -79,7 +79,7 @@ def decoder_colbert(src: Path, dst: Path, dim: int = 48, seed: int = 1) -> Path:
                      "activation_function": "torch.nn.modules.linear.Identity",
                      "module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}),
         ("2_MultiVectorMask", {"skiplist_words": list(string.punctuation), "skiplist_tasks": ["document"]}),
-        ("3_Normalize", {}),
+        ("3_Normalize", {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings"}),
     ):  # fmt: skip
         (dst / folder).mkdir()
         (dst / folder / "config.json").write_text(json.dumps(cfg))

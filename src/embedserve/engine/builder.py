@@ -25,6 +25,7 @@ from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.models.sparse_head import SparseHead, load_sparse_head
 from embedserve.parallel.runner import TensorParallelRunner
+from embedserve.pooling.dense import DenseHead
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.tokenizer import Tokenizer
 from embedserve.worker.bucketed_runner import BucketedModelRunner
@@ -45,6 +46,7 @@ class EngineParts:
     lexical_head: LexicalHead | None = None  # BGE-M3: sparse vectors beside its dense ones
     multivector_head: MultiVectorHead | None = None  # ColBERT, BGE-M3: a vector per token
     static_queries: StaticQueries | None = None  # inference-free SPLADE: queries without the model
+    dense_head: DenseHead | None = None  # sentence-transformers Dense modules after pooling
 
 
 def build_engine(
@@ -92,9 +94,13 @@ def build_engine(
     multivector = None
     if files.multivector is not None:
         multivector = load_multivector_head(files.multivector, config.model.hidden_size, tokenizer.backend)
+    dense = DenseHead(config.pooling.dense) if config.pooling.dense else None
+    if dense is not None and (lexical or multivector or sparse or score):
+        # their requests reuse the dense path's params (engine/lexical.py, engine/multivector.py)
+        raise ModelLoadError("Dense modules after pooling apply to single dense vectors only")
     return EngineParts(
         config, core, tokenizer, score, sparse, loaded.workers, prompter,
-        static_queries=static, lexical_head=lexical, multivector_head=multivector,
+        static_queries=static, lexical_head=lexical, multivector_head=multivector, dense_head=dense,
     )  # fmt: skip
 
 

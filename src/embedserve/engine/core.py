@@ -157,6 +157,8 @@ class EngineCore:
             pooled = req.pooling.finish()
         except InternalEngineError as e:
             return Finished(req, None, e, end)
+        if req.params.dense is not None:
+            pooled = req.params.dense(pooled)
         vector = apply_head(pooled, req.params.dimensions, req.params.normalize)
         return Finished(req, vector, None, end)
 

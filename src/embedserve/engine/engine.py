@@ -71,7 +71,7 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is not None and self.sparse_head is not None:
             raise InvalidInputError("dimensions does not apply to a SPLADE model's sparse vectors")
-        hidden = self.config.model.hidden_size
+        hidden = self.config.pooling.output_size(self.config.model.hidden_size)
         if dimensions is not None and (
             isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= hidden
         ):
@@ -98,7 +98,9 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         prio = parse_priority(priority)
         pool = self.config.pooling
         params = EmbedParams(
-            dimensions=dimensions, normalize=pool.normalize if normalize is None else normalize
+            dimensions=dimensions,
+            normalize=pool.normalize if normalize is None else normalize,
+            dense=self._loop.parts.dense_head,
         )
         core = self._loop.core
         for t in tokenized:

@@ -44,7 +44,7 @@ class EngineEmbedder:
             raise ModelLoadError(f"{config.model_path} is a reranker: it cannot embed documents")
         meta = self.metadata = self.source.metadata(name, model_version)
         self.meta = VectorMeta(**meta.fields(dimensions, late=SpanPooling.MEAN.value if late else None))
-        self.dimension = dimensions or config.model.hidden_size
+        self.dimension = dimensions or config.pooling.output_size(config.model.hidden_size)
         self.dimensions = dimensions
         self.tokenizer: Tokenizer | None = self.engine.tokenizer
         self.max_tokens: int | None = self.source.max_length

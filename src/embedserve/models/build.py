@@ -10,12 +10,13 @@ from embedserve.attention.metadata import AttentionFn
 from embedserve.attention.select import select_attention
 from embedserve.models.bert import EncoderModel
 from embedserve.models.decoder import DecoderModel
+from embedserve.models.gemma3 import Gemma3Model
 from embedserve.models.gguf import read_gguf
 from embedserve.models.loader import read_model_dir
 from embedserve.models.qwen3_vl.model import Qwen3VLModel
 from embedserve.models.source import ModelSource
 
-EmbeddingModel = DecoderModel | EncoderModel
+EmbeddingModel = DecoderModel | EncoderModel | Gemma3Model
 
 
 def open_model(path: str | Path, pooling: str | None = None, normalize: bool | None = None) -> ModelSource:
@@ -42,6 +43,8 @@ def build_model(
         elif cfg.is_causal:
             assert attention is not None
             model = DecoderModel(cfg, attention)
+        elif cfg.model_type == "gemma3_text":
+            model = Gemma3Model(cfg)
         else:
             model = EncoderModel(cfg)
     model = model.to_empty(device=device).to(dtype)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
-from embedserve.config import PoolingConfig, PoolingMethod
+from embedserve.config import DenseLayer, PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
 from embedserve.models.lexical_head import LEXICAL_FILE
 from embedserve.models.multivector import (
@@ -32,6 +32,7 @@ from embedserve.models.multivector import (
 from embedserve.models.registry import model_config_from_hf, sliding_window
 from embedserve.models.router import router_dirs
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
+from embedserve.models.st_dense import SENTENCE, input_name, module_config, read_dense
 from embedserve.models.tensor_file import read_tensors
 
 if TYPE_CHECKING:
@@ -67,23 +68,30 @@ def _read_json(path: Path) -> Any:
         raise ModelLoadError(f"cannot read {path}: {e}") from e
 
 
-def _pooling_from_st(root: Path, default: PoolingMethod) -> PoolingConfig | None:
-    """Pooling and normalization as sentence-transformers would apply them, if configured."""
+def _pooling_from_st(root: Path, default: PoolingConfig, hidden: int) -> PoolingConfig | None:
+    """Pooling, Dense modules and normalization as sentence-transformers would apply them, if
+    configured. Each module follows its `module_input_name` (models/st_dense.py)."""
     modules_file = root / "modules.json"
     if not modules_file.exists():
         return None
-    method, include_prompt, normalize, splade = default, True, False, None
+    method, include_prompt, normalize, splade = default.method, True, False, None
+    dense: list[DenseLayer] = []
     # A multi-vector model's Dense and MultiVectorMask are its token head (models/multivector.py).
-    accepted = _ST_MODULES + (MULTIVECTOR_MODULES if multivector_root(root) else ())
+    multivector = multivector_root(root) is not None
+    accepted = _ST_MODULES + (MULTIVECTOR_MODULES if multivector else ("Dense",))
     for module in _read_json(modules_file):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         if kind not in accepted:
             raise ModelLoadError(
                 f"sentence-transformers module {module.get('type')!r} is not supported; "
-                f"supported modules: {', '.join(_ST_MODULES)}"
+                f"supported modules: {', '.join((*_ST_MODULES, 'Dense'))}"
             )
-        if kind == "Normalize":
+        if kind == "Normalize" and input_name(module_config(root, module)) == SENTENCE:
             normalize = True
+        elif kind == "Dense" and not multivector:
+            if normalize:
+                raise ModelLoadError(f"{root}: a Dense module after Normalize is not supported")
+            dense.append(read_dense(root, module, dense[-1].out_features if dense else hidden))
         elif kind == "Pooling":
             cfg = _read_json(root / module.get("path", "1_Pooling") / "config.json")
             method = _pooling_mode(cfg)
@@ -92,7 +100,7 @@ def _pooling_from_st(root: Path, default: PoolingMethod) -> PoolingConfig | None
             cfg = _read_json(root / module.get("path", "1_SpladePooling") / "config.json")
             method = PoolingMethod.SPLADE
             splade = _splade(cfg)
-    return PoolingConfig(method=method, normalize=normalize, include_prompt=include_prompt, splade=splade)
+    return PoolingConfig(method, normalize, include_prompt, splade, tuple(dense))
 
 
 def _splade(cfg: dict[str, Any]) -> tuple[str, str]:
@@ -160,7 +168,8 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
     if not tokenizer_file.exists():
         raise ModelLoadError(f"{root} has no tokenizer.json")
     fallback = default_pooling(model)
-    pool = override_pooling(_pooling_from_st(root, fallback.method) or fallback, pooling, normalize)
+    configured = _pooling_from_st(root, fallback, model.hidden_size)
+    pool = override_pooling(configured or fallback, pooling, normalize)
     prompts, default_prompt_name = _prompts(root)
     prefixes = legacy_prefixes(root)  # PyLate v3: a side's prefix token, then its prompt text
     prompts.update({side: p + prompts.get(side, "").removeprefix(p) for side, p in prefixes.items()})

@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import ModelLoadError
+from embedserve.models.st_dense import TOKENS, input_name, module_config
 
 BGE_M3_FILE = "colbert_linear.pt"
 MULTIVECTOR_MODULES = ("Dense", "MultiVectorMask")
@@ -174,7 +175,8 @@ def load_multivector_head(root: Path, hidden: int, tokenizer: HFTokenizer) -> Mu
     return MultiVectorHead(
         weight=weight,
         bias=bias,
-        normalize=pylate or "Normalize" in kinds,
+        # a Normalize of the pooled vector (its module_input_name) leaves token vectors as they are
+        normalize=pylate or ("Normalize" in kinds and _reads_tokens(root, kinds["Normalize"])),
         drop_first=False,
         skiplist=frozenset(_ids(tokenizer, mask.get("skiplist_words") or [])),
         skiplist_sides=frozenset([sides] if isinstance(sides, str) else sides),
@@ -186,6 +188,10 @@ def load_multivector_head(root: Path, hidden: int, tokenizer: HFTokenizer) -> Mu
         document_length=_positive(transformer.get("document_length", st.get("document_length"))),
         only=True,
     )
+
+
+def _reads_tokens(root: Path, module: dict[str, Any]) -> bool:
+    return input_name(module_config(root, module)) == TOKENS
 
 
 def _bge_m3(path: Path, hidden: int) -> MultiVectorHead:

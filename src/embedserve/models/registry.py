@@ -6,6 +6,7 @@ from typing import Any
 
 from embedserve.config import ModelConfig
 from embedserve.errors import ModelLoadError
+from embedserve.models.gemma3_config import gemma3_config
 
 # model_type -> (q/k per-head RMSNorm, q/k/v bias)
 DECODERS: dict[str, tuple[bool, bool]] = {
@@ -34,13 +35,18 @@ ARCHITECTURES: dict[str, str] = {
     "XLMRobertaModel": "xlm-roberta",
     "XLMRobertaForMaskedLM": "xlm-roberta",
     # cross-encoders (rerank) and classifiers: the encoder + a classifier head (models/score_head.py)
+    # EmbeddingGemma (bidirectional) and Gemma 3 text LMs (models/gemma3.py)
+    "Gemma3TextModel": "gemma3_text",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "MPNetModel": "mpnet",
+    "MPNetForMaskedLM": "mpnet",
     "BertForSequenceClassification": "bert",
     "RobertaForSequenceClassification": "roberta",
     "XLMRobertaForSequenceClassification": "xlm-roberta",
 }
 
 # model_type -> whether absolute positions start after the padding index (RoBERTa's layout)
-ENCODERS: dict[str, bool] = {"bert": False, "roberta": True, "xlm-roberta": True}
+ENCODERS: dict[str, bool] = {"bert": False, "roberta": True, "xlm-roberta": True, "mpnet": True}
 
 
 def supported() -> str:
@@ -68,6 +74,8 @@ def sliding_window(raw: dict[str, Any]) -> int | None:
         return None
     if raw.get("model_type") in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
         return None
+    if raw.get("model_type") == "gemma3_text":
+        return None  # its windows are computed (models/gemma3.py), they do not cap the length
     return int(window)
 
 
@@ -85,6 +93,8 @@ def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
             break
     if model_type in ENCODERS:
         return _encoder_config(raw, str(model_type), archs)
+    if model_type == "gemma3_text":
+        return gemma3_config(raw, archs)
     if model_type not in DECODERS:
         named = ", ".join(archs) or str(model_type)
         raise ModelLoadError(f"unsupported architecture {named}; supported: {supported()}")
@@ -144,10 +154,19 @@ def _encoder_config(raw: dict[str, Any], model_type: str, archs: list[str]) -> M
         qk_norm=False,
         is_causal=False,
         layer_norm_eps=float(raw.get("layer_norm_eps", 1e-12)),
-        type_vocab_size=int(raw.get("type_vocab_size", 2)),
+        # MPNet has no segment embeddings; its scores take a bucketed relative position bias
+        type_vocab_size=0 if model_type == "mpnet" else int(raw.get("type_vocab_size", 2)),
         position_offset=offset,
+        relative_attention_buckets=_mpnet_buckets(raw) if model_type == "mpnet" else 0,
         **(_classifier_fields(raw) if archs and archs[0].endswith("ForSequenceClassification") else {}),
     )
+
+
+def _mpnet_buckets(raw: dict[str, Any]) -> int:
+    buckets = int(raw.get("relative_attention_num_buckets", 32))
+    if buckets < 4 or buckets % 4:
+        raise ModelLoadError(f"MPNet relative_attention_num_buckets must be a multiple of 4, got {buckets}")
+    return buckets
 
 
 def _classifier_fields(raw: dict[str, Any]) -> dict[str, Any]:

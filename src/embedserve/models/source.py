@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +47,8 @@ class ModelSource(ABC):
 
 def default_pooling(model: ModelConfig) -> PoolingConfig:
     """Without sentence-transformers files: decoders read the last token, encoders average."""
-    return PoolingConfig(method=PoolingMethod.LAST if model.is_causal else PoolingMethod.MEAN, normalize=True)
+    last = model.is_causal or model.causal_mask  # a causal Gemma3 runs whole inputs, still causal
+    return PoolingConfig(method=PoolingMethod.LAST if last else PoolingMethod.MEAN, normalize=True)
 
 
 def override_pooling(base: PoolingConfig, pooling: str | None, normalize: bool | None) -> PoolingConfig:
@@ -66,4 +67,4 @@ def override_pooling(base: PoolingConfig, pooling: str | None, normalize: bool |
             f"model's is {base.method.value!r})"
         )
     norm = base.normalize if normalize is None else normalize
-    return PoolingConfig(method, norm, base.include_prompt, base.splade)
+    return replace(base, method=method, normalize=norm)

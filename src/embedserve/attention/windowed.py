@@ -1,0 +1,52 @@
+"""Attention over one whole sequence, optionally within a band of keys (Gemma3's sliding layers).
+
+A band of half-width w (query q sees key k when |q - k| < w, or 0 <= q - k < w when causal)
+costs O(n * w), not a masked O(n^2): queries go in blocks of B rows, and each block reads only
+the keys its rows can see:
+
+    keys      0 ......... lo ======================== hi ......... n
+    queries               |  w-1  | block [s, s+B) |  w-1  |       (causal: hi = s + B)
+
+Inside the block the band's edges are a boolean mask. A key outside every row's band is never
+read, so each row's softmax is the one of the full masked product (the same terms, fewer zeros).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+# Query rows per block: about a band's width, so a block reads at most ~3 widths of keys.
+_MIN_BLOCK = 128
+
+
+def _heads(x: torch.Tensor) -> torch.Tensor:
+    """[n, heads, d] -> [1, heads, n, d]."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+def sequence_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int, causal: bool
+) -> torch.Tensor:
+    """q: [n, heads, d]; k, v: [n, kv_heads, d] -> [n, heads * d]. `window` 0: every key
+    (causal: every earlier key); w > 0: the band of half-width w."""
+    n = q.shape[0]
+    if not window or n <= window:  # the band holds every key a row may see
+        o = scaled_dot_product_attention(
+            _heads(q), _heads(k), _heads(v), is_causal=causal, scale=scale, enable_gqa=True
+        )
+        return o.squeeze(0).transpose(0, 1).flatten(1)
+    out = q.new_empty(n, q.shape[1] * q.shape[2])
+    block = max(_MIN_BLOCK, window)
+    pos = torch.arange(n, device=q.device)
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        lo = max(0, s - window + 1)
+        hi = e if causal else min(n, e + window - 1)
+        dist = pos[s:e, None] - pos[None, lo:hi]  # q - k
+        mask = (dist < window) & (dist >= 0) if causal else dist.abs() < window
+        o = scaled_dot_product_attention(
+            _heads(q[s:e]), _heads(k[lo:hi]), _heads(v[lo:hi]), attn_mask=mask, scale=scale, enable_gqa=True
+        )
+        out[s:e] = o.squeeze(0).transpose(0, 1).flatten(1)
+    return out
