@@ -6,6 +6,7 @@ preempted and through the layer-major lane; deterministic mode bit-identical acr
 
 from __future__ import annotations
 
+import json
 import string
 from pathlib import Path
 
@@ -73,6 +74,21 @@ def test_colbert_equals_sentence_transformers(tmp_path: Path, attend: bool) -> N
     kept = [t for t, k in zip(items[1].tokenized.token_ids, items[1].keep, strict=True) if k]
     assert docs[1].shape[0] == len(kept) and not punct & set(kept)
     assert len(items[1].tokenized.token_ids) > len(kept)
+
+
+def test_a_normalize_of_the_pooled_vector_leaves_token_vectors_unnormalized(tmp_path: Path) -> None:
+    """Each module acts on its module_input_name: a Normalize of "sentence_embedding" in a
+    multi-vector directory changes none of its token vectors (sentence-transformers' own)."""
+    path = build_colbert(tmp_path / "c")
+    (path / "3_Normalize" / "config.json").write_text(json.dumps({"module_input_name": "sentence_embedding"}))
+    with Engine.from_pretrained(path) as engine:
+        got = engine.embed_multivector(QUERIES, input_type="query") + engine.embed_multivector(DOCS)
+    want = _reference(path, QUERIES, "query") + _reference(path, DOCS, "document")
+    norms = np.concatenate([np.linalg.norm(g, axis=1) for g in got])
+    assert np.abs(norms - 1).max() > 0.1  # not normalized, as the reference
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_pylate_v3_directory_equals_sentence_transformers(tmp_path: Path) -> None:

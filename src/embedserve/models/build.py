@@ -13,10 +13,11 @@ from embedserve.models.decoder import DecoderModel
 from embedserve.models.gemma3 import Gemma3Model
 from embedserve.models.gguf import read_gguf
 from embedserve.models.loader import read_model_dir
+from embedserve.models.nomic_bert import NomicBertModel
 from embedserve.models.qwen3_vl.model import Qwen3VLModel
 from embedserve.models.source import ModelSource
 
-EmbeddingModel = DecoderModel | EncoderModel | Gemma3Model
+EmbeddingModel = DecoderModel | EncoderModel | Gemma3Model | NomicBertModel
 
 
 def open_model(path: str | Path, pooling: str | None = None, normalize: bool | None = None) -> ModelSource:
@@ -45,6 +46,8 @@ def build_model(
             model = DecoderModel(cfg, attention)
         elif cfg.model_type == "gemma3_text":
             model = Gemma3Model(cfg)
+        elif cfg.model_type == "nomic_bert":
+            model = NomicBertModel(cfg)
         else:
             model = EncoderModel(cfg)
     model = model.to_empty(device=device).to(dtype)

@@ -7,6 +7,7 @@ from typing import Any
 from embedserve.config import ModelConfig
 from embedserve.errors import ModelLoadError
 from embedserve.models.gemma3_config import gemma3_config
+from embedserve.models.nomic_config import nomic_config
 
 # model_type -> (q/k per-head RMSNorm, q/k/v bias)
 DECODERS: dict[str, tuple[bool, bool]] = {
@@ -38,6 +39,9 @@ ARCHITECTURES: dict[str, str] = {
     # EmbeddingGemma (bidirectional) and Gemma 3 text LMs (models/gemma3.py)
     "Gemma3TextModel": "gemma3_text",
     "Gemma3ForCausalLM": "gemma3_text",
+    "NomicBertModel": "nomic_bert",  # nomic-embed-text v1 / v1.5 (models/nomic_bert.py)
+    "NomicBertForPreTraining": "nomic_bert",
+    "NomicBertForMaskedLM": "nomic_bert",
     "MPNetModel": "mpnet",
     "MPNetForMaskedLM": "mpnet",
     "BertForSequenceClassification": "bert",
@@ -95,6 +99,8 @@ def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         return _encoder_config(raw, str(model_type), archs)
     if model_type == "gemma3_text":
         return gemma3_config(raw, archs)
+    if model_type == "nomic_bert":
+        return nomic_config(raw, archs)
     if model_type not in DECODERS:
         named = ", ".join(archs) or str(model_type)
         raise ModelLoadError(f"unsupported architecture {named}; supported: {supported()}")
@@ -143,6 +149,8 @@ def _encoder_config(raw: dict[str, Any], model_type: str, archs: list[str]) -> M
         raise ModelLoadError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
     # RoBERTa's first real position id is padding_idx + 1; the rows below it are never used.
     offset = int(raw.get("pad_token_id", 1)) + 1 if ENCODERS[model_type] else 0
+    if model_type == "mpnet":
+        offset = 2  # transformers' MPNet pads with id 1 whatever the config says
     return ModelConfig(
         **_shared_fields(raw, model_type, archs),
         num_key_value_heads=heads,
