@@ -68,6 +68,10 @@ class ModelConfig:
     attention_scale: float = 0.0
     rope_factor: float = 1.0
     causal_mask: bool = False
+    # ModernBERT (models/modernbert.py; windows, bases and scale in the fields above): its norms'
+    # and MLP's biases (none in the published models)
+    norm_bias: bool = True
+    mlp_bias: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from embedserve.models.decoder import DecoderModel
 from embedserve.models.gemma3 import Gemma3Model
 from embedserve.models.gguf import read_gguf
 from embedserve.models.loader import read_model_dir
+from embedserve.models.modernbert import ModernBertModel
 from embedserve.models.nomic_bert import NomicBertModel
 from embedserve.models.qwen3_vl.model import Qwen3VLModel
 from embedserve.models.source import ModelSource
 
-EmbeddingModel = DecoderModel | EncoderModel | Gemma3Model | NomicBertModel
+EmbeddingModel = DecoderModel | EncoderModel | Gemma3Model | NomicBertModel | ModernBertModel
 
 
 def open_model(path: str | Path, pooling: str | None = None, normalize: bool | None = None) -> ModelSource:
@@ -48,6 +49,8 @@ def build_model(
             model = Gemma3Model(cfg)
         elif cfg.model_type == "nomic_bert":
             model = NomicBertModel(cfg)
+        elif cfg.model_type == "modernbert":
+            model = ModernBertModel(cfg)
         else:
             model = EncoderModel(cfg)
     model = model.to_empty(device=device).to(dtype)

@@ -7,6 +7,7 @@ from typing import Any
 from embedserve.config import ModelConfig
 from embedserve.errors import ModelLoadError
 from embedserve.models.gemma3_config import gemma3_config
+from embedserve.models.modernbert_config import modernbert_config
 from embedserve.models.nomic_config import nomic_config
 
 # model_type -> (q/k per-head RMSNorm, q/k/v bias)
@@ -42,6 +43,8 @@ ARCHITECTURES: dict[str, str] = {
     "NomicBertModel": "nomic_bert",  # nomic-embed-text v1 / v1.5 (models/nomic_bert.py)
     "NomicBertForPreTraining": "nomic_bert",
     "NomicBertForMaskedLM": "nomic_bert",
+    "ModernBertModel": "modernbert",  # gte-modernbert, modernbert-embed (models/modernbert.py)
+    "ModernBertForMaskedLM": "modernbert",
     "MPNetModel": "mpnet",
     "MPNetForMaskedLM": "mpnet",
     "BertForSequenceClassification": "bert",
@@ -101,6 +104,8 @@ def model_config_from_hf(raw: dict[str, Any]) -> ModelConfig:
         return gemma3_config(raw, archs)
     if model_type == "nomic_bert":
         return nomic_config(raw, archs)
+    if model_type == "modernbert":
+        return modernbert_config(raw, archs)
     if model_type not in DECODERS:
         named = ", ".join(archs) or str(model_type)
         raise ModelLoadError(f"unsupported architecture {named}; supported: {supported()}")
