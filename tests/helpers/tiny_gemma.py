@@ -19,7 +19,11 @@ import torch
 from tests.helpers.tiny_bert import TOKENIZER_FILES, minilm_dir
 from tests.helpers.tiny_models import write_st_files
 
-PROMPTS = {"query": "task: search result | query: ", "document": "title: none | text: "}
+PROMPTS = {
+    "query": "task: search result | query: ",
+    "document": "title: none | text: ",
+    "Classification": "task: classification | query: ",  # EmbeddingGemma's case
+}
 
 
 def build_gemma3(

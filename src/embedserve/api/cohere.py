@@ -9,7 +9,7 @@
               the float vectors, and "embedding_schemas": one per returned type)
 
 `input_type` picks a prompt from the model's prompt table (config_sentence_transformers.json),
-the first of these names that the table defines, else no prompt at all:
+the first of these names that the table defines (in any case), else no prompt at all:
 
     search_query -> query            search_document -> document, passage
     classification -> classification clustering -> clustering
@@ -62,7 +62,9 @@ class CohereEmbedRequest(BaseModel):
         """The same work as an OpenAI-style request (prompt from input_type, truncation)."""
         name = None
         if self.input_type is not None:
-            name = next((n for n in PROMPT_NAMES[self.input_type] if n in prompts), None)
+            # names compare without case: EmbeddingGemma's table says "Classification", "Clustering"
+            wanted = PROMPT_NAMES[self.input_type]
+            name = next((k for n in wanted for k in prompts if k.lower() == n), None)
         return EmbeddingRequest.model_validate(
             {
                 "input": list(self.texts),
