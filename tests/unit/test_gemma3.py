@@ -157,3 +157,24 @@ def test_banded_attention_equals_the_masked_full_product(causal: bool, n: int) -
     )[0].transpose(0, 1).flatten(1)  # fmt: skip
     got = sequence_attention(q, k, v, 0.2, window, causal)
     assert torch.allclose(got, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"max_num_batched_tokens": 64},
+            r"cannot be chunked: max_num_batched_tokens \(64\) must be >= max_model_len",
+        ),
+        ({"layer_major_tokens": 100}, "layer_major_tokens applies to decoder models only"),
+        ({"kv_cache_memory": 1 << 20}, "kv_cache_memory does not apply"),
+        ({"enable_prefix_caching": True}, "enable_prefix_caching needs a decoder"),
+        ({"tensor_parallel_size": 2}, "Gemma3TextModel is an encoder"),
+    ],
+)
+def test_what_a_whole_input_model_cannot_do_is_refused_by_name(
+    causal_dir: Path, options: dict[str, object], message: str
+) -> None:
+    """A causal Gemma3 runs whole inputs too (docs/models.md): no chunks, no cache to share."""
+    with pytest.raises(ModelLoadError, match=message):
+        Engine.from_pretrained(causal_dir, **options)
