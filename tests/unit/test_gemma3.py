@@ -178,3 +178,16 @@ def test_what_a_whole_input_model_cannot_do_is_refused_by_name(
     """A causal Gemma3 runs whole inputs too (docs/models.md): no chunks, no cache to share."""
     with pytest.raises(ModelLoadError, match=message):
         Engine.from_pretrained(causal_dir, **options)
+
+
+def test_late_chunks_of_a_dense_head_model(gemma_dir: Path) -> None:
+    """Each chunk's pooled rows pass the Dense modules (96 wide, normalized); a document over one
+    window is refused: its windows' rows would pass them before being joined."""
+    with Engine.from_pretrained(gemma_dir, max_model_len=128, max_num_batched_tokens=512) as engine:
+        out = engine.embed_late(["alpha beta gamma", "delta epsilon"])
+        assert out.embeddings.shape == (2, 96)
+        assert np.abs(np.linalg.norm(out.embeddings, axis=1) - 1).max() < 1e-5
+        with pytest.raises(
+            Exception, match="Dense modules after pooling: late chunking takes documents of one"
+        ):
+            engine.embed_late(" ".join(["word"] * 400), chunk_size=50, long=True)

@@ -217,6 +217,12 @@ class LateChunkingMixin(HeadMixin):
             document, chunk_spans=chunk_spans, chunk_size=chunk_size, span_pooling=span_pooling,
             prompt=prompt, truncate=truncate, long=long, overlap=overlap,
         )  # fmt: skip
+        if plan.raw and self._loop.parts.dense_head is not None:
+            # the windows' rows would each pass the Dense modules before they are joined
+            raise InvalidInputError(
+                f"model {self.name} has Dense modules after pooling: late chunking takes documents of "
+                f"one window ({self.config.scheduler.max_model_len} tokens) for it; shorten or truncate"
+            )
         if plan.raw:  # each window's raw span rows; the head applies once they are joined
             dimensions, normalize = None, False
         futures = self.submit_tokenized(
