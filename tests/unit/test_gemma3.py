@@ -128,7 +128,11 @@ def test_a_dense_chain_that_changes_the_width(tmp_path: Path) -> None:
         ({"activation_function": "torch.nn.modules.activation.Softplus"}, "activation .*Softplus"),
         ({"use_residual": True}, "use_residual is not supported"),
         ({"in_features": 7}, "in_features 7 / out_features 384 do not follow a 96-wide vector"),
-        ({"module_input_name": "token_embeddings"}, "reads or writes 'token_embeddings'"),
+        ({"module_input_name": "token_embeddings"}, "reads 'token_embeddings' and writes 'token_embeddings'"),
+        (
+            {"module_output_name": "token_embeddings"},
+            "reads 'sentence_embedding' and writes 'token_embeddings'",
+        ),
     ],
 )
 def test_dense_modules_we_cannot_follow_are_refused_by_name(
@@ -169,7 +173,7 @@ def test_banded_attention_equals_the_masked_full_product(causal: bool, n: int) -
         ({"layer_major_tokens": 100}, "layer_major_tokens applies to decoder models only"),
         ({"kv_cache_memory": 1 << 20}, "kv_cache_memory does not apply"),
         ({"enable_prefix_caching": True}, "enable_prefix_caching needs a decoder"),
-        ({"tensor_parallel_size": 2}, "Gemma3TextModel is an encoder"),
+        ({"tensor_parallel_size": 2}, r"Gemma3TextModel runs every input whole \(no KV cache to split\)"),
     ],
 )
 def test_what_a_whole_input_model_cannot_do_is_refused_by_name(
@@ -191,3 +195,18 @@ def test_late_chunks_of_a_dense_head_model(gemma_dir: Path) -> None:
             Exception, match="Dense modules after pooling: late chunking takes documents of one"
         ):
             engine.embed_late(" ".join(["word"] * 400), chunk_size=50, long=True)
+
+
+def test_a_dense_config_naming_no_activation_is_tanh_as_sentence_transformers(
+    gemma_dir: Path, tmp_path: Path
+) -> None:
+    d = Path(shutil.copytree(gemma_dir, tmp_path / "noact"))
+    cfg_file = d / "2_Dense" / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    del cfg["activation_function"]
+    cfg_file.write_text(json.dumps(cfg))
+    batch = texts([4, 60])
+    ref = st_embed(d, batch)
+    with Engine.from_pretrained(d) as engine:
+        assert engine.config.pooling.dense[0].activation == "tanh"
+        assert cosine(engine.embed(batch), ref).min() >= FP32_MIN_COSINE

@@ -77,3 +77,15 @@ def test_cls_pooling_of_the_base_model_and_the_local_window_matters(tmp_path: Pa
     (d / "config.json").write_text(json.dumps(cfg))
     with Engine.from_pretrained(d) as engine:
         assert cosine(engine.embed(batch), ref).max() < 0.999
+
+
+def test_a_legacy_rope_scaling_is_refused(modernbert_dir: Path, tmp_path: Path) -> None:
+    from embedserve.errors import ModelLoadError
+
+    d = Path(shutil.copytree(modernbert_dir, tmp_path / "scaled"))
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(
+        json.dumps({**cfg, "rope_scaling": {"rope_type": "linear", "factor": 4.0}})
+    )
+    with pytest.raises(ModelLoadError, match=r"ModernBERT rope_scaling .* is not implemented"):
+        Engine.from_pretrained(d)

@@ -63,3 +63,28 @@ def test_gemma3_bf16_and_deterministic(gemma_dir: Path, options: dict[str, objec
     assert cos.min() >= (0.99 if options.get("dtype") else 0.99999)
     if options.get("deterministic"):
         assert np.array_equal(got, again)  # another batch order, the same bits
+
+
+def test_a_head_narrower_than_the_model_and_long_late_chunking_refused(tmp_path: Path) -> None:
+    """Dense 96 -> 64 (bias, Tanh): the card, the dimensions limit and the vectors follow the head;
+    a document over one window is refused through the server too (its windows' rows would pass
+    the head before being joined)."""
+    from embedserve.engine.options import EngineOptions
+    from tests.helpers.reference import cosine, st_embed
+
+    d = build_gemma3(
+        tmp_path / "g64", dense=(64,), dense_bias=True, activation="torch.nn.modules.activation.Tanh"
+    )
+    with server_client(d, engine=EngineOptions(max_model_len=64)) as server:
+        assert server.get("/v1/models").json()["data"][0]["dimensions"] == 64
+        r = server.post("/v1/embeddings", json={"input": TEXTS[:1] + TEXTS[2:]})
+        assert (
+            cosine(
+                np.array([e["embedding"] for e in r.json()["data"]]), st_embed(d, TEXTS[:1] + TEXTS[2:])
+            ).min()
+            > 0.99999
+        )
+        assert "[1, 64]" in server.post("/v1/embeddings", json={"input": "x", "dimensions": 80}).text
+        late = {"input": " ".join(["word"] * 200), "late_chunking": True, "late_chunk_size": 20}
+        r = server.post("/v1/embeddings", json={**late, "long_late_chunking": True})
+        assert r.status_code == 400 and "Dense modules after pooling" in r.text

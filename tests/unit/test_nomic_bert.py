@@ -105,6 +105,8 @@ def test_both_spellings_load_the_same_model(nomic_dir: Path, tmp_path: Path) -> 
     ("key", "value", "message"),
     [
         ("rotary_scaling_factor", 2.0, "rotary_scaling_factor=2.0 is not implemented"),
+        ("rotary_scaling_factor", 1.0, "rotary_scaling_factor=1.0 is not implemented"),  # NTK past 2,048
+        ("rotary_emb_scale_base", 512, "rotary_emb_scale_base=512"),
         ("rotary_emb_fraction", 0.5, "rotary_emb_fraction=0.5"),
         ("prenorm", True, "prenorm=True"),
         ("activation_function", "gelu", "activation 'gelu'; only swiglu"),

@@ -16,11 +16,13 @@ from __future__ import annotations
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+from embedserve.attention.metadata import AttentionMetadata
+
 # Query rows per block: about a band's width, so a block reads at most ~3 widths of keys.
 _MIN_BLOCK = 128
 
 
-def _heads(x: torch.Tensor) -> torch.Tensor:
+def heads_first(x: torch.Tensor) -> torch.Tensor:
     """[n, heads, d] -> [1, heads, n, d]."""
     return x.transpose(0, 1).unsqueeze(0)
 
@@ -33,7 +35,7 @@ def sequence_attention(
     n = q.shape[0]
     if not window or n <= window:  # the band holds every key a row may see
         o = scaled_dot_product_attention(
-            _heads(q), _heads(k), _heads(v), is_causal=causal, scale=scale, enable_gqa=True
+            heads_first(q), heads_first(k), heads_first(v), is_causal=causal, scale=scale, enable_gqa=True
         )
         return o.squeeze(0).transpose(0, 1).flatten(1)
     out = q.new_empty(n, q.shape[1] * q.shape[2])
@@ -46,7 +48,30 @@ def sequence_attention(
         dist = pos[s:e, None] - pos[None, lo:hi]  # q - k
         mask = (dist < window) & (dist >= 0) if causal else dist.abs() < window
         o = scaled_dot_product_attention(
-            _heads(q[s:e]), _heads(k[lo:hi]), _heads(v[lo:hi]), attn_mask=mask, scale=scale, enable_gqa=True
+            heads_first(q[s:e]),
+            heads_first(k[lo:hi]),
+            heads_first(v[lo:hi]),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
         )
         out[s:e] = o.squeeze(0).transpose(0, 1).flatten(1)
+    return out
+
+
+def banded_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int,
+    causal: bool,
+) -> torch.Tensor:
+    """Every sequence of a step (packed, each whole) over its own keys: [T, heads * d]; rows of
+    no sequence (bucket padding) are 0."""
+    out = q.new_zeros(q.shape[0], q.shape[1] * q.shape[2])
+    for s in meta.seqs:
+        rows = slice(s.q_start, s.q_start + s.q_len)
+        out[rows] = sequence_attention(q[rows], k[rows], v[rows], scale, window, causal)
     return out

@@ -48,6 +48,7 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         self.multimodal = self._loop.parts.prompter is not None  # takes image parts
         self.static_queries = self._loop.parts.static_queries  # inference-free SPLADE (engine/static.py)
         self.lexical_head = self._loop.parts.lexical_head  # BGE-M3's sparse vectors (engine/lexical.py)
+        self.dense_head = self._loop.parts.dense_head  # sentence-transformers Dense modules
         # What errors call the model: its directory's name, or the name a server serves it as.
         self.name = Path(self.config.model_path).name
         self._ids = itertools.count()
@@ -69,13 +70,13 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         return resolve_prompt(self.config.prompts, self.config.default_prompt_name, prompt_name, prompt)
 
     def check_dimensions(self, dimensions: int | None) -> None:
-        if dimensions is not None and self.sparse_head is not None:
+        if dimensions is None:
+            return
+        if self.sparse_head is not None:
             raise InvalidInputError("dimensions does not apply to a SPLADE model's sparse vectors")
-        hidden = self.config.pooling.output_size(self.config.model.hidden_size)
-        if dimensions is not None and (
-            isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= hidden
-        ):
-            raise InvalidInputError(f"dimensions must be an integer in [1, {hidden}], got {dimensions!r}")
+        width = self.config.pooling.output_size(self.config.model.hidden_size)  # after Dense modules
+        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= width:
+            raise InvalidInputError(f"dimensions must be an integer in [1, {width}], got {dimensions!r}")
 
     def tokenize(
         self, inputs: Inputs, prompt: str = "", truncate: str = "error", max_len: int | None = None
@@ -97,11 +98,8 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         self.check_dimensions(dimensions)
         prio = parse_priority(priority)
         pool = self.config.pooling
-        params = EmbedParams(
-            dimensions=dimensions,
-            normalize=pool.normalize if normalize is None else normalize,
-            dense=self._loop.parts.dense_head,
-        )
+        norm = pool.normalize if normalize is None else normalize
+        params = EmbedParams(dimensions=dimensions, normalize=norm, dense=self.dense_head)
         core = self._loop.core
         for t in tokenized:
             core.check_admissible(len(t.token_ids))

@@ -20,6 +20,7 @@ from embedserve.engine.rerank import HeadMixin
 from embedserve.errors import InvalidInputError
 from embedserve.late_chunking import check_char_spans, join_chunks, late_sequence
 from embedserve.late_long import LongPlan, plan_windows
+from embedserve.pooling.dense import DenseHead
 from embedserve.pooling.spans import ChunkSpan, SpanPooling
 from embedserve.tokenizer import Tokenized, Truncate
 
@@ -40,6 +41,7 @@ class LateChunkingMixin(HeadMixin):
 
     multimodal: bool
     name: str
+    dense_head: DenseHead | None
 
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
         raise NotImplementedError  # Engine's
@@ -97,7 +99,14 @@ class LateChunkingMixin(HeadMixin):
         tok, content = self._sequence(
             document, chunk_spans, chunk_size, span_pooling, prompt, "error", sys.maxsize
         )
-        return plan_windows(tok, content, limit, overlap)
+        plan = plan_windows(tok, content, limit, overlap)
+        if plan.raw and self.dense_head is not None:
+            # the windows' rows would each pass the Dense modules before they are joined
+            raise InvalidInputError(
+                f"model {self.name} has Dense modules after pooling: late chunking takes documents of "
+                f"one window ({limit} tokens) for it; shorten or truncate"
+            )
+        return plan
 
     def _sequence(
         self,
@@ -142,7 +151,7 @@ class LateChunkingMixin(HeadMixin):
         pooling = {"mean": SpanPooling.MEAN, "last": SpanPooling.LAST}.get(span_pooling)
         if pooling is None:
             raise InvalidInputError(f"span_pooling must be 'mean' or 'last', got {span_pooling!r}")
-        if pooling is SpanPooling.LAST and not cfg.model.is_causal:
+        if pooling is SpanPooling.LAST and not (cfg.model.is_causal or cfg.model.causal_mask):
             raise InvalidInputError(
                 f"span_pooling 'last' reads each span's last row, which sees only the text before "
                 f"it in a causal decoder; model {self.name} is a bidirectional encoder: use 'mean'"
@@ -217,12 +226,6 @@ class LateChunkingMixin(HeadMixin):
             document, chunk_spans=chunk_spans, chunk_size=chunk_size, span_pooling=span_pooling,
             prompt=prompt, truncate=truncate, long=long, overlap=overlap,
         )  # fmt: skip
-        if plan.raw and self._loop.parts.dense_head is not None:
-            # the windows' rows would each pass the Dense modules before they are joined
-            raise InvalidInputError(
-                f"model {self.name} has Dense modules after pooling: late chunking takes documents of "
-                f"one window ({self.config.scheduler.max_model_len} tokens) for it; shorten or truncate"
-            )
         if plan.raw:  # each window's raw span rows; the head applies once they are joined
             dimensions, normalize = None, False
         futures = self.submit_tokenized(

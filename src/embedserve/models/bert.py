@@ -19,6 +19,7 @@ from torch.nn.functional import scaled_dot_product_attention
 
 from embedserve.attention.cpu import paged_attention
 from embedserve.attention.metadata import AttentionMetadata
+from embedserve.attention.windowed import heads_first
 from embedserve.config import ModelConfig
 from embedserve.models.linear import Linear
 from embedserve.models.relative_bias import RelativeBias
@@ -186,15 +187,11 @@ def biased_attention(
         rows = slice(s.q_start, s.q_start + s.q_len)
         keys = slice(s.q_start, s.q_start + (s.q_len if s.keys is None else s.keys))
         o = scaled_dot_product_attention(
-            _heads(q[rows]),
-            _heads(k[keys]),
-            _heads(v[keys]),
+            heads_first(q[rows]),
+            heads_first(k[keys]),
+            heads_first(v[keys]),
             attn_mask=bias[..., : keys.stop - keys.start],
             scale=scale,
         )
         out[rows] = o.squeeze(0).transpose(0, 1).flatten(1)
     return out
-
-
-def _heads(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(0, 1).unsqueeze(0)  # [n, heads, d] -> [1, heads, n, d]

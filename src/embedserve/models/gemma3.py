@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn import functional
 
 from embedserve.attention.metadata import AttentionMetadata
-from embedserve.attention.windowed import sequence_attention
+from embedserve.attention.windowed import banded_attention
 from embedserve.config import ModelConfig
 from embedserve.models.decoder_layer import Rotary
 from embedserve.models.linear import Linear
@@ -67,11 +67,7 @@ class Gemma3Attention(nn.Module):
         v = v.view(-1, self.kv_heads, self.head_dim)
         cos, sin = cos_sin
         q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
-        out = q.new_zeros(q.shape[0], self.sizes[0])  # rows of no sequence (bucket padding) stay 0
-        for s in meta.seqs:
-            rows = slice(s.q_start, s.q_start + s.q_len)
-            out[rows] = sequence_attention(q[rows], k[rows], v[rows], self.scale, self.window, self.causal)
-        return self.o_proj(out)
+        return self.o_proj(banded_attention(q, k, v, meta, self.scale, self.window, self.causal))
 
 
 class Gemma3Layer(nn.Module):

@@ -20,8 +20,8 @@ from typing import Any
 
 from embedserve.config import ModelConfig
 from embedserve.errors import ModelLoadError
+from embedserve.models.layer_types import FULL, SLIDING, layer_windows
 
-_SLIDING, _FULL = "sliding_attention", "full_attention"
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
@@ -35,12 +35,11 @@ def gemma3_config(raw: dict[str, Any], archs: list[str]) -> ModelConfig:
     bidirectional = bool(raw.get("use_bidirectional_attention", False))
     window = int(raw.get("sliding_window") or 0)
     band = window // 2 + 1 if bidirectional else window
-    windows = tuple(band if t == _SLIDING else 0 for t in _layer_types(raw, layers))
-    if window < 1 and any(windows):
-        raise ModelLoadError("a Gemma3 config with sliding_attention layers needs a sliding_window")
+    pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6)
+    windows = layer_windows(raw, layers, band if window else 0, lambda i: (i + 1) % pattern == 0, "Gemma3")
     full, local, factor = _rope(raw)
     heads = int(raw["num_attention_heads"])
-    head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // heads)
+    head_dim = int(raw.get("head_dim") or 256)  # transformers' Gemma3TextConfig defaults
     return ModelConfig(
         architecture=archs[0] if archs else "Gemma3TextModel",
         model_type="gemma3_text",
@@ -60,36 +59,28 @@ def gemma3_config(raw: dict[str, Any], archs: list[str]) -> ModelConfig:
         is_causal=False,
         layer_windows=windows,
         local_rope_theta=local,
-        attention_scale=float(raw.get("query_pre_attn_scalar") or head_dim) ** -0.5,
+        attention_scale=float(raw.get("query_pre_attn_scalar") or 256) ** -0.5,
         rope_factor=factor,
         causal_mask=not bidirectional,
     )
 
 
-def _layer_types(raw: dict[str, Any], layers: int) -> list[str]:
-    """`layer_types`, or the older `sliding_window_pattern` (every Nth layer full)."""
-    types = raw.get("layer_types")
-    if types is None:
-        pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6)
-        return [_SLIDING if (i + 1) % pattern else _FULL for i in range(layers)]
-    if len(types) != layers or any(t not in (_SLIDING, _FULL) for t in types):
-        raise ModelLoadError(
-            f"Gemma3 layer_types must name {layers} layers, each {_SLIDING!r} or {_FULL!r}: {types!r}"
-        )
-    return list(types)
-
-
 def _rope(raw: dict[str, Any]) -> tuple[float, float, float]:
     """(full layers' base, sliding layers' base, full layers' linear factor)."""
+    full_theta = float(raw.get("rope_theta") or 1e6)
+    local_theta = float(raw.get("rope_local_base_freq") or 1e4)
     params = raw.get("rope_parameters")
-    if isinstance(params, dict) and _FULL in params:  # transformers 5: one entry per layer type
-        full, local = params[_FULL] or {}, params.get(_SLIDING) or {}
+    if isinstance(params, dict) and FULL in params:  # transformers 5: one entry per layer type
+        full, local = params[FULL] or {}, params.get(SLIDING) or {}
         if local.get("rope_type", "default") != "default":
             raise ModelLoadError(f"Gemma3 sliding layers' RoPE {local.get('rope_type')!r} is not implemented")
-        return float(full.get("rope_theta", 1e6)), float(local.get("rope_theta", 1e4)), _factor(full)
-    scaling = raw.get("rope_scaling") or (params if isinstance(params, dict) else None) or {}
-    full_theta = float(raw.get("rope_theta") or scaling.get("rope_theta") or 1e6)
-    return full_theta, float(raw.get("rope_local_base_freq", 1e4)), _factor(scaling)
+        return (
+            float(full.get("rope_theta", full_theta)),
+            float(local.get("rope_theta", local_theta)),
+            _factor(full),
+        )
+    # a flat rope_parameters is not read by transformers' Gemma3 either
+    return full_theta, local_theta, _factor(raw.get("rope_scaling") or {})
 
 
 def _factor(params: dict[str, Any]) -> float:

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional
 
 from embedserve.attention.metadata import AttentionMetadata
-from embedserve.attention.windowed import sequence_attention
+from embedserve.attention.windowed import banded_attention
 from embedserve.config import ModelConfig
 from embedserve.models.decoder_layer import Rotary
 from embedserve.models.linear import Linear
@@ -51,11 +51,7 @@ class ModernBertLayer(nn.Module):
         q, k, v = self.qkv(h).view(-1, 3, self.heads, self.head_dim).unbind(1)
         cos, sin = cos_sin
         q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
-        out = q.new_zeros(q.shape[0], self.heads * self.head_dim)  # rows of no sequence stay 0
-        for s in meta.seqs:
-            rows = slice(s.q_start, s.q_start + s.q_len)
-            out[rows] = sequence_attention(q[rows], k[rows], v[rows], self.scale, self.window, False)
-        x = x + self.attn_out(out)
+        x = x + self.attn_out(banded_attention(q, k, v, meta, self.scale, self.window, False))
         a, gate = self.mlp_in(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.mlp_out(functional.gelu(a) * gate)
 

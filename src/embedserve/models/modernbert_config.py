@@ -12,8 +12,7 @@ from typing import Any
 
 from embedserve.config import ModelConfig
 from embedserve.errors import ModelLoadError
-
-_SLIDING, _FULL = "sliding_attention", "full_attention"
+from embedserve.models.layer_types import FULL, SLIDING, layer_windows
 
 
 def modernbert_config(raw: dict[str, Any], archs: list[str]) -> ModelConfig:
@@ -24,13 +23,9 @@ def modernbert_config(raw: dict[str, Any], archs: list[str]) -> ModelConfig:
     hidden = int(raw["hidden_size"])
     if hidden % heads:
         raise ModelLoadError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
-    types = raw.get("layer_types")
-    if types is None:
-        every = int(raw.get("global_attn_every_n_layers", 3))
-        types = [_SLIDING if i % every else _FULL for i in range(layers)]
-    if len(types) != layers or any(t not in (_SLIDING, _FULL) for t in types):
-        raise ModelLoadError(f"ModernBERT layer_types must name {layers} layers: {types!r}")
+    every = int(raw.get("global_attn_every_n_layers", 3))
     band = int(raw.get("local_attention", 128)) // 2 + 1  # |q - k| <= local_attention / 2
+    windows = layer_windows(raw, layers, band, lambda i: i % every == 0, "ModernBERT")
     full, local = _bases(raw)
     return ModelConfig(
         architecture=archs[0] if archs else "ModernBertModel",
@@ -49,7 +44,7 @@ def modernbert_config(raw: dict[str, Any], archs: list[str]) -> ModelConfig:
         qk_norm=False,
         is_causal=False,
         layer_norm_eps=float(raw.get("norm_eps", 1e-5)),
-        layer_windows=tuple(band if t == _SLIDING else 0 for t in types),
+        layer_windows=windows,
         local_rope_theta=local,
         attention_scale=(hidden // heads) ** -0.5,
         norm_bias=bool(raw.get("norm_bias", False)),
@@ -58,13 +53,16 @@ def modernbert_config(raw: dict[str, Any], archs: list[str]) -> ModelConfig:
 
 
 def _bases(raw: dict[str, Any]) -> tuple[float, float]:
+    legacy = raw.get("rope_scaling") or {}  # transformers applies it to both layer types
+    if legacy.get("rope_type", legacy.get("type", "default")) != "default":
+        raise ModelLoadError(f"ModernBERT rope_scaling {legacy!r} is not implemented; only unscaled RoPE")
     params = raw.get("rope_parameters") or {}
-    for kind in (_FULL, _SLIDING):
+    for kind in (FULL, SLIDING):
         rope_type = (params.get(kind) or {}).get("rope_type", "default")
         if rope_type != "default":
             raise ModelLoadError(
                 f"ModernBERT {kind} RoPE {rope_type!r} is not implemented; only unscaled RoPE"
             )
-    full = (params.get(_FULL) or {}).get("rope_theta") or raw.get("global_rope_theta") or 160_000.0
-    local = (params.get(_SLIDING) or {}).get("rope_theta") or raw.get("local_rope_theta") or 10_000.0
+    full = (params.get(FULL) or {}).get("rope_theta") or raw.get("global_rope_theta") or 160_000.0
+    local = (params.get(SLIDING) or {}).get("rope_theta") or raw.get("local_rope_theta") or 10_000.0
     return float(full), float(local)

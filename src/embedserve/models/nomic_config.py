@@ -23,7 +23,9 @@ _FIXED: dict[str, Any] = {
     "mlp_fc2_bias": False,
     "rotary_emb_interleaved": False,
     "rotary_emb_fraction": 1.0,
-    "rotary_scaling_factor": None,
+    "rotary_scaling_factor": None,  # any factor (1 too) turns on dynamic NTK past 2,048 in nomic's code
+    "rotary_emb_scale_base": None,  # xPos
+    "scale_attn_weights": True,
     "use_rms_norm": False,
 }
 
@@ -34,7 +36,7 @@ def _get(raw: dict[str, Any], *names: str, default: Any = None) -> Any:
 
 def nomic_config(raw: dict[str, Any], archs: list[str]) -> ModelConfig:
     for key, want in _FIXED.items():
-        if key in raw and raw[key] != want and not (want is None and raw[key] in (None, 1, 1.0)):
+        if key in raw and raw[key] != want:
             raise ModelLoadError(f"NomicBert {key}={raw[key]!r} is not implemented (only {want!r})")
     activation = _get(raw, "hidden_act", "activation_function", default="swiglu")
     if activation not in ("swiglu", "silu"):

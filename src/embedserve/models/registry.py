@@ -9,6 +9,7 @@ from embedserve.errors import ModelLoadError
 from embedserve.models.gemma3_config import gemma3_config
 from embedserve.models.modernbert_config import modernbert_config
 from embedserve.models.nomic_config import nomic_config
+from embedserve.models.relative_bias import RELATIVE_BUCKETS
 
 # model_type -> (q/k per-head RMSNorm, q/k/v bias)
 DECODERS: dict[str, tuple[bool, bool]] = {
@@ -176,10 +177,12 @@ def _encoder_config(raw: dict[str, Any], model_type: str, archs: list[str]) -> M
 
 
 def _mpnet_buckets(raw: dict[str, Any]) -> int:
-    buckets = int(raw.get("relative_attention_num_buckets", 32))
-    if buckets < 4 or buckets % 4:
-        raise ModelLoadError(f"MPNet relative_attention_num_buckets must be a multiple of 4, got {buckets}")
-    return buckets
+    rows = int(raw.get("relative_attention_num_buckets", 32))
+    if rows < RELATIVE_BUCKETS:  # transformers buckets into 32 whatever the table's size
+        raise ModelLoadError(
+            f"MPNet relative_attention_num_buckets must be at least {RELATIVE_BUCKETS}, got {rows}"
+        )
+    return rows
 
 
 def _classifier_fields(raw: dict[str, Any]) -> dict[str, Any]:

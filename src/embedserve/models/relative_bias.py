@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 _MAX_DISTANCE = 128
+# transformers' MPNet buckets into 32 whatever its table's size (compute_position_bias' default)
+RELATIVE_BUCKETS = 32
 
 
 def relative_buckets(n: int, num_buckets: int, device: torch.device) -> torch.Tensor:
@@ -32,12 +34,12 @@ def relative_buckets(n: int, num_buckets: int, device: torch.device) -> torch.Te
 
 
 class RelativeBias(nn.Module):
-    def __init__(self, num_buckets: int, heads: int) -> None:
+    def __init__(self, rows: int, heads: int) -> None:
+        """`rows`: the table's size (relative_attention_num_buckets, at least RELATIVE_BUCKETS)."""
         super().__init__()
-        self.num_buckets = num_buckets
-        self.weight = nn.Parameter(torch.zeros(num_buckets, heads))
+        self.weight = nn.Parameter(torch.zeros(rows, heads))
 
     def forward(self, n: int, dtype: torch.dtype) -> torch.Tensor:
         """[1, heads, n, n] in `dtype`: an additive attention mask for one sequence of n tokens."""
-        buckets = relative_buckets(n, self.num_buckets, self.weight.device)
+        buckets = relative_buckets(n, RELATIVE_BUCKETS, self.weight.device)
         return nn.functional.embedding(buckets, self.weight).permute(2, 0, 1).unsqueeze(0).to(dtype)

@@ -47,11 +47,16 @@ def read_dense(root: Path, module: dict[str, Any], in_features: int) -> DenseLay
     folder = root / str(module.get("path", ""))
     cfg = module_config(root, module)
     name = f"Dense module {folder.name!r}"
-    if input_name(cfg) != SENTENCE or str(cfg.get("module_output_name") or SENTENCE) != SENTENCE:
-        raise ModelLoadError(f"{name} reads or writes {input_name(cfg)!r}: only the pooled vector is served")
+    output = str(cfg.get("module_output_name") or input_name(cfg))
+    if input_name(cfg) != SENTENCE or output != SENTENCE:
+        raise ModelLoadError(
+            f"{name} reads {input_name(cfg)!r} and writes {output!r}: only a Dense of the pooled vector "
+            f"({SENTENCE!r}) is served"
+        )
     if cfg.get("use_residual"):
         raise ModelLoadError(f"{name}: use_residual is not supported")
-    activation = str(cfg.get("activation_function", "torch.nn.modules.linear.Identity"))
+    # sentence-transformers' Dense defaults to Tanh when its config names none
+    activation = str(cfg.get("activation_function") or "torch.nn.modules.activation.Tanh")
     if activation not in ACTIVATIONS:
         raise ModelLoadError(
             f"{name}: activation {activation} is not supported; supported: {', '.join(sorted(ACTIVATIONS))}"

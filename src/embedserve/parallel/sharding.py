@@ -63,7 +63,7 @@ def plan_shard(cfg: ModelConfig, world: int, rank: int) -> Shard:
     if not cfg.is_causal:
         raise ModelLoadError(
             "tensor_parallel_size > 1 applies to decoder models (Qwen3, Qwen2, Llama, Mistral); "
-            f"{cfg.architecture} is an encoder"
+            f"{cfg.architecture} runs every input whole (no KV cache to split)"
         )
     h, kv, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
     why = None
