@@ -77,7 +77,7 @@ def other_spelling(src: Path, dst: Path) -> Path:
              "rotary_emb_base": cfg["rope_parameters"]["rope_theta"], "rotary_emb_fraction": 1.0,
              "activation_function": "swiglu", "layer_norm_epsilon": cfg["layer_norm_eps"], "prenorm": False,
              "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False,
-             "rotary_scaling_factor": None, "type_vocab_size": 2}  # fmt: skip
+             "rotary_scaling_factor": None, "type_vocab_size": 2, "max_trained_positions": 512}  # fmt: skip
     (dst / "config.json").write_text(json.dumps(nomic))
     return dst
 
@@ -93,11 +93,13 @@ def test_nomic_bert_matches_sentence_transformers(nomic_dir: Path, prompt_name: 
 
 
 def test_both_spellings_load_the_same_model(nomic_dir: Path, tmp_path: Path) -> None:
+    """...and nomic's max_trained_positions is the length limit (its n_positions is not)."""
     batch = texts([4, 90, 300])
     with Engine.from_pretrained(nomic_dir) as engine:
         want = engine.embed(batch)
     with Engine.from_pretrained(other_spelling(nomic_dir, tmp_path / "own")) as engine:
         got = engine.embed(batch)
+        assert engine.config.scheduler.max_model_len == 512
     np.testing.assert_array_equal(got, want)
 
 

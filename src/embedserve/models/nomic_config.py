@@ -1,11 +1,11 @@
 """NomicBert's `config.json` -> ModelConfig, in nomic's spelling (`n_embd`, `n_head`, `n_layer`,
 `n_inner`, `rotary_emb_base`, `n_positions`) or transformers' (`hidden_size`, ..., `rope_parameters`).
 
-Positions are plain RoPE at every length up to `max_position_embeddings` / `n_positions`, as
-transformers' NomicBertModel and nomic's code with `rotary_scaling_factor: null` compute them
-(past the 2,048 trained positions they extrapolate; docs/models.md). Anything else nomic's
-code can be asked for (dynamic NTK scaling, partial or interleaved rotary, biases, pre-norm) is
-refused by name.
+Positions are plain RoPE, as transformers' NomicBertModel and nomic's code with
+`rotary_scaling_factor: null` compute them, up to the trained length (`max_trained_positions`,
+else `max_position_embeddings` / `n_positions`): longer inputs follow the truncate policy
+(docs/models.md). Anything else nomic's code can be asked for (dynamic NTK scaling, partial or
+interleaved rotary, xPos, biases, pre-norm) is refused by name.
 """
 
 from __future__ import annotations
@@ -55,7 +55,11 @@ def nomic_config(raw: dict[str, Any], archs: list[str]) -> ModelConfig:
         num_key_value_heads=heads,
         head_dim=hidden // heads,
         intermediate_size=int(_get(raw, "intermediate_size", "n_inner", default=4 * hidden)),
-        max_position_embeddings=int(_get(raw, "max_position_embeddings", "n_positions", default=2048)),
+        # nomic-embed-text v1 / v1.5 say n_positions 8,192 but were trained to 2,048 (llama.cpp's
+        # converter cuts to it too): longer inputs follow the truncate policy, not extrapolated RoPE
+        max_position_embeddings=int(
+            _get(raw, "max_trained_positions", "max_position_embeddings", "n_positions", default=2048)
+        ),
         rms_norm_eps=0.0,
         rope_theta=_theta(raw),
         qkv_bias=False,
