@@ -87,9 +87,14 @@ def test_unsupported_configs_are_refused(qwen3_dir: Path, tmp_path: Path, edit: 
 def test_unsupported_st_module_and_missing_files_are_refused(qwen3_dir: Path, tmp_path: Path) -> None:
     d = _copy(qwen3_dir, tmp_path / "dense")
     modules = json.loads((d / "modules.json").read_text())
-    modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
-    (d / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(ModelLoadError, match=r"models\.Dense' is not supported"):
+    # Dense modules are read (tests/unit/test_gemma3.py); after Normalize they are refused
+    dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
+    (d / "modules.json").write_text(json.dumps([*modules, dense]))
+    with pytest.raises(ModelLoadError, match="a Dense module after Normalize is not supported"):
+        read_model_dir(d)
+    lstm = {**dense, "path": "3_LSTM", "type": "sentence_transformers.models.LSTM"}
+    (d / "modules.json").write_text(json.dumps([*modules, lstm]))
+    with pytest.raises(ModelLoadError, match=r"models\.LSTM' is not supported"):
         read_model_dir(d)
     (d / "model.safetensors").unlink()
     (d / "modules.json").unlink()

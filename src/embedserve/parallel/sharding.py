@@ -60,10 +60,11 @@ class Shard:
 
 def plan_shard(cfg: ModelConfig, world: int, rank: int) -> Shard:
     """Rank `rank` of `world`; ModelLoadError naming tensor_parallel_size when it cannot split."""
-    if not cfg.is_causal:
+    if not cfg.is_causal:  # a causal Gemma3 runs whole inputs too (models/gemma3.py)
+        what = "runs every input whole (no KV cache to split)" if cfg.causal_mask else "is an encoder"
         raise ModelLoadError(
             "tensor_parallel_size > 1 applies to decoder models (Qwen3, Qwen2, Llama, Mistral); "
-            f"{cfg.architecture} runs every input whole (no KV cache to split)"
+            f"{cfg.architecture} {what}"
         )
     h, kv, inter = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
     why = None
