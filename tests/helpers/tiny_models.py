@@ -86,7 +86,7 @@ def write_st_files(
     )
 
 
-def _scale_weights(model: torch.nn.Module, std: float, seed: int) -> None:
+def scale_weights(model: torch.nn.Module, std: float, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -143,7 +143,7 @@ def build_decoder(
     config.architectures = [spec["model"]]
     torch.manual_seed(seed)
     model = getattr(transformers, spec["model"])(config)
-    _scale_weights(model, std, seed)
+    scale_weights(model, std, seed)
     model.save_pretrained(dst, safe_serialization=True)
     write_qwen_tokenizer(dst, append_eos=arch == "qwen3")
     if st_files:

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from embedserve.embedders.vl import VLReference
-from tests.helpers.tiny_models import _scale_weights, write_qwen_tokenizer
+from tests.helpers.tiny_models import scale_weights, write_qwen_tokenizer
 
 IMAGE_TOKEN_ID = 151655
 INSTRUCTION = "Represent the user's input."
@@ -84,7 +84,7 @@ def build_vl(dst: Path, *, std: float = 0.25, seed: int = 0, layout: str = "mode
     config.architectures = [cls.__name__]
     torch.manual_seed(seed)
     model = cls(config)
-    _scale_weights(model, std, seed)
+    scale_weights(model, std, seed)
     model.save_pretrained(dst, safe_serialization=True)
     write_qwen_tokenizer(dst, append_eos=False)
     (dst / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))

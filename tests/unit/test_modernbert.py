@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from embedserve import Engine
 from tests.helpers.reference import cosine, st_embed
 from tests.helpers.tiny_bert import TOKENIZER_FILES, minilm_dir
-from tests.helpers.tiny_models import write_st_files
+from tests.helpers.tiny_models import scale_weights, write_st_files
 
 SENTENCE = "the lift of a wing in a propeller slipstream was measured at several angles of attack"
 
@@ -35,13 +34,7 @@ def build_modernbert(dst: Path, pooling: str = "mean", masked_lm: bool = True) -
         pad_token_id=0, bos_token_id=101, eos_token_id=102, cls_token_id=101, sep_token_id=102,
     )  # fmt: skip
     model = transformers.ModernBertForMaskedLM(config) if masked_lm else transformers.ModernBertModel(config)
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    scale_weights(model, 0.3, seed=11)
     model.save_pretrained(dst, safe_serialization=True)
     for name in TOKENIZER_FILES:
         shutil.copy(minilm_dir() / name, dst / name)

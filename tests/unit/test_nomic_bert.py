@@ -16,7 +16,7 @@ from embedserve import Engine
 from embedserve.errors import ModelLoadError
 from tests.helpers.reference import cosine, st_embed
 from tests.helpers.tiny_bert import TOKENIZER_FILES, minilm_dir
-from tests.helpers.tiny_models import write_st_files
+from tests.helpers.tiny_models import scale_weights, write_st_files
 
 SENTENCE = "the lift of a wing in a propeller slipstream was measured at several angles of attack"
 PROMPTS = {"query": "search_query: ", "document": "search_document: "}
@@ -37,13 +37,7 @@ def nomic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         intermediate_size=96, max_position_embeddings=1024, pad_token_id=0,
     )  # fmt: skip
     model = transformers.NomicBertModel(config)
-    gen = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm.weight" in name.lower():
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+    scale_weights(model, 0.3, seed=7)
     model.save_pretrained(dst, safe_serialization=True)
     for name in TOKENIZER_FILES:
         shutil.copy(minilm_dir() / name, dst / name)

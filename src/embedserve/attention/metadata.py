@@ -54,6 +54,13 @@ AttentionFn = Callable[
 ]
 
 
+def check_whole(kv_caches: list[torch.Tensor] | None, meta: AttentionMetadata) -> None:
+    """A model that runs every input whole in one step (encoders, Gemma3) gets no cache and no
+    cached context."""
+    if kv_caches is not None or any(s.start for s in meta.seqs):
+        raise ValueError("this model runs whole sequences without a KV cache")
+
+
 def slots(table: list[int], positions: np.ndarray, block_size: int) -> np.ndarray:
     """Flat cache slots of prompt `positions` for a request with block table `table`."""
     blocks = np.asarray(table, dtype=np.int64)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.functional import scaled_dot_product_attention
 
 from embedserve.attention.cpu import paged_attention
-from embedserve.attention.metadata import AttentionMetadata
+from embedserve.attention.metadata import AttentionMetadata, check_whole
 from embedserve.attention.windowed import heads_first
 from embedserve.config import ModelConfig
 from embedserve.models.linear import Linear
@@ -153,8 +153,7 @@ class EncoderModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions (token_type_ids: a pair's segments): [T]. Returns final hidden
         states [len(output_rows), hidden]."""
-        if kv_caches is not None or any(s.start for s in meta.seqs):
-            raise ValueError("an encoder runs whole sequences without a KV cache")
+        check_whole(kv_caches, meta)
         x = self.embeddings(input_ids, positions, token_type_ids)
         rel = self.relative_bias
         biases = None if rel is None else [rel(s.q_len, x.dtype) for s in meta.seqs]  # one per sequence

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from embedserve.attention.metadata import AttentionMetadata
+from embedserve.attention.metadata import AttentionMetadata, check_whole
 from embedserve.attention.windowed import banded_attention
 from embedserve.config import ModelConfig
 from embedserve.models.decoder_layer import Rotary
@@ -113,8 +113,7 @@ class Gemma3Model(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] of whole sequences. Returns final hidden states
         [len(output_rows), hidden]."""
-        if kv_caches is not None or any(s.start for s in meta.seqs):
-            raise ValueError("Gemma3 runs whole sequences without a KV cache")
+        check_whole(kv_caches, meta)
         weight = self.embed_tokens.weight
         scale = torch.tensor(self.config.hidden_size**0.5, dtype=weight.dtype)
         x = self.embed_tokens(input_ids) * scale  # [T, hidden]

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from embedserve.attention.metadata import AttentionMetadata
+from embedserve.attention.metadata import AttentionMetadata, check_whole
 from embedserve.attention.windowed import banded_attention
 from embedserve.config import ModelConfig
 from embedserve.models.decoder_layer import Rotary
@@ -78,8 +78,7 @@ class ModernBertModel(nn.Module):
         output_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T] of whole sequences -> final hidden states [len(output_rows), hidden]."""
-        if kv_caches is not None or any(s.start for s in meta.seqs):
-            raise ValueError("an encoder runs whole sequences without a KV cache")
+        check_whole(kv_caches, meta)
         x = self.embed_norm(self.tok_embeddings(input_ids))
         full = self.rotary_full.cos_sin(positions, x.dtype)
         local = self.rotary_local.cos_sin(positions, x.dtype)

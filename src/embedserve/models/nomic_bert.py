@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from embedserve.attention.cpu import paged_attention
-from embedserve.attention.metadata import AttentionMetadata
+from embedserve.attention.metadata import AttentionMetadata, check_whole
 from embedserve.config import ModelConfig
 from embedserve.models.decoder_layer import Rotary
 from embedserve.models.linear import Linear, SiluGateUp
@@ -72,8 +72,7 @@ class NomicBertModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions (token_type_ids: a pair's segments): [T] of whole sequences.
         Returns final hidden states [len(output_rows), hidden]."""
-        if kv_caches is not None or any(s.start for s in meta.seqs):
-            raise ValueError("an encoder runs whole sequences without a KV cache")
+        check_whole(kv_caches, meta)
         x = self.word(input_ids)
         if self.token_type is not None:
             x = x + (self.token_type.weight[0] if token_type_ids is None else self.token_type(token_type_ids))
