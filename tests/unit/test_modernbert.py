@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from embedserve import Engine
 from tests.helpers.reference import cosine, st_embed
@@ -82,3 +83,39 @@ def test_a_legacy_rope_scaling_is_refused(modernbert_dir: Path, tmp_path: Path) 
     )
     with pytest.raises(ModelLoadError, match=r"ModernBERT rope_scaling .* is not implemented"):
         Engine.from_pretrained(d)
+
+
+def test_a_modernbert_colbert_with_unattended_query_expansion(modernbert_dir: Path, tmp_path: Path) -> None:
+    """GTE-ModernColBERT's shape: the expansion positions of a query are queries only, never keys,
+    in the local layers' bands too (attention/windowed.py), as sentence-transformers computes them."""
+    import string
+
+    from sentence_transformers import MultiVectorEncoder
+    from sentence_transformers.base.modules import Dense, Transformer
+    from sentence_transformers.base.modules.normalize import Normalize
+    from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask
+
+    expansion = {"strategy": "fixed", "attend": False, "length": 32}
+    dense = Dense(
+        64, 24, bias=False, activation_function=torch.nn.Identity(),
+        module_input_name="token_embeddings", module_output_name="token_embeddings",
+    )  # fmt: skip
+    with torch.no_grad():
+        dense.linear.weight.copy_(torch.randn(24, 64, generator=torch.Generator().manual_seed(3)) / 8)
+    model = MultiVectorEncoder(
+        modules=[
+            Transformer(str(modernbert_dir), query_expansion=expansion, document_length=300), dense,
+            MultiVectorMask(skiplist_words=list(string.punctuation)),
+            Normalize(module_input_name="token_embeddings"),
+        ],
+        device="cpu",
+    )  # fmt: skip
+    model.save(str(tmp_path / "colbert"))
+    ref = MultiVectorEncoder(str(tmp_path / "colbert"), device="cpu")
+    queries, docs = texts([25, 27]), texts([40, 250])  # 27-29 tokens: a few expansion positions
+    want = [v.numpy() for v in ref.encode_query(queries)] + [v.numpy() for v in ref.encode_document(docs)]
+    with Engine.from_pretrained(tmp_path / "colbert") as engine:
+        got = engine.embed_multivector(queries, input_type="query") + engine.embed_multivector(docs)
+    assert [g.shape for g in got] == [w.shape for w in want] and got[0].shape[0] == 32
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

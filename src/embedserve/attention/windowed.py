@@ -30,9 +30,12 @@ def heads_first(x: torch.Tensor) -> torch.Tensor:
 def sequence_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int, causal: bool
 ) -> torch.Tensor:
-    """q: [n, heads, d]; k, v: [n, kv_heads, d] -> [n, heads * d]. `window` 0: every key
-    (causal: every earlier key); w > 0: the band of half-width w."""
-    n = q.shape[0]
+    """q: [n, heads, d]; k, v: [m <= n, kv_heads, d] (bidirectional: the first m positions are
+    keys, the rest queries only: ColBERT's unattended query expansion) -> [n, heads * d].
+    `window` 0: every key (causal: every earlier key); w > 0: the band of half-width w."""
+    n, m = q.shape[0], k.shape[0]
+    if causal and m != n:
+        raise ValueError("a causal sequence's positions are all keys")
     if not window or n <= window:  # the band holds every key a row may see
         o = scaled_dot_product_attention(
             heads_first(q), heads_first(k), heads_first(v), is_causal=causal, scale=scale, enable_gqa=True
@@ -43,10 +46,12 @@ def sequence_attention(
     pos = torch.arange(n, device=q.device)
     for s in range(0, n, block):
         e = min(n, s + block)
-        lo = max(0, s - window + 1)
-        hi = e if causal else min(n, e + window - 1)
+        lo = min(max(0, s - window + 1), m)
+        hi = e if causal else min(m, e + window - 1)
         dist = pos[s:e, None] - pos[None, lo:hi]  # q - k
         mask = (dist < window) & (dist >= 0) if causal else dist.abs() < window
+        if not bool(mask.any(dim=1).all()):
+            raise ValueError(f"a query position sees no key within the window ({window}) of the first {m}")
         o = scaled_dot_product_attention(
             heads_first(q[s:e]),
             heads_first(k[lo:hi]),
@@ -68,10 +73,11 @@ def banded_attention(
     window: int,
     causal: bool,
 ) -> torch.Tensor:
-    """Every sequence of a step (packed, each whole) over its own keys: [T, heads * d]; rows of
-    no sequence (bucket padding) are 0."""
+    """Every sequence of a step (packed, each whole) over its own keys (its first `keys` rows
+    where the span says so): [T, heads * d]; rows of no sequence (bucket padding) are 0."""
     out = q.new_zeros(q.shape[0], q.shape[1] * q.shape[2])
     for s in meta.seqs:
         rows = slice(s.q_start, s.q_start + s.q_len)
-        out[rows] = sequence_attention(q[rows], k[rows], v[rows], scale, window, causal)
+        keys = slice(s.q_start, s.q_start + (s.q_len if s.keys is None else s.keys))
+        out[rows] = sequence_attention(q[rows], k[keys], v[keys], scale, window, causal)
     return out

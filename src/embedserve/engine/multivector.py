@@ -125,7 +125,7 @@ class MultiVectorMixin(HeadMixin):
                 keys = None if expansion.attend else len(ids)
                 ids = ids + [expansion.token_id] * (head.read_length(side, len(ids)) - len(ids))
                 tok = replace(tok, token_ids=ids)
-            if keys is not None and self.config.model.is_causal:
+            if keys is not None and (self.config.model.is_causal or self.config.model.causal_mask):
                 raise InvalidInputError(
                     f"model {self.name}: query expansion without attention needs an encoder"
                 )
