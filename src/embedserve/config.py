@@ -53,7 +53,8 @@ class ModelConfig:
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 0
     position_offset: int = 0
-    # MPNet: buckets of its relative position bias (shared by every layer); 0: none
+    # MPNet: rows of its relative position bias table (shared by every layer; transformers
+    # buckets into the first 32: models/relative_bias.py); 0: none
     relative_attention_buckets: int = 0
     # *ForSequenceClassification only: id2label in id order (a head of one label is a cross-encoder
     # reranker's) and config.json's problem_type (classify's activation: models/score_head.py).
@@ -200,3 +201,11 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None  # CUDA: the KV cache sized after loading
     max_image_pixels: int | None = None  # multimodal models' image limits; None: the defaults
     max_images_per_input: int | None = None
+
+    @property
+    def vector_size(self) -> int:
+        """A single vector's width: a SPLADE model's vocabulary, else the hidden size or the last
+        Dense module's."""
+        if self.pooling.splade is not None:
+            return self.model.vocab_size
+        return self.pooling.output_size(self.model.hidden_size)

@@ -114,11 +114,7 @@ class ModelMetadata:
             ),
             # A SPLADE vector has a weight per vocabulary id (its indices are the tokenizer's ids,
             # whose file the fingerprint covers).
-            hidden_size=(
-                config.model.vocab_size
-                if pool.splade is not None
-                else pool.output_size(config.model.hidden_size)
-            ),
+            hidden_size=config.vector_size,
             max_model_len=config.scheduler.max_model_len,
             default_normalize=pool.normalize,
             space_key=space,

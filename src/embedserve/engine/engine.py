@@ -74,7 +74,7 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
             return
         if self.sparse_head is not None:
             raise InvalidInputError("dimensions does not apply to a SPLADE model's sparse vectors")
-        width = self.config.pooling.output_size(self.config.model.hidden_size)  # after Dense modules
+        width = self.config.vector_size  # after Dense modules
         if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= width:
             raise InvalidInputError(f"dimensions must be an integer in [1, {width}], got {dimensions!r}")
 

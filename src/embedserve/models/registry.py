@@ -37,7 +37,6 @@ ARCHITECTURES: dict[str, str] = {
     "RobertaForMaskedLM": "roberta",
     "XLMRobertaModel": "xlm-roberta",
     "XLMRobertaForMaskedLM": "xlm-roberta",
-    # cross-encoders (rerank) and classifiers: the encoder + a classifier head (models/score_head.py)
     # EmbeddingGemma (bidirectional) and Gemma 3 text LMs (models/gemma3.py)
     "Gemma3TextModel": "gemma3_text",
     "Gemma3ForCausalLM": "gemma3_text",
@@ -48,6 +47,7 @@ ARCHITECTURES: dict[str, str] = {
     "ModernBertForMaskedLM": "modernbert",
     "MPNetModel": "mpnet",
     "MPNetForMaskedLM": "mpnet",
+    # cross-encoders (rerank) and classifiers: the encoder + a classifier head (models/score_head.py)
     "BertForSequenceClassification": "bert",
     "RobertaForSequenceClassification": "roberta",
     "XLMRobertaForSequenceClassification": "xlm-roberta",

@@ -50,10 +50,7 @@ def _ids(engine: Engine, n: int) -> list[int]:
 
 
 def check_vectors(engine: Engine, outputs: list[EmbeddingOutput]) -> None:
-    model = engine.config.model
-    width = engine.config.pooling.output_size(model.hidden_size)  # Dense modules: the last one's
-    if engine.sparse_head is not None:  # SPLADE: a vocabulary's
-        width = model.vocab_size
+    width = engine.config.vector_size
     normalize = engine.config.pooling.normalize
     head = engine.multivector_head
     if head is not None and head.only:  # a ColBERT model's token vectors, each checked
