@@ -11,7 +11,6 @@ sentence_bert_config.json            max_seq_length
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from embedserve.models.multivector import (
 from embedserve.models.registry import model_config_from_hf, sliding_window
 from embedserve.models.router import router_dirs
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
-from embedserve.models.st_dense import SENTENCE, input_name, module_config, read_dense
+from embedserve.models.st_dense import SENTENCE, input_name, module_config, read_dense, read_json
 from embedserve.models.tensor_file import read_tensors
 
 if TYPE_CHECKING:
@@ -61,13 +60,6 @@ class ModelFiles(ModelSource):
         return tokenizer
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"cannot read {path}: {e}") from e
-
-
 def _pooling_from_st(root: Path, default: PoolingConfig, hidden: int) -> PoolingConfig | None:
     """Pooling, Dense modules and normalization as sentence-transformers would apply them, if
     configured. Each module follows its `module_input_name` (models/st_dense.py)."""
@@ -79,7 +71,7 @@ def _pooling_from_st(root: Path, default: PoolingConfig, hidden: int) -> Pooling
     # A multi-vector model's Dense and MultiVectorMask are its token head (models/multivector.py).
     multivector = multivector_root(root) is not None
     accepted = _ST_MODULES + (MULTIVECTOR_MODULES if multivector else ("Dense",))
-    for module in _read_json(modules_file):
+    for module in read_json(modules_file):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         if kind not in accepted:
             raise ModelLoadError(
@@ -93,11 +85,11 @@ def _pooling_from_st(root: Path, default: PoolingConfig, hidden: int) -> Pooling
                 raise ModelLoadError(f"{root}: a Dense module after Normalize is not supported")
             dense.append(read_dense(root, module, dense[-1].out_features if dense else hidden))
         elif kind == "Pooling":
-            cfg = _read_json(root / module.get("path", "1_Pooling") / "config.json")
+            cfg = read_json(root / module.get("path", "1_Pooling") / "config.json")
             method = _pooling_mode(cfg)
             include_prompt = bool(cfg.get("include_prompt", True))
         elif kind == "SpladePooling":
-            cfg = _read_json(root / module.get("path", "1_SpladePooling") / "config.json")
+            cfg = read_json(root / module.get("path", "1_SpladePooling") / "config.json")
             method = PoolingMethod.SPLADE
             splade = _splade(cfg)
     return PoolingConfig(method, normalize, include_prompt, splade, tuple(dense))
@@ -130,7 +122,7 @@ def _pooling_mode(cfg: dict[str, Any]) -> PoolingMethod:
 def _weight_files(root: Path) -> list[Path]:
     index = root / "model.safetensors.index.json"
     if index.exists():
-        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        shards = sorted(set(read_json(index)["weight_map"].values()))
         files = [root / s for s in shards]
     elif (root / "model.safetensors").exists():
         files = [root / "model.safetensors"]
@@ -152,7 +144,7 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
     routed = router_dirs(root)
     if routed is not None:  # inference-free SPLADE: the document side's model, the query module beside
         files = read_model_dir(routed.document, pooling, normalize)
-        splade = _splade(_read_json(routed.pooling / "config.json"))
+        splade = _splade(read_json(routed.pooling / "config.json"))
         pool = override_pooling(PoolingConfig(PoolingMethod.SPLADE, False, True, splade), pooling, normalize)
         prompts, default_prompt_name = _prompts(root)
         prompts = {"query": "", "document": "", **prompts}  # the routes a request names (models/router.py)
@@ -162,7 +154,7 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
         )  # fmt: skip
     if not (root / "config.json").exists():
         raise ModelLoadError(f"{root} has no config.json")
-    raw = _read_json(root / "config.json")
+    raw = read_json(root / "config.json")
     model = model_config_from_hf(raw)
     tokenizer_file = root / "tokenizer.json"
     if not tokenizer_file.exists():
@@ -174,7 +166,7 @@ def read_model_dir(path: str | Path, pooling: str | None = None, normalize: bool
     prefixes = legacy_prefixes(root)  # PyLate v3: a side's prefix token, then its prompt text
     prompts.update({side: p + prompts.get(side, "").removeprefix(p) for side, p in prefixes.items()})
     bert_cfg = root / "sentence_bert_config.json"
-    max_seq = _read_json(bert_cfg).get("max_seq_length") if bert_cfg.exists() else None
+    max_seq = read_json(bert_cfg).get("max_seq_length") if bert_cfg.exists() else None
     return ModelFiles(
         path=root,
         model=model,
@@ -197,7 +189,7 @@ def _prompts(root: Path) -> tuple[dict[str, str], str | None]:
     st_cfg = root / "config_sentence_transformers.json"
     if not st_cfg.exists():
         return {}, None
-    meta = _read_json(st_cfg)
+    meta = read_json(st_cfg)
     prompts = {str(k): str(v) for k, v in (meta.get("prompts") or {}).items()}
     return prompts, meta.get("default_prompt_name")
 

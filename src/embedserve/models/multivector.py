@@ -19,7 +19,6 @@ projected rows as its chunks finish.
 
 from __future__ import annotations
 
-import json
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import ModelLoadError
-from embedserve.models.st_dense import TOKENS, input_name, module_config
+from embedserve.models.st_dense import TOKENS, input_name, module_config, read_json
 
 BGE_M3_FILE = "colbert_linear.pt"
 MULTIVECTOR_MODULES = ("Dense", "MultiVectorMask")
@@ -150,7 +149,7 @@ def load_multivector_head(root: Path, hidden: int, tokenizer: HFTokenizer) -> Mu
     if (root / BGE_M3_FILE).is_file() and (root / BGE_M3_FILE).stat().st_size > 0:
         return _bge_m3(root / BGE_M3_FILE, hidden)
     st = _st_config(root)
-    modules = _read_json(root / "modules.json") if (root / "modules.json").exists() else []
+    modules = read_json(root / "modules.json") if (root / "modules.json").exists() else []
     kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules}
     if "Dense" not in kinds:
         raise ModelLoadError(f"{root}: a multi-vector model needs a Dense module (modules.json)")
@@ -160,15 +159,13 @@ def load_multivector_head(root: Path, hidden: int, tokenizer: HFTokenizer) -> Mu
     if pylate:
         mask: dict[str, Any] = {"skiplist_words": st.get("skiplist_words", list(string.punctuation))}
     elif "MultiVectorMask" in kinds:
-        mask = _read_json(
+        mask = read_json(
             root / str(kinds["MultiVectorMask"].get("path", "2_MultiVectorMask")) / "config.json"
         )
     else:
         mask = {}
     transformer = (
-        _read_json(root / "sentence_bert_config.json")
-        if (root / "sentence_bert_config.json").exists()
-        else {}
+        read_json(root / "sentence_bert_config.json") if (root / "sentence_bert_config.json").exists() else {}
     )
     sides = mask.get("skiplist_tasks") or ["document"]
     keep_only = mask.get("keep_only_token_ids")
@@ -211,7 +208,7 @@ def _bge_m3(path: Path, hidden: int) -> MultiVectorHead:
 
 
 def _dense(folder: Path, hidden: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    cfg = _read_json(folder / "config.json")
+    cfg = read_json(folder / "config.json")
     activation = str(cfg.get("activation_function", "torch.nn.modules.linear.Identity"))
     if not activation.endswith("Identity"):
         raise ModelLoadError(f"{folder}: Dense activation {activation} is not supported (Identity only)")
@@ -257,7 +254,7 @@ def _expansion(
 def _special(root: Path, key: str) -> str | None:
     for file in ("tokenizer_config.json", "special_tokens_map.json"):
         if (root / file).exists():
-            value = _read_json(root / file).get(key)
+            value = read_json(root / file).get(key)
             value = value.get("content") if isinstance(value, dict) else value
             if isinstance(value, str):
                 return value
@@ -276,11 +273,4 @@ def _positive(value: object) -> int | None:
 
 def _st_config(root: Path) -> dict[str, Any]:
     f = root / "config_sentence_transformers.json"
-    return _read_json(f) if f.exists() else {}
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"cannot read {path}: {e}") from e
+    return read_json(f) if f.exists() else {}

@@ -26,15 +26,20 @@ ACTIVATIONS = {
 }
 
 
+def read_json(path: Path) -> Any:
+    """A model directory's JSON file; ModelLoadError naming it when it cannot be read."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"cannot read {path}: {e}") from e
+
+
 def module_config(root: Path, module: dict[str, Any]) -> dict[str, Any]:
     """A module's folder's config.json ({} where it has none, as for a plain Normalize)."""
     path = root / str(module.get("path", "")) / "config.json"
     if not str(module.get("path", "")) or not path.is_file():
         return {}
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"cannot read {path}: {e}") from e
+    cfg = read_json(path)
     return cfg if isinstance(cfg, dict) else {}
 
 
