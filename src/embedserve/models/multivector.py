@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import ModelLoadError
 from embedserve.models.st_dense import TOKENS, input_name, module_config, read_json
+from embedserve.pooling.dense import dense_state
 
 BGE_M3_FILE = "colbert_linear.pt"
 MULTIVECTOR_MODULES = ("Dense", "MultiVectorMask")
@@ -214,12 +214,7 @@ def _dense(folder: Path, hidden: int) -> tuple[torch.Tensor, torch.Tensor | None
         raise ModelLoadError(f"{folder}: Dense activation {activation} is not supported (Identity only)")
     if cfg.get("in_features") != hidden:
         raise ModelLoadError(f"{folder}: Dense in_features {cfg.get('in_features')} != hidden size {hidden}")
-    if (folder / "model.safetensors").exists():
-        state = load_file(str(folder / "model.safetensors"))
-    elif (folder / "pytorch_model.bin").exists():
-        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise ModelLoadError(f"{folder}: no model.safetensors (the Dense projection's weights)")
+    state = dense_state(folder)
     weight = state.get("linear.weight")
     if weight is None or tuple(weight.shape) != (cfg.get("out_features"), hidden):
         raise ModelLoadError(f"{folder}: expected linear.weight [{cfg.get('out_features')}, {hidden}]")

@@ -39,15 +39,22 @@ class DenseHead:
         return x
 
 
-def _weights(layer: DenseLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
-    folder = Path(layer.path)
+def dense_state(folder: Path) -> dict[str, torch.Tensor]:
+    """A sentence-transformers Dense module's tensors (`linear.weight`, `linear.bias`): its
+    folder's model.safetensors, else pytorch_model.bin; ModelLoadError naming the folder."""
     try:
         if (folder / "model.safetensors").is_file():
-            state = load_file(str(folder / "model.safetensors"))
-        else:
-            state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+            return load_file(str(folder / "model.safetensors"))
+        if (folder / "pytorch_model.bin").is_file():
+            return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     except Exception as e:  # safetensors and torch raise several types for a damaged file
         raise ModelLoadError(f"cannot read the Dense weights in {folder}: {e}") from e
+    raise ModelLoadError(f"{folder}: no model.safetensors or pytorch_model.bin (the Dense module's weights)")
+
+
+def _weights(layer: DenseLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
+    folder = Path(layer.path)
+    state = dense_state(folder)
     weight, bias = state.get("linear.weight"), state.get("linear.bias")
     if weight is None or tuple(weight.shape) != (layer.out_features, layer.in_features):
         got = None if weight is None else tuple(weight.shape)
