@@ -78,13 +78,15 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DenseLayer:
     """One sentence-transformers `Dense` module after pooling (pooling/dense.py loads it):
-    `activation(x @ W.T + b)`, in its folder's `model.safetensors` (or `pytorch_model.bin`)."""
+    `activation(x @ W.T + b)`, in its folder's `model.safetensors` (or `pytorch_model.bin`), or,
+    where `tensor` names one, that weight in the GGUF file at `path` (EmbeddingGemma's)."""
 
     path: str
     in_features: int
     out_features: int
     bias: bool
     activation: str  # "identity" | "tanh" | "relu" | "gelu" | "sigmoid"
+    tensor: str = ""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,13 @@ def build_gemma3(
     pooling: str = "mean",
     seed: int = 0,
     max_seq_length: int = 512,
+    layer_types: tuple[str, ...] = (
+        "sliding_attention",
+        "full_attention",
+        "sliding_attention",
+        "sliding_attention",
+    ),
+    query_pre_attn_scalar: int = 24,
 ) -> Path:
     """`window`: config.json's sliding_window (bidirectional: |q - k| <= window // 2);
     `dense`: the Dense modules' output widths after pooling (none: ())."""
@@ -50,14 +57,14 @@ def build_gemma3(
         vocab_size=30522,
         hidden_size=hidden,
         intermediate_size=96,
-        num_hidden_layers=4,
+        num_hidden_layers=len(layer_types),
         num_attention_heads=3,
         num_key_value_heads=1,
         head_dim=40,  # != hidden / heads
-        query_pre_attn_scalar=24,
+        query_pre_attn_scalar=query_pre_attn_scalar,
         max_position_embeddings=1024,
         sliding_window=window,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+        layer_types=list(layer_types),
         rope_theta=1e6,
         rope_local_base_freq=1e4,
         use_bidirectional_attention=bidirectional,

@@ -133,8 +133,10 @@ def test_unknown_tokenizer_kinds_are_refused() -> None:
     meta = {**_qwen_meta(), "tokenizer.ggml.pre": "falcon"}
     with pytest.raises(ModelLoadError, match="GGUF pre-tokenizer 'falcon' is not supported; supported: "):
         gguf_tokenizer(lambda key, default: meta.get(key, default))
-    with pytest.raises(ModelLoadError, match="GGUF tokenizer model 'llama' is not supported"):
-        gguf_tokenizer(lambda key, default: {"tokenizer.ggml.model": "llama"}.get(key, default))
+    with pytest.raises(
+        ModelLoadError, match="GGUF tokenizer model 't5' is not supported; supported: 'bert', "
+    ):
+        gguf_tokenizer(lambda key, default: {"tokenizer.ggml.model": "t5"}.get(key, default))
 
 
 def _write_header_only(path: Path, arch: str) -> Path:
@@ -154,9 +156,11 @@ def test_damaged_or_unsupported_gguf_files_are_clear_load_errors(
     gguf_root: Path, tok: HFTokenizer, tmp_path: Path
 ) -> None:
     with pytest.raises(
-        ModelLoadError, match="unsupported GGUF architecture 'bert'; supported: llama, qwen2, qwen3"
+        ModelLoadError,
+        match="unsupported GGUF architecture 'falcon'; supported: bert, gemma-embedding, llama, "
+        "nomic-bert, qwen2, qwen3",
     ):
-        Engine.from_pretrained(_write_header_only(tmp_path / "bert.gguf", "bert"))
+        Engine.from_pretrained(_write_header_only(tmp_path / "falcon.gguf", "falcon"))
     _, good = build_gguf_pair(gguf_root / "damage", "qwen2", tok)
     data = good.read_bytes()
     for name, content in [

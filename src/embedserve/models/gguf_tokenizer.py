@@ -1,8 +1,9 @@
 """A `tokenizers.Tokenizer` rebuilt from a GGUF file's `tokenizer.ggml.*` metadata.
 
-Only byte-level BPE (`tokenizer.ggml.model == "gpt2"`, what Llama-3, Qwen and SmolLM files
-carry) is supported. llama.cpp splits text with regexes chosen by `tokenizer.ggml.pre` before
-BPE; the same split happens here with `Split` pre-tokenizers, applied in order:
+`tokenizer.ggml.model` picks the kind: byte-level BPE (`gpt2`: Llama-3, Qwen, SmolLM) here,
+WordPiece (`bert`) and SentencePiece (`llama`: Gemma) in models/gguf_vocab.py. For BPE,
+llama.cpp splits text with regexes chosen by `tokenizer.ggml.pre` before BPE; the same split
+happens here with `Split` pre-tokenizers, applied in order:
 
     text --Split(regex 1)--> pieces --Split(regex 2)--> ... --ByteLevel--> BPE(tokens, merges)
 
@@ -17,10 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import ModelLoadError
+from embedserve.models.gguf_vocab import (
+    add_typed_tokens,
+    bos_eos_processor,
+    sentencepiece_tokenizer,
+    vocab_entries,
+    wordpiece_tokenizer,
+)
 
 # GPT-2's split, with Hugging Face's trailing `\s+` (llama.cpp handles trailing blanks the same).
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -58,25 +66,24 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "deepseek-r1-qwen": _QWEN2_PRE,
 }
 
-_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
-
 
 def gguf_tokenizer(meta: Callable[[str, Any], Any]) -> HFTokenizer:
     """`meta(key, default)` reads one metadata value (lists for arrays)."""
     kind = meta("tokenizer.ggml.model", None)
+    if kind in _OTHER_KINDS:
+        return _OTHER_KINDS[kind](meta)
     if kind != "gpt2":
-        raise ModelLoadError(
-            f"GGUF tokenizer model {kind!r} is not supported; only 'gpt2' (byte-level BPE) is"
-        )
+        known = ", ".join(repr(k) for k in sorted(["gpt2", *_OTHER_KINDS]))
+        raise ModelLoadError(f"GGUF tokenizer model {kind!r} is not supported; supported: {known}")
     pre_name = meta("tokenizer.ggml.pre", "default")
     pre = PRE_TOKENIZERS.get(pre_name)
     if pre is None:
         known = ", ".join(sorted(PRE_TOKENIZERS))
         raise ModelLoadError(f"GGUF pre-tokenizer {pre_name!r} is not supported; supported: {known}")
-    tokens: list[str] = list(meta("tokenizer.ggml.tokens", []))
+    tokens, types = vocab_entries(meta)
     merges = [tuple(m.split(" ")) for m in meta("tokenizer.ggml.merges", [])]
-    if not tokens or not merges:
-        raise ModelLoadError("the GGUF file has no tokenizer.ggml.tokens / tokenizer.ggml.merges")
+    if not merges:
+        raise ModelLoadError("the GGUF file has no tokenizer.ggml.merges")
     bad = next((m for m in merges if len(m) != 2), None)
     if bad is not None:
         raise ModelLoadError(f"malformed BPE merge {' '.join(bad)!r} in the GGUF file")
@@ -89,28 +96,12 @@ def gguf_tokenizer(meta: Callable[[str, Any], Any]) -> HFTokenizer:
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     tok.decoder = decoders.ByteLevel()
-    types: list[int] = list(meta("tokenizer.ggml.token_type", [0] * len(tokens)))
-    if len(types) != len(tokens):
-        raise ModelLoadError(f"the GGUF file has {len(tokens)} tokens but {len(types)} token types")
-    typed = list(zip(tokens, types, strict=True))
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in typed if k == _CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in typed if k == _USER_DEFINED])
-    tok.post_processor = _post_processor(meta, tokens, pre.add_bos)
+    add_typed_tokens(tok, tokens, types)
+    tok.post_processor = bos_eos_processor(meta, tokens, pre.add_bos)
     return tok
 
 
-def _post_processor(
-    meta: Callable[[str, Any], Any], tokens: list[str], add_bos: bool
-) -> processors.PostProcessor:
-    """BOS / EOS around every sequence, as the metadata asks (and never twice)."""
-    lead: list[tuple[str, int]] = []
-    trail: list[tuple[str, int]] = []
-    for key, default, where in (("bos", add_bos, lead), ("eos", False, trail)):
-        if not meta(f"tokenizer.ggml.add_{key}_token", default):
-            continue
-        token_id = meta(f"tokenizer.ggml.{key}_token_id", None)
-        if token_id is None or not 0 <= int(token_id) < len(tokens):
-            raise ModelLoadError(f"the GGUF file asks to add a {key.upper()} token but names no valid one")
-        where.append((tokens[int(token_id)], int(token_id)))
-    single = " ".join([t for t, _ in lead] + ["$A"] + [t for t, _ in trail])
-    return processors.TemplateProcessing(single=single, special_tokens=lead + trail)
+_OTHER_KINDS: dict[str, Callable[[Callable[[str, Any], Any]], HFTokenizer]] = {
+    "bert": wordpiece_tokenizer,
+    "llama": sentencepiece_tokenizer,
+}

@@ -52,9 +52,26 @@ def dense_state(folder: Path) -> dict[str, torch.Tensor]:
     raise ModelLoadError(f"{folder}: no model.safetensors or pytorch_model.bin (the Dense module's weights)")
 
 
+def gguf_state(file: Path, tensor: str) -> dict[str, torch.Tensor]:
+    """One Dense weight stored in a GGUF file (llama.cpp's `dense_2.weight`), dequantized."""
+    import numpy as np
+    from gguf import GGUFReader, quants
+
+    try:
+        found = next((t for t in GGUFReader(file, "r").tensors if t.name == tensor), None)
+        if found is None:
+            raise ModelLoadError(f"{file} has no {tensor} tensor")
+        values = np.array(quants.dequantize(found.data, found.tensor_type), dtype=np.float32)
+    except ModelLoadError:
+        raise
+    except Exception as e:  # gguf raises assorted types for damaged files and unknown types
+        raise ModelLoadError(f"cannot read the Dense weight {tensor} in {file}: {e}") from e
+    return {"linear.weight": torch.from_numpy(values)}
+
+
 def _weights(layer: DenseLayer) -> tuple[torch.Tensor, torch.Tensor | None]:
     folder = Path(layer.path)
-    state = dense_state(folder)
+    state = gguf_state(folder, layer.tensor) if layer.tensor else dense_state(folder)
     weight, bias = state.get("linear.weight"), state.get("linear.bias")
     if weight is None or tuple(weight.shape) != (layer.out_features, layer.in_features):
         got = None if weight is None else tuple(weight.shape)
