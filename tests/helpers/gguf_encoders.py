@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file
 
+from tests.helpers.tiny_gguf import DECODER_NAMES
+
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _BERT = {
     "attention.self.query": "attn_q",
@@ -46,20 +48,12 @@ _NOMIC = {
     "mlp.fc2": "ffn_down",
     "norm2": "layer_output_norm",
 }
-_GEMMA = {
+_GEMMA = {  # the decoders' attention and MLP names, and Gemma's four norms
+    **{hf: name for hf, name in DECODER_NAMES.items() if hf.startswith(("self_attn.", "mlp."))},
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "post_attention_norm",
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
 }
 _TOP = {
     "embeddings.word_embeddings": "token_embd",

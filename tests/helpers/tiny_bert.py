@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers.tiny_models import write_st_files
+from tests.helpers.tiny_models import scale_weights, write_st_files
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
@@ -64,4 +64,21 @@ def build_encoder(
     for name in TOKENIZER_FILES:
         shutil.copy(minilm_dir() / name, dst / name)
     write_st_files(dst, hidden, pooling, normalize, {}, max_seq_length)
+    return dst
+
+
+def build_nomic(dst: Path, *, seed: int = 7, prompts: dict[str, str] | None = None) -> Path:
+    """A tiny NomicBert (transformers saves nomic's own weight names) with mean pooling."""
+    import transformers
+
+    config = transformers.NomicBertConfig(
+        vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=96, max_position_embeddings=1024, pad_token_id=0,
+    )  # fmt: skip
+    model = transformers.NomicBertModel(config)
+    scale_weights(model, 0.3, seed=seed)
+    model.save_pretrained(dst, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        shutil.copy(minilm_dir() / name, dst / name)
+    write_st_files(dst, 64, "mean", True, prompts or {}, 1024)
     return dst

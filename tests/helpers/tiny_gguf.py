@@ -26,7 +26,7 @@ EOS = "<|endoftext|>"
 
 # Hugging Face name fragment -> llama.cpp tensor name fragment (written independently of the
 # engine's own table, so a wrong entry there cannot hide behind the same wrong entry here).
-_NAMES = {
+DECODER_NAMES = {
     "embed_tokens": "token_embd",
     "norm": "output_norm",
     "input_layernorm": "attn_norm",
@@ -76,8 +76,8 @@ def _gguf_name(hf: str) -> str:
     stem, kind = name.rsplit(".", 1)
     if stem.startswith("layers."):
         _, layer, part = stem.split(".", 2)
-        return f"blk.{layer}.{_NAMES[part]}.{kind}"
-    return f"{_NAMES[stem]}.{kind}"
+        return f"blk.{layer}.{DECODER_NAMES[part]}.{kind}"
+    return f"{DECODER_NAMES[stem]}.{kind}"
 
 
 def interleave_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:

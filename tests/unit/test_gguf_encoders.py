@@ -4,7 +4,6 @@ q8_0; the real all-MiniLM-L6-v2 as a bert GGUF; the refusals."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,35 +14,13 @@ from embedserve.config import PoolingMethod
 from embedserve.errors import ModelLoadError
 from tests.helpers.gguf_encoders import write_encoder_gguf
 from tests.helpers.reference import cosine, st_embed
-from tests.helpers.tiny_bert import TOKENIZER_FILES, build_encoder, minilm_dir
+from tests.helpers.tiny_bert import build_encoder, build_nomic, minilm_dir
 from tests.helpers.tiny_gemma import build_gemma3
-from tests.helpers.tiny_models import scale_weights, write_st_files
+from tests.unit.test_nomic_bert import texts
 
-SENTENCE = "the lift of a wing in a propeller slipstream was measured at several angles of attack"
 # float32 files equal the directory; quantized ones as close as their rounding allows
 MIN_COSINE = {"f32": 0.99999, "f16": 0.9995, "q8_0": 0.995}
 SLIDING, FULL = "sliding_attention", "full_attention"
-
-
-def texts(counts: list[int]) -> list[str]:
-    words = SENTENCE.split()
-    return [" ".join(words[i % len(words)] for i in range(n)) for n in counts]
-
-
-def _nomic(dst: Path) -> Path:
-    import transformers
-
-    config = transformers.NomicBertConfig(
-        vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=96, max_position_embeddings=1024, pad_token_id=0,
-    )  # fmt: skip
-    model = transformers.NomicBertModel(config)
-    scale_weights(model, 0.3, seed=3)
-    model.save_pretrained(dst, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        shutil.copy(minilm_dir() / name, dst / name)
-    write_st_files(dst, 64, "mean", True, {}, 1024)
-    return dst
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +28,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gguf-encoders")
     return {
         "bert": build_encoder(root / "bert", "bert", pooling="cls", seed=4),
-        "nomic-bert": _nomic(root / "nomic"),
+        "nomic-bert": build_nomic(root / "nomic", seed=3),
         # llama.cpp's layout for gemma-embedding: every 6th layer global, scores by 1/sqrt(head_dim)
         "gemma-embedding": build_gemma3(
             root / "gemma", layer_types=(SLIDING,) * 5 + (FULL,), query_pre_attn_scalar=40, window=16, seed=2

@@ -15,8 +15,7 @@ from safetensors.torch import load_file, save_file
 from embedserve import Engine
 from embedserve.errors import ModelLoadError
 from tests.helpers.reference import cosine, st_embed
-from tests.helpers.tiny_bert import TOKENIZER_FILES, minilm_dir
-from tests.helpers.tiny_models import scale_weights, write_st_files
+from tests.helpers.tiny_bert import build_nomic
 
 SENTENCE = "the lift of a wing in a propeller slipstream was measured at several angles of attack"
 PROMPTS = {"query": "search_query: ", "document": "search_document: "}
@@ -29,20 +28,7 @@ def texts(counts: list[int]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def nomic_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import transformers
-
-    dst = tmp_path_factory.mktemp("nomic") / "n"
-    config = transformers.NomicBertConfig(
-        vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=96, max_position_embeddings=1024, pad_token_id=0,
-    )  # fmt: skip
-    model = transformers.NomicBertModel(config)
-    scale_weights(model, 0.3, seed=7)
-    model.save_pretrained(dst, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        shutil.copy(minilm_dir() / name, dst / name)
-    write_st_files(dst, 64, "mean", True, PROMPTS, 1024)
-    return dst
+    return build_nomic(tmp_path_factory.mktemp("nomic") / "n", prompts=PROMPTS)
 
 
 def other_spelling(src: Path, dst: Path) -> Path:

@@ -18,7 +18,7 @@ from typing import Any
 
 from embedserve.config import DenseLayer
 from embedserve.errors import ModelLoadError
-from embedserve.models.gguf_layout import GGUFLayout, Meta, vocab_size
+from embedserve.models.gguf_layout import DECODER_LAYER, GGUFLayout, Meta, vocab_size
 
 GEMMA_DENSE = ("dense_2", "dense_3")
 
@@ -125,20 +125,11 @@ _NOMIC_LAYER = {
     "ffn_down": "mlp.fc2",
     "layer_output_norm": "norm2",
 }
-_GEMMA_LAYER = {
-    "attn_norm": "input_layernorm",
+_GEMMA_LAYER = {  # the decoders' names, with Gemma's four norms around attention and MLP
+    **DECODER_LAYER,
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
 }
 _EMBEDDINGS = {
     "token_embd": "embeddings.word_embeddings",

@@ -100,7 +100,7 @@ def _decoder_config(architecture: str, model_type: str) -> ConfigFn:
     return config
 
 
-_DECODER_LAYER = {
+DECODER_LAYER = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -116,7 +116,7 @@ _DECODER_LAYER = {
 _DECODER_TOP = {"token_embd": "embed_tokens", "output_norm": "norm", "output": "lm_head"}
 
 DECODERS: dict[str, GGUFLayout] = {
-    arch: GGUFLayout(_decoder_config(hf, arch), _DECODER_TOP, _DECODER_LAYER, "layers.{}.")
+    arch: GGUFLayout(_decoder_config(hf, arch), _DECODER_TOP, DECODER_LAYER, "layers.{}.")
     for arch, hf in (
         ("llama", "LlamaForCausalLM"),
         ("qwen2", "Qwen2ForCausalLM"),
