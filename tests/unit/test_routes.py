@@ -13,6 +13,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from embedserve.api.dispatch import DISPATCHES
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import (
     COHERE_EMBED,
@@ -67,6 +68,8 @@ def test_the_declarations() -> None:
         "tei_embed_sparse",
         "tokenize",
         "detokenize",
+        "similarity",
+        "decode",
     ]
     assert RERANK.paths == ("/v1/rerank", "/rerank", "/v2/rerank")
     assert {r.name: r.placement for r in ROUTES} == {
@@ -80,6 +83,8 @@ def test_the_declarations() -> None:
         "tei_embed_sparse": "split",
         "tokenize": "whole",
         "detokenize": "whole",
+        "similarity": "split",
+        "decode": "whole",
     }
     assert len({p for _, p in DECLARED}) == len(DECLARED)  # no path declared twice
     for name, path in DECLARED:
@@ -99,7 +104,8 @@ def test_every_declared_path_is_a_post_route_of_the_server_and_the_gateway(
 
 
 def test_the_apps_post_routes_are_the_declared_ones(server_app: FastAPI, gateway_app: FastAPI) -> None:
-    declared = {p for _, p in DECLARED} | set(BATCH_POSTS)  # and the batch API's (batch/http.py)
+    declared = {p for _, p in DECLARED} | set(BATCH_POSTS)  # and the batch API's (batch/http.py),
+    declared |= {d.path for d in DISPATCHES} | {"/ping"}  # the paths whose body picks the route
     assert _posts(server_app) == declared and _posts(gateway_app) == declared
 
 
@@ -110,7 +116,8 @@ def test_the_gateways_404_names_every_declared_path_and_how_it_places_it(gateway
     for _, path in DECLARED:
         assert path in message
     assert "/v1/rerank | /rerank | /v2/rerank (whole)" in message
-    assert "/v1/embeddings (split per input)" in message and "/v2/embed (split per input)" in message
+    assert "/v1/embeddings | /embeddings (split per input)" in message
+    assert "/v2/embed (split per input)" in message
 
 
 def test_the_replica_answers_every_declared_path_and_names_them_on_a_404() -> None:

@@ -120,6 +120,10 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class Version(BaseModel):
+    version: str = Field(description="embedserve's version (vLLM's `GET /version`)")
+
+
 class Health(BaseModel):
     status: Literal["alive", "ready", "not_ready"]
     phase: str | None = Field(default=None, description="server: loading, warming_up, ready, ...")

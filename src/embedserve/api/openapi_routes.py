@@ -125,7 +125,7 @@ class SparseVectors(RootModel[list[list[SparseValue]]]):
     """TEI's `/embed_sparse` answer: per input, its non-zero term weights, indices ascending."""
 
 
-def _inlined(model: type[BaseModel], max_items: int, field: str | None) -> dict[str, Any]:
+def inlined_schema(model: type[BaseModel], max_items: int, field: str | None) -> dict[str, Any]:
     """The model's JSON schema with its `$defs` inlined (the document has no `#/$defs`) and the
     server's per-request limit on `field`."""
     schema = copy.deepcopy(model.model_json_schema())
@@ -150,7 +150,7 @@ def _inlined(model: type[BaseModel], max_items: int, field: str | None) -> dict[
     return out
 
 
-def _route(
+def route_doc(
     summary: str, request: dict[str, Any], response: type[BaseModel], statuses: tuple[int, ...]
 ) -> dict[str, Any]:
     return {
@@ -166,59 +166,61 @@ def _route(
 
 def cohere_embed_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of the `POST /v2/embed` route (Cohere's embed v2)."""
-    request = _inlined(CohereEmbedRequest, max_inputs, "texts")
-    return _route("Embed texts (Cohere v2 embed API)", request, CohereEmbedResponse, statuses)
+    request = inlined_schema(CohereEmbedRequest, max_inputs, "texts")
+    return route_doc("Embed texts (Cohere v2 embed API)", request, CohereEmbedResponse, statuses)
 
 
 def rerank_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of the `POST /v1/rerank` routes (and aliases): Cohere's or TEI's body."""
-    cohere = _inlined(RerankRequest, max_inputs, "documents")
-    tei = _inlined(TeiRerankRequest, max_inputs, "texts")
+    cohere = inlined_schema(RerankRequest, max_inputs, "documents")
+    tei = inlined_schema(TeiRerankRequest, max_inputs, "texts")
     request = {"anyOf": [cohere, tei]}
-    return _route(
+    return route_doc(
         "Rank documents by relevance to a query (Cohere's or TEI's body)", request, RerankAnswer, statuses
     )
 
 
 def score_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /v1/score` (vLLM's score API)."""
-    request = _inlined(ScoreRequest, max_inputs, "text_2")
-    return _route("Score text pairs (1:1, 1:N, N:N)", request, ScoreResponse, statuses)
+    request = inlined_schema(ScoreRequest, max_inputs, "text_2")
+    return route_doc("Score text pairs (1:1, 1:N, N:N)", request, ScoreResponse, statuses)
 
 
 def tei_embed_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /embed` (TEI's embed API)."""
-    request = _inlined(TeiEmbedRequest, max_inputs, "inputs")
-    return _route("Embed texts (Text Embeddings Inference's API)", request, Vectors, statuses)
+    request = inlined_schema(TeiEmbedRequest, max_inputs, "inputs")
+    return route_doc("Embed texts (Text Embeddings Inference's API)", request, Vectors, statuses)
 
 
 def tei_embed_sparse_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /embed_sparse` (TEI's sparse embed API; SPLADE models)."""
-    request = _inlined(TeiEmbedSparseRequest, max_inputs, "inputs")
-    return _route("Sparse term weights of texts (SPLADE; TEI's API)", request, SparseVectors, statuses)
+    request = inlined_schema(TeiEmbedSparseRequest, max_inputs, "inputs")
+    return route_doc("Sparse term weights of texts (SPLADE; TEI's API)", request, SparseVectors, statuses)
 
 
 def tokenize_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /tokenize` (vLLM's body, or TEI's with `inputs`)."""
-    request = _inlined(TokenizeRequest, max_inputs, "inputs")
-    return _route(
+    request = inlined_schema(TokenizeRequest, max_inputs, "inputs")
+    return route_doc(
         "Tokenize as the embedding routes count (vLLM's or TEI's body)", request, TokenizeAnswer, statuses
     )
 
 
 def detokenize_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /detokenize` (vLLM's)."""
-    request = _inlined(DetokenizeRequest, max_inputs, None)
-    return _route("Token ids back to text", request, DetokenizeResponse, statuses)
+    request = inlined_schema(DetokenizeRequest, max_inputs, None)
+    return route_doc("Token ids back to text", request, DetokenizeResponse, statuses)
 
 
 def classify_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /classify` (vLLM's classify API)."""
-    request = _inlined(ClassifyRequest, max_inputs, "input")
-    return _route("Classify texts (a sequence-classification model)", request, ClassifyResponse, statuses)
+    request = inlined_schema(ClassifyRequest, max_inputs, "input")
+    return route_doc("Classify texts (a sequence-classification model)", request, ClassifyResponse, statuses)
 
 
 def predict_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /predict` (TEI's classification API)."""
-    request = _inlined(PredictRequest, max_inputs, "inputs")
-    return _route("Classify texts or pairs (Text Embeddings Inference's API)", request, Predictions, statuses)
+    request = inlined_schema(PredictRequest, max_inputs, "inputs")
+    return route_doc(
+        "Classify texts or pairs (Text Embeddings Inference's API)", request, Predictions, statuses
+    )

@@ -4,7 +4,7 @@ holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serv
 (scale/replica.py) and the gateway's 404 text all take their route list from `ROUTES`.
 
     route          paths                              tasks          gateway placement
-    embeddings     /v1/embeddings                     embed          split: each input to its pool
+    embeddings     /v1/embeddings, /embeddings        embed          split: each input to its pool
     cohere_embed   /v2/embed                          embed          split: each text to its pool
     rerank         /v1/rerank, /rerank, /v2/rerank    rerank         whole: the pool of the longest pair
     classify       /classify                          classify, rerank  whole: the pool of the longest input
@@ -14,6 +14,11 @@ holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serv
     tei_embed_sparse /embed_sparse (SPLADE)           embed          split (as /v1/embeddings)
     tokenize       /tokenize                          any            whole
     detokenize     /detokenize                        any            whole
+    similarity     /similarity (TEI's)                embed          split (as /v1/embeddings)
+    decode         /decode (TEI's)                    any            whole
+
+TEI's `POST /` and vLLM's `POST /invocations` are not routes of their own: their body (and the
+model's task) picks one of these (api/dispatch.py).
 
 Two peers' bodies on one path (TEI's and Cohere's `/rerank`, TEI's and vLLM's `/tokenize`) are
 one route: its parser reads either, and the answer takes the shape of the body it got.
@@ -36,6 +41,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
+from embedserve.api import answers
 from embedserve.api.classify import ClassifyRequest, PredictRequest
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.openapi import embeddings_route
@@ -50,10 +56,12 @@ from embedserve.api.openapi_routes import (
     tei_embed_sparse_route,
     tokenize_route,
 )
+from embedserve.api.openapi_tei import decode_route, similarity_route
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, parse_body
 from embedserve.api.rerank import RerankRequest
 from embedserve.api.score import ScoreRequest
 from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, parse_rerank
+from embedserve.api.tei_similarity import DecodeRequest, SimilarityRequest
 from embedserve.api.tokenize import DetokenizeRequest, TokenizeRequest
 
 Req = TypeVar("Req", bound=BaseModel)
@@ -86,53 +94,15 @@ class Route(Generic[Req]):
         return (self.path, *self.aliases)
 
 
-def _one_vector_per_input(body: Any, n: int) -> bool:
-    data = body["data"]
-    if not isinstance(data, list):
-        return False
-    indices = [d["index"] for d in data]
-    if data and all("token_range" in d for d in data):  # one late-chunked document: its chunks,
-        return n == 1 and indices == list(range(indices[0], indices[0] + len(indices)))  # a cut drops ends
-    return sorted(indices) == list(range(n))
-
-
-def _one_vector_per_text(body: Any, n: int) -> bool:
-    return all(len(vectors) == n for vectors in body["embeddings"].values())
-
-
-def _ranks_within(body: Any, n: int) -> bool:  # top_n may rank fewer than n documents
-    results = body if isinstance(body, list) else body["results"]  # TEI's shape, Cohere's
-    return all(0 <= item["index"] < n for item in results)
-
-
-def _one_answer_each(body: Any, n: int) -> bool:
-    return isinstance(body["data"], list) and [d["index"] for d in body["data"]] == list(range(n))
-
-
-def _labels_of_each(body: Any, n: int) -> bool:  # TEI: one input's labels, or a list per input
-    return isinstance(body, list) and (n == 1 or len(body) == n)
-
-
-def _tokens_of_each(body: Any, n: int) -> bool:  # vLLM's one input, TEI's list
-    return len(body) == n if isinstance(body, list) else n == 1 and isinstance(body["tokens"], list)
-
-
-def _one_vector_each(body: Any, n: int) -> bool:
-    return isinstance(body, list) and len(body) == n
-
-
-def _text(body: Any, n: int) -> bool:
-    return isinstance(body["prompt"], str)
-
-
 EMBEDDINGS: Route[EmbeddingRequest] = Route(
     name="embeddings",
     path=EMBEDDINGS_PATH,
+    aliases=("/embeddings",),  # Infinity's path
     parse=partial(parse_body, EmbeddingRequest),
     tasks=("embed",),
     placement="split",
     doc=embeddings_route,
-    answers=_one_vector_per_input,
+    answers=answers.one_vector_per_input,
 )
 COHERE_EMBED: Route[CohereEmbedRequest] = Route(
     name="cohere_embed",
@@ -141,7 +111,7 @@ COHERE_EMBED: Route[CohereEmbedRequest] = Route(
     tasks=("embed",),
     placement="split",
     doc=cohere_embed_route,
-    answers=_one_vector_per_text,
+    answers=answers.one_vector_per_text,
 )
 RERANK: Route[RerankRequest] = Route(
     name="rerank",
@@ -151,7 +121,7 @@ RERANK: Route[RerankRequest] = Route(
     tasks=("rerank",),
     placement="whole",
     doc=rerank_route,
-    answers=_ranks_within,
+    answers=answers.ranks_within,
 )
 CLASSIFY: Route[ClassifyRequest] = Route(
     name="classify",
@@ -160,7 +130,7 @@ CLASSIFY: Route[ClassifyRequest] = Route(
     tasks=("classify", "rerank"),
     placement="whole",
     doc=classify_route,
-    answers=_one_answer_each,
+    answers=answers.one_answer_each,
 )
 PREDICT: Route[PredictRequest] = Route(
     name="predict",
@@ -169,7 +139,7 @@ PREDICT: Route[PredictRequest] = Route(
     tasks=("classify", "rerank"),
     placement="whole",
     doc=predict_route,
-    answers=_labels_of_each,
+    answers=answers.labels_of_each,
 )
 SCORE: Route[ScoreRequest] = Route(
     name="score",
@@ -179,7 +149,7 @@ SCORE: Route[ScoreRequest] = Route(
     tasks=("embed", "rerank"),
     placement="whole",
     doc=score_route,
-    answers=_one_answer_each,
+    answers=answers.one_answer_each,
 )
 TEI_EMBED: Route[TeiEmbedRequest] = Route(
     name="tei_embed",
@@ -188,7 +158,7 @@ TEI_EMBED: Route[TeiEmbedRequest] = Route(
     tasks=("embed",),
     placement="split",
     doc=tei_embed_route,
-    answers=_one_vector_each,
+    answers=answers.one_vector_each,
 )
 TEI_EMBED_SPARSE: Route[TeiEmbedSparseRequest] = Route(
     name="tei_embed_sparse",
@@ -197,7 +167,7 @@ TEI_EMBED_SPARSE: Route[TeiEmbedSparseRequest] = Route(
     tasks=("embed",),
     placement="split",
     doc=tei_embed_sparse_route,
-    answers=_one_vector_each,
+    answers=answers.one_vector_each,
 )
 TOKENIZE: Route[TokenizeRequest] = Route(
     name="tokenize",
@@ -206,7 +176,7 @@ TOKENIZE: Route[TokenizeRequest] = Route(
     tasks=ANY_TASK,
     placement="whole",
     doc=tokenize_route,
-    answers=_tokens_of_each,
+    answers=answers.tokens_of_each,
 )
 DETOKENIZE: Route[DetokenizeRequest] = Route(
     name="detokenize",
@@ -215,7 +185,25 @@ DETOKENIZE: Route[DetokenizeRequest] = Route(
     tasks=ANY_TASK,
     placement="whole",
     doc=detokenize_route,
-    answers=_text,
+    answers=answers.text,
+)
+SIMILARITY: Route[SimilarityRequest] = Route(
+    name="similarity",
+    path="/similarity",
+    parse=partial(parse_body, SimilarityRequest),
+    tasks=("embed",),
+    placement="split",
+    doc=similarity_route,
+    answers=answers.one_score_each_sentence,
+)
+DECODE: Route[DecodeRequest] = Route(
+    name="decode",
+    path="/decode",
+    parse=partial(parse_body, DecodeRequest),
+    tasks=ANY_TASK,
+    placement="whole",
+    doc=decode_route,
+    answers=answers.texts_of_each,
 )
 # A model's task is served first by the route listed first for it (`wrong_task` points there).
 ROUTES: tuple[Route[Any], ...] = (
@@ -229,6 +217,8 @@ ROUTES: tuple[Route[Any], ...] = (
     TEI_EMBED_SPARSE,
     TOKENIZE,
     DETOKENIZE,
+    SIMILARITY,
+    DECODE,
 )
 
 _BY_PATH = {path: route for route in ROUTES for path in route.paths}

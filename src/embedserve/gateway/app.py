@@ -4,6 +4,7 @@ error shapes and Bearer API keys (the gateway's own clients' keys, not the pools
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -13,8 +14,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from embedserve import __version__
 from embedserve.api.auth import bearer_check
 from embedserve.api.deadline import TIMEOUT_HEADER, header_timeout
+from embedserve.api.dispatch import DISPATCHES, Dispatch
 from embedserve.api.http import (
     CLIENT_CLOSED,
     ClientGone,
@@ -24,7 +27,7 @@ from embedserve.api.http import (
     read_body,
     unless_disconnected,
 )
-from embedserve.api.openapi import Health, metrics_route
+from embedserve.api.openapi import Health, Version, metrics_route
 from embedserve.api.protocol import ApiError, error_body
 from embedserve.api.routes import CLASS_HEADER, ROUTES, Route, body_priority, describe
 from embedserve.batch.http import add_batch_routes
@@ -36,14 +39,14 @@ from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.live import Live
-from embedserve.gateway.model_routes import add_model_routes
+from embedserve.gateway.model_routes import add_model_routes, served_task
 from embedserve.gateway.pipeline import Answer, GatewayRoute
 from embedserve.gateway.rerank import RERANK_ROUTE
 from embedserve.gateway.score import SCORE_ROUTE
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.tei import TEI_EMBED_ROUTE, TEI_EMBED_SPARSE_ROUTE
+from embedserve.gateway.tei import SIMILARITY_ROUTE, TEI_EMBED_ROUTE, TEI_EMBED_SPARSE_ROUTE
 from embedserve.gateway.tenants import Tenants
-from embedserve.gateway.tokenize import DETOKENIZE_ROUTE, TOKENIZE_ROUTE
+from embedserve.gateway.tokenize import DECODE_ROUTE, DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +65,15 @@ _BOUND: dict[str, GatewayRoute[Any]] = {
         TEI_EMBED_SPARSE_ROUTE,
         TOKENIZE_ROUTE,
         DETOKENIZE_ROUTE,
+        SIMILARITY_ROUTE,
+        DECODE_ROUTE,
     )
 }
 # What an unknown path's 404 says the gateway routes.
 ROUTES_TEXT = (
-    f"POST {describe()}; GET /v1/models, /info, /health/live, /health/ready, /metrics; "
-    "/v1/files and /v1/batches with --batch-dir"
+    f"POST {describe()}, / and /invocations (the body picks the route); GET /v1/models, /models, "
+    "/info, /health/live, /health/ready, /health, /ping, /version, /metrics; /v1/files and "
+    "/v1/batches with --batch-dir"
 )
 
 
@@ -100,6 +106,9 @@ def create_app(
         return {"status": "alive"}
 
     @app.get("/health/ready", response_model=None, responses=_READY)
+    @app.get("/health", response_model=None, responses=_READY)  # TEI's and vLLM's
+    @app.get("/ping", response_model=None, responses=_READY)  # SageMaker's (GET or POST)
+    @app.post("/ping", response_model=None, responses=_READY)
     async def ready() -> JSONResponse:
         # Ready when every traffic class of every model has at least one pool that can take work.
         missing = []
@@ -115,6 +124,10 @@ def create_app(
         else:
             body["models"] = {name: {"pools": s.upstreams.describe()} for name, s in fleet.by_name.items()}
         return JSONResponse(body, 503 if missing else 200)
+
+    @app.get("/version", response_model=None, responses={200: {"model": Version}})
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
 
     def metrics_keys() -> tuple[str, ...]:
         """With tenants, the gateway's own keys only (tenants would read each other's usage),
@@ -166,11 +179,17 @@ def create_app(
         return JSONResponse(data, headers=headers)
 
     for route in ROUTES:
-        endpoint = _endpoint(route, handler_for(route), state, answer, api_keys)
+        handler_for(route)  # a declared route without a gateway handler stops the start here
+        endpoint = _endpoint(route.name, _fixed(route), state, answer, api_keys)
         for path in route.paths:
             app.add_api_route(
                 path, endpoint, methods=["POST"], dependencies=auth, **route.doc(limit, statuses)
             )
+    for dispatch in DISPATCHES:  # the body (and its model's task) picks the route: api/dispatch.py
+        endpoint = _endpoint(dispatch.name, _picked(dispatch), state, answer, api_keys)
+        app.add_api_route(
+            dispatch.path, endpoint, methods=["POST"], dependencies=auth, **dispatch.doc(limit, statuses)
+        )
 
     def owner(key: str) -> str | None:
         tenants = state.tenants
@@ -205,15 +224,30 @@ def handler_for(route: Route[Any]) -> GatewayRoute[Any]:
     return bound
 
 
+Choose = Callable[[bytes, GatewayService], tuple[Route[Any], bytes]]
+
+
+def _fixed(route: Route[Any]) -> Choose:
+    return lambda body, service: (route, body)
+
+
+def _picked(dispatch: Dispatch) -> Choose:
+    return lambda body, service: dispatch.pick(body, served_task(service))
+
+
 def _endpoint(
-    route: Route[Any],
-    bound: GatewayRoute[Any],
+    name: str,
+    choose: Choose,
     state: Live,
     answer: Callable[[Request, Callable[[bytes, float | None], Started]], Awaitable[Response]],
     own_keys: tuple[str, ...],
 ) -> Callable[[Request], Awaitable[Response]]:
+    """`choose(body, the service its model field names)`: the route to run and its body."""
+
     async def endpoint(request: Request) -> Response:
         def start(body: bytes, timeout: float | None) -> Started:
+            route, body = choose(body, _named(state, body))
+            bound = handler_for(route)
             parsed = route.parse(body)
             tenant = state.tenant_of(request.headers, own_keys)  # kept if a reload swaps the map
             service, req = state.fleet.for_request(parsed, None if tenant is None else tenant.may_use)
@@ -230,8 +264,19 @@ def _endpoint(
 
         return await answer(request, start)
 
-    endpoint.__name__ = route.name  # the OpenAPI operation ids
+    endpoint.__name__ = name  # the OpenAPI operation ids
     return endpoint
+
+
+def _named(state: Live, body: bytes) -> GatewayService:
+    """The service of the model a body's `model` field names (the first model's otherwise, or
+    where it names none the gateway serves: the picked route's own checks answer that)."""
+    try:
+        raw = json.loads(body)
+        model = raw.get("model") if isinstance(raw, dict) else None
+        return state.fleet.resolve(model if isinstance(model, str) else None)[0]
+    except (ValueError, UnicodeDecodeError, ApiError):
+        return state.fleet.default
 
 
 def _traffic_class(request: Request, body_priority: str, body_set: bool) -> str:

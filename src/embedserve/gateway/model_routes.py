@@ -27,12 +27,10 @@ def add_model_routes(
     """`own_keys`: the gateway's own (they see every model)."""
     refused = (*keyed, *((403,) if state.tenants is not None else ()))
 
-    @app.get(
-        "/v1/models",
-        dependencies=auth,
-        response_model=None,
-        responses={200: {"model": ModelList}, **error_responses(*keyed, 503)},
-    )
+    listed: dict[int | str, dict[str, Any]] = {200: {"model": ModelList}, **error_responses(*keyed, 503)}
+
+    @app.get("/v1/models", dependencies=auth, response_model=None, responses=listed)
+    @app.get("/models", dependencies=auth, response_model=None, responses=listed)  # Infinity's path
     async def models(request: Request) -> dict[str, Any]:
         data = cards(state.fleet, model_card)
         tenants = state.tenants
@@ -71,13 +69,16 @@ def add_model_routes(
         if tenant is not None:
             tenant.allow_model(state.fleet.names_of(None, service))
         card = model_card(service)
-        counter = service.counter
-        labels = counter.labels
-        task = "embed" if counter.rerank_kind is None else "classify" if len(labels) > 1 else "rerank"
-        kind = model_type(task, str(card.get("pooling", "")), labels)
+        kind = model_type(served_task(service), str(card.get("pooling", "")), service.counter.labels)
         budget = max(p["max_tokens"] for p in card["pools"].values())
         limit = service.config.max_inputs_per_request
         return tei_info(card, kind, budget, limit, service.config.max_inputs_per_request)
+
+
+def served_task(service: GatewayService) -> str:
+    """The model's task as its tokenizer's counter knows it: embed, rerank or classify."""
+    counter = service.counter
+    return "embed" if counter.rerank_kind is None else "classify" if len(counter.labels) > 1 else "rerank"
 
 
 def model_card(service: GatewayService) -> dict[str, Any]:

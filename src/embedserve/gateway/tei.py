@@ -1,15 +1,16 @@
-"""TEI's `POST /embed` and `/embed_sparse` (the same with a SPLADE model's sparse vectors)
-through the gateway: the work of `/v1/embeddings` (split per input, parts sent to the pools'
-`/v1/embeddings`, so the embedding-schema check and the count check apply), answered as TEI
-does: the vectors in input order."""
+"""TEI's `POST /embed`, `/embed_sparse` (the same with a SPLADE model's sparse vectors) and
+`/similarity` through the gateway: the work of `/v1/embeddings` (split per input, parts sent to
+the pools' `/v1/embeddings`, so the embedding-schema check and the count check apply), answered
+as TEI does: the vectors in input order, or each sentence's cosine to the source sentence."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from embedserve.api.routes import EMBEDDINGS, TEI_EMBED, TEI_EMBED_SPARSE
+from embedserve.api.routes import EMBEDDINGS, SIMILARITY, TEI_EMBED, TEI_EMBED_SPARSE
 from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, embed_vectors, sparse_vectors
+from embedserve.api.tei_similarity import SimilarityRequest, similarities
 from embedserve.errors import TEI_REMEDY
 from embedserve.gateway.embeddings import EmbeddingsJob
 from embedserve.gateway.forward import PartResult
@@ -40,5 +41,14 @@ class TeiEmbedSparseJob(TeiJob):
         return sparse_vectors(super().body(results, counts, name))
 
 
+class SimilarityJob(TeiJob):
+    def __init__(self, gw: Pipeline, req: SimilarityRequest) -> None:
+        super().__init__(gw, req.to_embedding_request())
+
+    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> Any:
+        return similarities(super().body(results, counts, name))
+
+
 TEI_EMBED_ROUTE = GatewayRoute(TEI_EMBED, TeiEmbedJob, upstream=EMBEDDINGS)
+SIMILARITY_ROUTE = GatewayRoute(SIMILARITY, SimilarityJob, upstream=EMBEDDINGS)
 TEI_EMBED_SPARSE_ROUTE = GatewayRoute(TEI_EMBED_SPARSE, TeiEmbedSparseJob, upstream=EMBEDDINGS)

@@ -1,7 +1,7 @@
-"""`POST /tokenize` and `POST /detokenize` through the gateway: placed whole on the pools of the
-longest input (any pool serves the same model, so any pool's tokenizer answers), the pool's
-answer as it is. Over-long inputs are still placed (on the largest pool): tokenizing them is
-no engine work."""
+"""`POST /tokenize`, `POST /detokenize` and TEI's `POST /decode` through the gateway: placed
+whole on the pools of the longest input (any pool serves the same model, so any pool's
+tokenizer answers), the pool's answer as it is. Over-long inputs are still placed (on the
+largest pool): tokenizing them is no engine work."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from embedserve.api.multimodal import to_json
-from embedserve.api.routes import DETOKENIZE, TOKENIZE
+from embedserve.api.routes import DECODE, DETOKENIZE, TOKENIZE
+from embedserve.api.tei_similarity import DecodeRequest
 from embedserve.api.tokenize import DetokenizeRequest, TokenizeRequest
 from embedserve.gateway.jobs import WholeJob
 from embedserve.gateway.pipeline import GatewayRoute, Pipeline
@@ -39,5 +40,14 @@ class DetokenizeJob(WholeJob[DetokenizeRequest]):
         return [len(self.req.tokens)]
 
 
+class DecodeJob(WholeJob[DecodeRequest]):
+    def __init__(self, gw: Pipeline, req: DecodeRequest) -> None:
+        super().__init__(req, req.model, len(req.batch), "end")
+
+    def count(self) -> list[int]:
+        return [len(ids) for ids in self.req.batch]
+
+
 TOKENIZE_ROUTE = GatewayRoute(TOKENIZE, TokenizeJob)
+DECODE_ROUTE = GatewayRoute(DECODE, DecodeJob)
 DETOKENIZE_ROUTE = GatewayRoute(DETOKENIZE, DetokenizeJob)

@@ -14,9 +14,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from embedserve import __version__
 from embedserve.api.auth import bearer_check
 from embedserve.api.http import api_error_handler, http_error_handler
-from embedserve.api.openapi import Health, ModelCard, ModelList, error_responses, metrics_route
+from embedserve.api.openapi import Health, ModelCard, ModelList, Version, error_responses, metrics_route
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found
 from embedserve.api.tei import TeiInfo, model_type
@@ -66,6 +67,9 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
         return {"status": "alive", "phase": runtime.phase.value}
 
     @app.get("/health/ready", response_model=None, responses=_READY)
+    @app.get("/health", response_model=None, responses=_READY)  # TEI's and vLLM's
+    @app.get("/ping", response_model=None, responses=_READY)  # SageMaker's (GET or POST)
+    @app.post("/ping", response_model=None, responses=_READY)
     async def ready() -> JSONResponse:
         ok, reason = await runtime.readiness()
         return JSONResponse({"status": "ready" if ok else "not_ready", "detail": reason}, 200 if ok else 503)
@@ -74,8 +78,18 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/version", response_model=None, responses={200: {"model": Version}})
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
     @app.get(
         "/v1/models",
+        dependencies=[auth],
+        response_model=None,
+        responses={200: {"model": ModelList}, **error_responses(*keyed, 503)},
+    )
+    @app.get(  # Infinity's path
+        "/models",
         dependencies=[auth],
         response_model=None,
         responses={200: {"model": ModelList}, **error_responses(*keyed, 503)},

@@ -1,7 +1,8 @@
-"""`POST /tokenize` and `POST /detokenize` on the serving template: answered from the tokenizer
-alone (no admission, no engine work). The token ids come from the engine's own tokenization,
-the one `/v1/embeddings` bills by, so `count` is that route's `usage.prompt_tokens`; offsets
-and the special-token mask come from the same encoding of the text (api/tokenize.py)."""
+"""`POST /tokenize`, `POST /detokenize` and TEI's `POST /decode` on the serving template:
+answered from the tokenizer alone (no admission, no engine work). The token ids come from the
+engine's own tokenization, the one `/v1/embeddings` bills by, so `count` is that route's
+`usage.prompt_tokens`; offsets and the special-token mask come from the same encoding of the
+text (api/tokenize.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 
 from embedserve.api.multimodal import resolve_items
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import DETOKENIZE, TOKENIZE
+from embedserve.api.routes import DECODE, DETOKENIZE, TOKENIZE
+from embedserve.api.tei_similarity import DecodeRequest
 from embedserve.api.tokenize import DetokenizeRequest, TokenizeRequest, Tokens, tokenize_body
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
@@ -74,5 +76,24 @@ class DetokenizeJob(Job):
         return {"prompt": self.svc.engine.tokenizer.backend.decode(ids, skip_special_tokens=False)}
 
 
+class DecodeJob(Job):
+    computes = False
+
+    def __init__(self, svc: EmbeddingService, req: DecodeRequest) -> None:
+        super().__init__(req.model, len(req.batch))
+        self.svc = svc
+        self.req = req
+
+    def tokenize(self) -> list[Tokenized]:
+        check = self.svc.engine.tokenizer.check_ids
+        return [check(ids, _UNCUT, Truncate.ERROR) for ids in self.req.batch]
+
+    def body(self, done: Computed) -> list[str]:
+        decode = self.svc.engine.tokenizer.backend.decode
+        skip = self.req.skip_special_tokens
+        return [decode(t.token_ids, skip_special_tokens=skip) for t in done.tokenized]
+
+
 TOKENIZE_ROUTE = ServerRoute(TOKENIZE, TokenizeJob)
+DECODE_ROUTE = ServerRoute(DECODE, DecodeJob)
 DETOKENIZE_ROUTE = ServerRoute(DETOKENIZE, DetokenizeJob)
