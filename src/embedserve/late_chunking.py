@@ -20,6 +20,7 @@ chunk size in tokens.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Sequence
 
 from embedserve.errors import InvalidInputError
@@ -159,3 +160,11 @@ def _by_chars(
 def _chars_of(run: list[tuple[int, int]], offsets: list[tuple[int, int]], skip: int) -> tuple[int, int]:
     """The characters a run of content tokens covers in the document."""
     return max(offsets[run[0][0]][0] - skip, 0), offsets[run[-1][0]][1] - skip
+
+
+def every_token(tok: Tokenized) -> Tokenized:
+    """The input with one span per position: late chunking's MEAN pooling then gives each
+    token's final hidden state (TEI's /embed_all, vLLM's token_embed), prompt and special
+    tokens included."""
+    spans = tuple(ChunkSpan(i, (i, i + 1), (0, 0)) for i in range(len(tok.token_ids)))
+    return dataclasses.replace(tok, late=LateChunks(spans, SpanPooling.MEAN))

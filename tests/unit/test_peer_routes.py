@@ -145,3 +145,47 @@ def test_huggingface_hub_inference_client_on_the_base_url(
     assert [(x.label, round(x.score, 5)) for x in np.atleast_1d(labels)][:1] == [
         (want[0]["label"], round(want[0]["score"], 5))
     ]
+
+
+def _hidden_states(ids: list[int]) -> np.ndarray:
+    """transformers' last hidden states of one input (the independent reference)."""
+    import torch
+
+    from tests.helpers.reference import hf_model
+
+    with torch.inference_mode():
+        return hf_model(str(minilm_dir()))(input_ids=torch.tensor([ids])).last_hidden_state[0].numpy()
+
+
+@pytest.mark.parametrize("via", ["server", "gateway"])
+def test_embed_all_and_pooling_token_embed_are_every_tokens_hidden_state(
+    via: str, server: TestClient, gateway: TestClient
+) -> None:
+    client = server if via == "server" else gateway
+    texts = [SOURCE, SENTENCES[2]]
+    got = client.post("/embed_all", json={"inputs": texts})
+    assert got.status_code == 200, got.text
+    for text, rows in zip(texts, got.json(), strict=True):
+        ids = server.post("/tokenize", json={"prompt": text}).json()["tokens"]
+        want = _hidden_states(ids)
+        assert np.asarray(rows).shape == want.shape  # [CLS] and [SEP] rows included, as TEI's
+        np.testing.assert_allclose(rows, want, atol=2e-4)
+    pooled = client.post("/pooling", json={"input": texts, "task": "token_embed"})
+    assert pooled.status_code == 200, pooled.text
+    body = pooled.json()
+    assert [d["index"] for d in body["data"]] == [0, 1] and body["data"][0]["object"] == "pooling"
+    np.testing.assert_allclose(body["data"][1]["data"], got.json()[1], atol=1e-5)
+    assert body["usage"]["prompt_tokens"] == sum(len(r) for r in got.json())
+
+
+@pytest.mark.parametrize("via", ["server", "gateway"])
+def test_pooling_embed_is_the_embeddings_vector(via: str, server: TestClient, gateway: TestClient) -> None:
+    client = server if via == "server" else gateway
+    got = client.post("/pooling", json={"input": SENTENCES, "dimensions": 8})
+    assert got.status_code == 200, got.text
+    vectors = [d["data"] for d in got.json()["data"]]
+    np.testing.assert_allclose(vectors, _vectors(server, SENTENCES, dimensions=8), atol=1e-5)
+    bad = client.post("/pooling", json={"input": "x", "task": "token_embed", "normalize": True})
+    assert bad.status_code == 400 and "raw vector" in bad.json()["error"]["message"]
+    over = client.post("/embed_all", json={"inputs": "wing " * 400})
+    assert over.status_code == 400 and "truncate: true" in over.json()["error"]["message"]

@@ -70,6 +70,8 @@ def test_the_declarations() -> None:
         "detokenize",
         "similarity",
         "decode",
+        "embed_all",
+        "pooling",
     ]
     assert RERANK.paths == ("/v1/rerank", "/rerank", "/v2/rerank")
     assert {r.name: r.placement for r in ROUTES} == {
@@ -85,6 +87,8 @@ def test_the_declarations() -> None:
         "detokenize": "whole",
         "similarity": "split",
         "decode": "whole",
+        "embed_all": "whole",
+        "pooling": "whole",
     }
     assert len({p for _, p in DECLARED}) == len(DECLARED)  # no path declared twice
     for name, path in DECLARED:

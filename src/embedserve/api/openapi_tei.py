@@ -3,12 +3,14 @@ the route (TEI's `POST /`, vLLM's `POST /invocations`: api/dispatch.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import RootModel
+from pydantic import BaseModel, Field, RootModel
 
+from embedserve.api.openapi import Usage
 from embedserve.api.openapi_routes import inlined_schema, route_doc
 from embedserve.api.tei_similarity import DecodeRequest, SimilarityRequest
+from embedserve.api.token_outputs import EmbedAllRequest, PoolingRequest
 
 
 class Similarities(RootModel[list[float]]):
@@ -17,6 +19,25 @@ class Similarities(RootModel[list[float]]):
 
 class Texts(RootModel[list[str]]):
     """TEI's `/decode` answer: one text per id list."""
+
+
+class TokenVectors(RootModel[list[list[list[float]]]]):
+    """TEI's `/embed_all` answer: per input, each token's vector."""
+
+
+class PoolingItem(BaseModel):
+    index: int = Field(ge=0)
+    object: Literal["pooling"]
+    data: list[float] | list[list[float]] = Field(description="embed: the vector; token_embed: one per token")
+
+
+class PoolingResponse(BaseModel):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[PoolingItem]
+    usage: Usage
 
 
 class AnyAnswer(RootModel[Any]):
@@ -34,6 +55,18 @@ def decode_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /decode` (TEI's)."""
     request = inlined_schema(DecodeRequest, max_inputs, "ids")
     return route_doc("Token ids back to texts (TEI's API)", request, Texts, statuses)
+
+
+def embed_all_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of `POST /embed_all` (TEI's)."""
+    request = inlined_schema(EmbedAllRequest, max_inputs, "inputs")
+    return route_doc("Every token's vector (TEI's API)", request, TokenVectors, statuses)
+
+
+def pooling_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    """Keyword arguments of `POST /pooling` (vLLM's)."""
+    request = inlined_schema(PoolingRequest, max_inputs, "input")
+    return route_doc("Pooled or per-token vectors (vLLM's pooling API)", request, PoolingResponse, statuses)
 
 
 def dispatch_route(summary: str, requests: list[dict[str, Any]], statuses: tuple[int, ...]) -> dict[str, Any]:

@@ -16,6 +16,8 @@ holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serv
     detokenize     /detokenize                        any            whole
     similarity     /similarity (TEI's)                embed          split (as /v1/embeddings)
     decode         /decode (TEI's)                    any            whole
+    embed_all      /embed_all (TEI's: token vectors)  embed          whole
+    pooling        /pooling (vLLM's)                  embed          whole
 
 TEI's `POST /` and vLLM's `POST /invocations` are not routes of their own: their body (and the
 model's task) picks one of these (api/dispatch.py).
@@ -56,12 +58,13 @@ from embedserve.api.openapi_routes import (
     tei_embed_sparse_route,
     tokenize_route,
 )
-from embedserve.api.openapi_tei import decode_route, similarity_route
+from embedserve.api.openapi_tei import decode_route, embed_all_route, pooling_route, similarity_route
 from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, parse_body
 from embedserve.api.rerank import RerankRequest
 from embedserve.api.score import ScoreRequest
 from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, parse_rerank
 from embedserve.api.tei_similarity import DecodeRequest, SimilarityRequest
+from embedserve.api.token_outputs import EmbedAllRequest, PoolingRequest
 from embedserve.api.tokenize import DetokenizeRequest, TokenizeRequest
 
 Req = TypeVar("Req", bound=BaseModel)
@@ -205,6 +208,24 @@ DECODE: Route[DecodeRequest] = Route(
     doc=decode_route,
     answers=answers.texts_of_each,
 )
+EMBED_ALL: Route[EmbedAllRequest] = Route(
+    name="embed_all",
+    path="/embed_all",
+    parse=partial(parse_body, EmbedAllRequest),
+    tasks=("embed",),
+    placement="whole",
+    doc=embed_all_route,
+    answers=answers.one_vector_each,
+)
+POOLING: Route[PoolingRequest] = Route(
+    name="pooling",
+    path="/pooling",
+    parse=partial(parse_body, PoolingRequest),
+    tasks=("embed",),
+    placement="whole",
+    doc=pooling_route,
+    answers=answers.one_answer_each,
+)
 # A model's task is served first by the route listed first for it (`wrong_task` points there).
 ROUTES: tuple[Route[Any], ...] = (
     EMBEDDINGS,
@@ -219,6 +240,8 @@ ROUTES: tuple[Route[Any], ...] = (
     DETOKENIZE,
     SIMILARITY,
     DECODE,
+    EMBED_ALL,
+    POOLING,
 )
 
 _BY_PATH = {path: route for route in ROUTES for path in route.paths}

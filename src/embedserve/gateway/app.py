@@ -46,6 +46,7 @@ from embedserve.gateway.score import SCORE_ROUTE
 from embedserve.gateway.service import GatewayService
 from embedserve.gateway.tei import SIMILARITY_ROUTE, TEI_EMBED_ROUTE, TEI_EMBED_SPARSE_ROUTE
 from embedserve.gateway.tenants import Tenants
+from embedserve.gateway.token_routes import EMBED_ALL_ROUTE, POOLING_ROUTE
 from embedserve.gateway.tokenize import DECODE_ROUTE, DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ _BOUND: dict[str, GatewayRoute[Any]] = {
         DETOKENIZE_ROUTE,
         SIMILARITY_ROUTE,
         DECODE_ROUTE,
+        EMBED_ALL_ROUTE,
+        POOLING_ROUTE,
     )
 }
 # What an unknown path's 404 says the gateway routes.

@@ -24,6 +24,7 @@ from embedserve.server.runtime import ServerSettings
 from embedserve.server.score_routes import SCORE_ROUTE
 from embedserve.server.serving import EmbeddingService
 from embedserve.server.tei_routes import SIMILARITY_ROUTE, TEI_EMBED_ROUTE, TEI_EMBED_SPARSE_ROUTE
+from embedserve.server.token_routes import EMBED_ALL_ROUTE, POOLING_ROUTE
 from embedserve.server.tokenize_routes import DECODE_ROUTE, DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ _BOUND: dict[str, ServerRoute[Any]] = {
         DETOKENIZE_ROUTE,
         SIMILARITY_ROUTE,
         DECODE_ROUTE,
+        EMBED_ALL_ROUTE,
+        POOLING_ROUTE,
     )
 }
 Choose = Callable[[bytes, EmbeddingService], tuple[ServerRoute[Any], bytes]]
