@@ -189,3 +189,40 @@ def test_pooling_embed_is_the_embeddings_vector(via: str, server: TestClient, ga
     assert bad.status_code == 400 and "raw vector" in bad.json()["error"]["message"]
     over = client.post("/embed_all", json={"inputs": "wing " * 400})
     assert over.status_code == 400 and "truncate: true" in over.json()["error"]["message"]
+
+
+def test_openai_client_infinity_style_and_vllms_chat_embeddings(server: TestClient) -> None:
+    """The openai package unchanged: on the base URL as Infinity's docs call it (`/embeddings`),
+    on `/v1`, and vLLM's chat-embedding body through the client's own `post`."""
+    from openai import OpenAI
+
+    want = _vectors(server, SENTENCES)
+    model = server.get("/v1/models").json()["data"][0]["id"]
+    with threaded_server(server.app) as url:
+        for base in (url, f"{url}/v1"):
+            got = OpenAI(base_url=base, api_key="unused").embeddings.create(model=model, input=SENTENCES)
+            np.testing.assert_allclose([d.embedding for d in got.data], want, atol=1e-6)
+        chat = OpenAI(base_url=f"{url}/v1", api_key="unused").post(
+            "/embeddings",
+            cast_to=object,
+            body={
+                "model": model,
+                "messages": [{"role": "user", "content": SOURCE}],
+                "encoding_format": "float",
+            },
+        )
+    np.testing.assert_allclose(chat["data"][0]["embedding"], _vectors(server, [SOURCE])[0], atol=1e-6)  # type: ignore[index]
+
+
+def test_langchain_openai_embeddings_with_its_setting_for_other_servers(server: TestClient) -> None:
+    """LangChain's OpenAIEmbeddings, configured as its docs say for non-OpenAI servers."""
+    import langchain_openai
+
+    model = server.get("/v1/models").json()["data"][0]["id"]
+    with threaded_server(server.app) as url:
+        lc = langchain_openai.OpenAIEmbeddings(
+            model=model, base_url=f"{url}/v1", api_key="unused", check_embedding_ctx_length=False
+        )
+        docs, query = lc.embed_documents(SENTENCES), lc.embed_query(SOURCE)
+    np.testing.assert_allclose(docs, _vectors(server, SENTENCES), atol=1e-6)
+    np.testing.assert_allclose(query, _vectors(server, [SOURCE])[0], atol=1e-6)
