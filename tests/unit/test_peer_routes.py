@@ -226,3 +226,12 @@ def test_langchain_openai_embeddings_with_its_setting_for_other_servers(server: 
         docs, query = lc.embed_documents(SENTENCES), lc.embed_query(SOURCE)
     np.testing.assert_allclose(docs, _vectors(server, SENTENCES), atol=1e-6)
     np.testing.assert_allclose(query, _vectors(server, [SOURCE])[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("via", ["server", "gateway"])
+def test_a_405_names_every_method_of_the_path(via: str, server: TestClient, gateway: TestClient) -> None:
+    client = server if via == "server" else gateway
+    ping = client.put("/ping")  # GET and POST are separate routes at one path
+    assert ping.status_code == 405 and ping.headers["allow"] == "GET, POST", ping.headers
+    files = client.request("OPTIONS", "/v1/files/file-x")  # the batch API: GET and DELETE
+    assert files.status_code == 405 and files.headers["allow"] == "DELETE, GET", files.headers

@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from embedserve.api.protocol import ApiError, error_body
 
@@ -94,11 +95,23 @@ async def api_error_handler(_: Request, exc: ApiError) -> JSONResponse:
 async def http_error_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Routing errors (unknown path 404, wrong method 405) in the same error shape."""
     message = f"{exc.detail}: {request.method} {request.url.path[:200]}"
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:  # every method of the path, not only its first route's
+        headers["Allow"] = ", ".join(allowed_methods(request))
     return JSONResponse(
-        error_body(message, "invalid_request_error", exc.status_code),
-        exc.status_code,
-        headers=exc.headers,
+        error_body(message, "invalid_request_error", exc.status_code), exc.status_code, headers=headers
     )
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods some route of the app answers at the request's path (starlette's 405 names
+    the methods of the first route whose path matched only)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 async def answered(what: str, work: Callable[[], Awaitable[Response]]) -> Response:
