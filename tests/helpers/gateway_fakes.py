@@ -25,7 +25,7 @@ class FakeUpstream:
     """Answers like `embedserve serve`; `status` / `raises` / `error_type` / `delay` make it
     refuse, fail or wait; `inputs` and `headers` record the calls it got (texts or documents) on
     every POST route (`/v1/embeddings`, `/v2/embed`, `/v1/rerank`, `/classify`, `/predict`,
-    `/v1/score`, `/tokenize`, `/detokenize`)."""
+    `/v1/score`, `/tokenize`, `/detokenize`, `/similarity`, `/decode`, `/embed_all`, `/pooling`)."""
 
     def __init__(self, url: str, schema: str = SCHEMA) -> None:
         self.url = url
@@ -129,6 +129,33 @@ class FakeUpstream:
         self.inputs.append([str(len(sent["tokens"]))])
         return httpx.Response(200, json={"prompt": " ".join("w" for _ in sent["tokens"])}, headers=_TIMES)
 
+    def _similarity(self, sent: dict[str, Any]) -> httpx.Response:
+        """TEI's `/similarity`: each sentence's score is its length."""
+        sentences = sent["inputs"]["sentences"]
+        self.inputs.append(sentences)
+        return httpx.Response(200, json=[float(len(t)) for t in sentences], headers=_TIMES)
+
+    def _decode(self, sent: dict[str, Any]) -> httpx.Response:
+        """TEI's `/decode`: a word per id."""
+        self.inputs.append([str(len(ids)) for ids in sent["ids"]])
+        return httpx.Response(200, json=[" ".join("w" for _ in ids) for ids in sent["ids"]], headers=_TIMES)
+
+    def _embed_all(self, sent: dict[str, Any]) -> httpx.Response:
+        """TEI's `/embed_all`: a vector per word."""
+        texts = sent["inputs"]
+        self.inputs.append(texts)
+        return httpx.Response(200, json=[[[1.0, 2.0]] * len(t.split()) for t in texts], headers=_TIMES)
+
+    def _pooling(self, sent: dict[str, Any]) -> httpx.Response:
+        """vLLM's `/pooling` (embed): each vector as `/v1/embeddings` makes it."""
+        texts = sent["input"]
+        self.inputs.append(texts)
+        data = [
+            {"index": i, "object": "pooling", "data": [len(t), float(self.url[-1])]}
+            for i, t in enumerate(texts)
+        ]
+        return self._answered({"object": "list", "data": data, "usage": {}})
+
     def _answered(self, body: dict[str, Any]) -> httpx.Response:
         meta = {"model": "tiny", "model_version": "v1", "dtype": "float32", "backend_profile": "cpu-fp32"}
         return httpx.Response(200, json={**body, "embedding_schema": self.schema, **meta}, headers=_TIMES)
@@ -141,6 +168,10 @@ _OTHERS = {
     "/v1/score": FakeUpstream._score,
     "/tokenize": FakeUpstream._tokenize,
     "/detokenize": FakeUpstream._detokenize,
+    "/similarity": FakeUpstream._similarity,
+    "/decode": FakeUpstream._decode,
+    "/embed_all": FakeUpstream._embed_all,
+    "/pooling": FakeUpstream._pooling,
 }
 
 

@@ -37,6 +37,7 @@ class Case:
     vectors: Callable[[Any], list[Any]] | None = None  # a split route's answers, in input order
     whole: Callable[[Any, list[str]], bool] | None = None  # a whole route's answer to these texts
     many: bool = True  # takes several inputs (the per-request input limit applies)
+    inputs: Callable[[list[str]], int] = len  # the inputs a request with these texts holds
 
 
 def _n_words(texts: list[str]) -> int:
@@ -86,6 +87,27 @@ CASES = {
         None,
         whole=lambda b, texts: len(b["prompt"].split()) == _n_words(texts),
         many=False,
+    ),
+    "similarity": Case(
+        lambda texts: {"inputs": {"source_sentence": "q", "sentences": texts}},
+        {"truncate": False},
+        whole=lambda b, texts: b == [float(len(t)) for t in texts],
+        inputs=lambda texts: len(texts) + 1,  # the source sentence is embedded too
+    ),
+    "decode": Case(
+        lambda texts: {"ids": [[7] * len(t.split()) for t in texts]},
+        None,
+        whole=lambda b, texts: [len(s.split()) for s in b] == [len(t.split()) for t in texts],
+    ),
+    "embed_all": Case(
+        lambda texts: {"inputs": texts},
+        {"truncate": False},
+        whole=lambda b, texts: [len(rows) for rows in b] == [len(t.split()) for t in texts],
+    ),
+    "pooling": Case(
+        lambda texts: {"input": texts},
+        {"truncate": "error"},
+        whole=lambda b, texts: [d["data"][0] for d in b["data"]] == [len(t) for t in texts],
     ),
 }
 ON_EVERY_ROUTE = pytest.mark.parametrize("route", ROUTES, ids=[r.name for r in ROUTES])
@@ -188,7 +210,7 @@ def test_refusals_before_any_upstream_call(counters: dict[str, TokenCounter], ro
             counters,
             route,
             ["x"] * 5,
-            check(400, "5 inputs in one request; the limit is 4"),
+            check(400, f"{case.inputs(['x'] * 5)} inputs in one request; the limit is 4"),
             max_inputs_per_request=4,
         )
     if case.refuse_too_long is not None:
@@ -209,7 +231,7 @@ def test_placed_by_the_routes_placement(counters: dict[str, TokenCounter], route
     def check(resp: httpx.Response, service: GatewayService, fakes: Fakes) -> None:
         assert resp.status_code == 200, resp.text
         body = resp.json()
-        assert route.answers(body, len(texts)) and "x-total-time" in resp.headers
+        assert route.answers(body, CASES[route.name].inputs(texts)) and "x-total-time" in resp.headers
         assert resp.headers["x-queue-time"] == "1.50"
         assert _metric(service, "requests", traffic_class="online", status="200") == 1
         vectors = CASES[route.name].vectors

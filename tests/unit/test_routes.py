@@ -85,7 +85,7 @@ def test_the_declarations() -> None:
         "tei_embed_sparse": "split",
         "tokenize": "whole",
         "detokenize": "whole",
-        "similarity": "split",
+        "similarity": "whole",
         "decode": "whole",
         "embed_all": "whole",
         "pooling": "whole",

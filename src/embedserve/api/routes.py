@@ -14,7 +14,7 @@ holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serv
     tei_embed_sparse /embed_sparse (SPLADE)           embed          split (as /v1/embeddings)
     tokenize       /tokenize                          any            whole
     detokenize     /detokenize                        any            whole
-    similarity     /similarity (TEI's)                embed          split (as /v1/embeddings)
+    similarity     /similarity (TEI's)                embed          whole
     decode         /decode (TEI's)                    any            whole
     embed_all      /embed_all (TEI's: token vectors)  embed          whole
     pooling        /pooling (vLLM's)                  embed          whole
@@ -195,7 +195,7 @@ SIMILARITY: Route[SimilarityRequest] = Route(
     path="/similarity",
     parse=partial(parse_body, SimilarityRequest),
     tasks=("embed",),
-    placement="split",
+    placement="whole",
     doc=similarity_route,
     answers=answers.one_score_each_sentence,
 )

@@ -1,7 +1,7 @@
-"""TEI's `POST /embed`, `/embed_sparse` (the same with a SPLADE model's sparse vectors) and
-`/similarity` through the gateway: the work of `/v1/embeddings` (split per input, parts sent to
-the pools' `/v1/embeddings`, so the embedding-schema check and the count check apply), answered
-as TEI does: the vectors in input order, or each sentence's cosine to the source sentence."""
+"""TEI's `POST /embed` and `/embed_sparse` (the same with a SPLADE model's sparse vectors) through
+the gateway: the work of `/v1/embeddings` (split per input, parts sent to the pools'
+`/v1/embeddings`, so the embedding-schema check and the count check apply), answered as TEI does:
+the vectors in input order. `/similarity` goes whole to the pool of its longest sentence."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from embedserve.api.routes import EMBEDDINGS, SIMILARITY, TEI_EMBED, TEI_EMBED_SPARSE
-from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, embed_vectors, sparse_vectors
-from embedserve.api.tei_similarity import SimilarityRequest, similarities
+from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, embed_vectors, policy, sparse_vectors
+from embedserve.api.tei_similarity import SimilarityRequest
 from embedserve.errors import TEI_REMEDY
 from embedserve.gateway.embeddings import EmbeddingsJob
 from embedserve.gateway.forward import PartResult
+from embedserve.gateway.jobs import WholeJob
 from embedserve.gateway.pipeline import GatewayRoute, Pipeline
 
 
@@ -41,14 +42,19 @@ class TeiEmbedSparseJob(TeiJob):
         return sparse_vectors(super().body(results, counts, name))
 
 
-class SimilarityJob(TeiJob):
+class SimilarityJob(WholeJob[SimilarityRequest]):
     def __init__(self, gw: Pipeline, req: SimilarityRequest) -> None:
-        super().__init__(gw, req.to_embedding_request())
+        super().__init__(req, req.model, len(req.texts), policy(req.truncate, req.truncation_direction))
+        self.counter = gw.counter
 
-    def body(self, results: Sequence[PartResult], counts: Sequence[int], name: str | None) -> Any:
-        return similarities(super().body(results, counts, name))
+    @property
+    def truncate_remedy(self) -> str:
+        return TEI_REMEDY
+
+    def count(self) -> list[int]:
+        return self.counter.count(self.req.texts, self.counter.resolve_prompt(self.req.prompt_name, None))
 
 
 TEI_EMBED_ROUTE = GatewayRoute(TEI_EMBED, TeiEmbedJob, upstream=EMBEDDINGS)
-SIMILARITY_ROUTE = GatewayRoute(SIMILARITY, SimilarityJob, upstream=EMBEDDINGS)
+SIMILARITY_ROUTE = GatewayRoute(SIMILARITY, SimilarityJob)
 TEI_EMBED_SPARSE_ROUTE = GatewayRoute(TEI_EMBED_SPARSE, TeiEmbedSparseJob, upstream=EMBEDDINGS)
