@@ -15,6 +15,7 @@ from typing import Any, Generic
 
 from embedserve.api.routes import Req
 from embedserve.errors import API_REMEDY
+from embedserve.gateway.counting import TokenCounter
 from embedserve.gateway.forward import PartResult
 
 
@@ -64,3 +65,30 @@ class WholeJob(Job[Req]):
         if isinstance(body, dict) and "model" in body and name is not None:
             return {**body, "model": name}  # the model as the gateway's clients know it
         return body
+
+
+class TextsJob(WholeJob[Req]):
+    """A whole request of texts under one prompt (`prompt_name`), counted as the pool counts
+    them: the prompt and special tokens included. `remedy`: its body's truncate hint."""
+
+    def __init__(
+        self,
+        req: Req,
+        counter: TokenCounter,
+        texts: list[str],
+        prompt_name: str | None,
+        truncate: str,
+        remedy: str = API_REMEDY,
+    ) -> None:
+        super().__init__(req, getattr(req, "model", None), len(texts), truncate)
+        self.counter = counter
+        self.texts = texts
+        self.prompt_name = prompt_name
+        self.remedy = remedy
+
+    @property
+    def truncate_remedy(self) -> str:
+        return self.remedy
+
+    def count(self) -> list[int]:
+        return self.counter.count(self.texts, self.counter.resolve_prompt(self.prompt_name, None))

@@ -14,7 +14,7 @@ from embedserve.api.tei_similarity import SimilarityRequest
 from embedserve.errors import TEI_REMEDY
 from embedserve.gateway.embeddings import EmbeddingsJob
 from embedserve.gateway.forward import PartResult
-from embedserve.gateway.jobs import WholeJob
+from embedserve.gateway.jobs import TextsJob
 from embedserve.gateway.pipeline import GatewayRoute, Pipeline
 
 
@@ -42,17 +42,10 @@ class TeiEmbedSparseJob(TeiJob):
         return sparse_vectors(super().body(results, counts, name))
 
 
-class SimilarityJob(WholeJob[SimilarityRequest]):
+class SimilarityJob(TextsJob[SimilarityRequest]):
     def __init__(self, gw: Pipeline, req: SimilarityRequest) -> None:
-        super().__init__(req, req.model, len(req.texts), policy(req.truncate, req.truncation_direction))
-        self.counter = gw.counter
-
-    @property
-    def truncate_remedy(self) -> str:
-        return TEI_REMEDY
-
-    def count(self) -> list[int]:
-        return self.counter.count(self.req.texts, self.counter.resolve_prompt(self.req.prompt_name, None))
+        direction = policy(req.truncate, req.truncation_direction)
+        super().__init__(req, gw.counter, req.texts, req.prompt_name, direction, TEI_REMEDY)
 
 
 TEI_EMBED_ROUTE = GatewayRoute(TEI_EMBED, TeiEmbedJob, upstream=EMBEDDINGS)
