@@ -16,9 +16,9 @@ import asyncio
 import os
 import shutil
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
@@ -44,6 +44,15 @@ from embedserve.batch.store import Record, new_id, owner_of, public
 POST_PATHS = ("/v1/files", "/v1/batches", "/v1/batches/{batch_id}/cancel")
 OFF = "the batch API is off: start with --batch-dir DIR to enable /v1/files and /v1/batches"
 _LIST_MAX = 100
+
+
+def _limit_schema(schema: dict[str, Any]) -> None:
+    """`limit` as the API takes it; read as text so a bad value gets this API's 400."""
+    schema.clear()
+    schema.update(type="integer", minimum=1, maximum=_LIST_MAX, default=20, title="Limit")
+
+
+_Limit = Annotated[str | int, Query(json_schema_extra=_limit_schema)]
 
 
 class BatchRequest(BaseModel):
@@ -150,7 +159,8 @@ def add_batch_routes(
         )
 
     @app.get("/v1/batches", **doc(BatchList, 400))
-    async def batches(request: Request, after: str | None = None, limit: str = "20") -> Record:
+    async def batches(request: Request, after: str | None = None, limit: _Limit = 20) -> Record:
+        limit = str(limit)
         size = int(limit) if limit.isascii() and limit.isdigit() and len(limit) < 6 else 0
         if not 1 <= size <= _LIST_MAX:
             raise ApiError(400, f"limit must be an integer in 1..{_LIST_MAX}, got {limit[:20]!r}")
