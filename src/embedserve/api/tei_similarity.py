@@ -14,7 +14,7 @@ huggingface_hub's InferenceClient, given a server's base URL, POSTs every task t
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -72,12 +72,9 @@ class DecodeRequest(BaseModel):
     @property
     def batch(self) -> list[list[int]]:
         """One id list per text to decode."""
-        out: list[list[int]] = []
-        for x in self.ids:
-            if isinstance(x, int):
-                return [[i for i in self.ids if isinstance(i, int)]]
-            out.append(x)
-        return out
+        if isinstance(self.ids[0], int):
+            return [cast(list[int], self.ids)]
+        return cast(list[list[int]], self.ids)
 
 
 def hub_body(body: bytes) -> tuple[Any, bytes]:

@@ -14,14 +14,12 @@ The token vectors come from late chunking's pooling with one span per position
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from embedserve.api.protocol import EmbeddingRequest
+from embedserve.api.protocol import EmbeddingRequest, listed
 from embedserve.api.tei import Direction, policy
 
 Texts = str | Annotated[list[str], Field(min_length=1)]
@@ -81,11 +79,5 @@ def token_vectors(rows: list[np.ndarray]) -> list[list[list[float]]]:
 
 def pooling_body(model: str, data: list[Any], n_tokens: int) -> dict[str, Any]:
     """vLLM's `/pooling` answer: one item per input, in input order."""
-    return {
-        "id": f"pool-{uuid.uuid4().hex}",
-        "object": "list",
-        "created": int(time.time()),
-        "model": model,
-        "data": [{"index": i, "object": "pooling", "data": d} for i, d in enumerate(data)],
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-    }
+    items = [{"index": i, "object": "pooling", "data": d} for i, d in enumerate(data)]
+    return listed("pool", items, n_tokens, {"model": model})
