@@ -214,3 +214,28 @@ def test_random_batches_and_budgets_give_the_same_bytes(
     ) as engine:
         got = _bytes(engine.embed([OTHERS[i] for i in picks] + probe))[len(picks) :]
     assert got == want
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_bytes_do_not_move_with_the_thread_count(dtype: torch.dtype) -> None:
+    """Deterministic mode's final pieces of 1-3 queries after 256+ cached keys: PyTorch's flash
+    kernel splits their keys over its threads (a vector embedded in a process whose thread count
+    another component changed came out other bytes); the invariant route does not."""
+    from embedserve.attention.cpu import causal_attention
+    from embedserve.kernels import flash_attention as native_flash
+
+    if not native_flash.available(dtype):
+        pytest.skip(f"no native flash kernel for {dtype} here: the route falls back to PyTorch's")
+    gen = torch.Generator().manual_seed(0)
+    before = torch.get_num_threads()
+    try:
+        for n, start in [(1, 256), (1, 2048), (2, 256), (3, 512), (15, 256)]:
+            q = torch.randn(n, 4, 32, generator=gen).to(dtype)
+            k, v = (torch.randn(2, start + n, 32, generator=gen).to(dtype) for _ in range(2))
+            outs = []
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                outs.append(causal_attention(q, k, v, 0.25, invariant=True).view(torch.uint8))
+            assert all(torch.equal(outs[0], o) for o in outs[1:]), (n, start)
+    finally:
+        torch.set_num_threads(before)

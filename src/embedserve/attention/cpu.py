@@ -9,6 +9,11 @@ Which kernel takes a chunk is a pure choice (`cpu_route`) from its shape and dty
     fp32 otherwise                                                   -> PyTorch flash, the
                                                   cached prefix and the chunk merged by LSE
 
+Deterministic mode (`invariant`) sends every chunk with cached context that the native kernel
+takes to it, whatever its rows: PyTorch's flash kernel splits a few queries' keys over the
+threads it has, so their bytes would move with the thread count (fp32: 1 to 3 queries after
+256+ keys), while the native kernel reduces each query's keys inside one task.
+
 The numbers behind each threshold are in docs/performance.md ("CPU attention routes").
 """
 
@@ -42,14 +47,17 @@ class CpuRoute(str, enum.Enum):
 NATIVE_MIN_ROWS = {torch.float32: 16, torch.bfloat16: 64}
 
 
-def cpu_route(n: int, kv: int, dtype: torch.dtype, head_dim: int, native: bool) -> CpuRoute:
+def cpu_route(
+    n: int, kv: int, dtype: torch.dtype, head_dim: int, native: bool, invariant: bool = False
+) -> CpuRoute:
     """The route for n queries over kv keys (kv - n cached before them); `native`: the native
-    kernel built and passed its self-check in `dtype`."""
+    kernel built and passed its self-check in `dtype`; `invariant`: bytes that do not depend on
+    the thread count (deterministic mode)."""
     if kv == n and n < SDPA_WHOLE_BELOW:
         return CpuRoute.PYTORCH
     least = NATIVE_MIN_ROWS.get(dtype)
     paired = dtype != torch.bfloat16 or head_dim % 2 == 0  # bf16 brgemm pairs head_dim
-    if native and least is not None and n >= least and paired:
+    if native and least is not None and (n >= least or invariant) and paired:
         return CpuRoute.NATIVE
     return CpuRoute.BF16_GEMM if dtype == torch.bfloat16 else CpuRoute.PYTORCH
 
@@ -114,14 +122,16 @@ def causal_attention(
     scale: float,
     route: CpuRoute | None = None,
     out: torch.Tensor | None = None,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """One sequence's chunk: q [n, heads, d] at positions kv-n .. kv-1; keys, values
     [kv_heads, kv, d] (head-major: each head's keys one contiguous run when the caller keeps
     them so), every key up to the chunk's last position. Returns [n, heads * d], written into
     `out` where given (the native kernel writes there directly; other routes copy).
-    `route`: force a route (benchmarks, tests); by default `cpu_route` picks it.
+    `route`: force a route (benchmarks, tests); by default `cpu_route` picks it (`invariant`: see
+    there).
     """
-    o = _causal_attention(q, keys, values, scale, route, out)
+    o = _causal_attention(q, keys, values, scale, route, out, invariant)
     if out is None or o is out:
         return o
     return out.copy_(o)
@@ -134,6 +144,7 @@ def _causal_attention(
     scale: float,
     route: CpuRoute | None,
     out: torch.Tensor | None,
+    invariant: bool = False,
 ) -> torch.Tensor:
     n, kv = q.shape[0], keys.shape[1]
     start = kv - n
@@ -148,7 +159,7 @@ def _causal_attention(
     cpu = q.device.type == "cpu"
     if route is None:
         native = cpu and q.dtype in NATIVE_MIN_ROWS and native_flash.available(q.dtype)
-        route = cpu_route(n, kv, q.dtype, q.shape[2], native) if cpu else CpuRoute.PYTORCH
+        route = cpu_route(n, kv, q.dtype, q.shape[2], native, invariant) if cpu else CpuRoute.PYTORCH
     if route is CpuRoute.NATIVE:
         direct = out is not None and native_flash.takes_out(q, out)
         return native_flash.flash_attention(q, keys, values, scale, out if direct else None)
@@ -209,12 +220,12 @@ def paged_attention(
             out[rows] = o.squeeze(0).transpose(0, 1).flatten(1)
         elif s.kv_slots is None:
             keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
-            causal_attention(q[rows], keys, values, scale, route, out[rows])
+            causal_attention(q[rows], keys, values, scale, route, out[rows], meta.deterministic)
         else:  # the cache already holds this chunk's K/V (written above) after its context
             assert kv_cache is not None, "a chunk with cached context needs the KV cache"
             keys = kv_cache[0].index_select(0, s.kv_slots).transpose(0, 1)
             values = kv_cache[1].index_select(0, s.kv_slots).transpose(0, 1)
-            causal_attention(q[rows], keys, values, scale, route, out[rows])
+            causal_attention(q[rows], keys, values, scale, route, out[rows], meta.deterministic)
     return out
 
 

@@ -45,6 +45,7 @@ class AttentionMetadata:
     seqs: list[SeqSpan]
     slot_mapping: torch.Tensor | None  # [num_tokens] flat slots to write new K/V; None: no cache
     causal: bool = True
+    deterministic: bool = False  # attention bytes independent of the thread count (attention/cpu.py)
 
 
 # (q [T, heads, d], k [T, kv_heads, d], v, kv_cache [2, slots, kv_heads, d] | None, meta, scale)

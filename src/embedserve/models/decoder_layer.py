@@ -142,7 +142,11 @@ class Attention(nn.Module):
         start = end - q.shape[0]
         parts = [
             causal_attention(
-                q[p0 - start : p0 - start + m], kv[0, :, : p0 + m], kv[1, :, : p0 + m], self.scale
+                q[p0 - start : p0 - start + m],
+                kv[0, :, : p0 + m],
+                kv[1, :, : p0 + m],
+                self.scale,
+                invariant=deterministic_chunk is not None,
             )
             for p0, m in pieces(start, q.shape[0], deterministic_chunk)
         ]

@@ -102,10 +102,12 @@ class TensorParallelRunner(ModelRunner):
             child.close()
             self.workers.append(_Worker(rank, proc, parent))
         self._stop_watch = threading.Event()
-        # Also run when the runner is dropped (an engine whose build failed later) or at exit.
-        self._finalizer = weakref.finalize(self, _stop, self.workers, self._stop_watch)
+        # Also run when the runner is dropped (an engine whose build failed later) or at exit;
+        # it gives the process back its thread count (rank 0 runs in the driver's process).
+        threads = torch.get_num_threads()
+        self._finalizer = weakref.finalize(self, _stop, self.workers, self._stop_watch, threads)
         try:
-            torch.set_num_threads(spec.threads)  # the driver's process is rank 0
+            torch.set_num_threads(spec.threads)
             model, self.group, own_bytes = build_rank(_with(spec, 0, port))
             self.rank_weight_bytes = [own_bytes, *(self._loaded(w) for w in self.workers)]
             self.group.connect(port)
@@ -178,8 +180,9 @@ class TensorParallelRunner(ModelRunner):
         return [w.process.pid or 0 for w in self.workers]
 
 
-def _stop(workers: list[_Worker], stop_watch: threading.Event) -> None:
+def _stop(workers: list[_Worker], stop_watch: threading.Event, threads: int) -> None:
     stop_watch.set()
+    torch.set_num_threads(threads)
     for w in workers:
         with contextlib.suppress(OSError):
             w.conn.send_bytes(pickle.dumps(None))

@@ -83,7 +83,9 @@ def build_step_inputs(
     return StepInputs(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.from_numpy(np.concatenate(pos_parts)).to(device),
-        meta=AttentionMetadata(seqs=seqs, slot_mapping=slot_mapping, causal=causal),
+        meta=AttentionMetadata(
+            seqs=seqs, slot_mapping=slot_mapping, causal=causal, deterministic=deterministic_chunk is not None
+        ),
         output_rows=torch.from_numpy(np.concatenate(rows)).to(device),
         pooled=pooled,
         token_type_ids=types,
