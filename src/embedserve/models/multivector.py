@@ -28,8 +28,8 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import ModelLoadError
+from embedserve.models.dense_files import dense_state
 from embedserve.models.st_dense import TOKENS, input_name, module_config, read_json
-from embedserve.pooling.dense import dense_state
 
 BGE_M3_FILE = "colbert_linear.pt"
 MULTIVECTOR_MODULES = ("Dense", "MultiVectorMask")
