@@ -13,19 +13,29 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, WithJsonSchema, model_validator
 
-from embedserve.api.protocol import listed
+from embedserve.api.protocol import TEXT_SCHEMA, Texts, listed
 from embedserve.api.tei import Direction, policy
 from embedserve.errors import API_REMEDY, TEI_REMEDY
 
 Input = str | tuple[str, str]  # a text, or a (text, text_pair) pair
+# TEI's `/predict` inputs as `_shape` reads them: a text, one (text, text_pair) pair, or a batch
+# of texts and pairs
+_PAIR = {"type": "array", "items": TEXT_SCHEMA, "minItems": 1, "maxItems": 2}
+_PREDICT_INPUTS = {
+    "anyOf": [
+        TEXT_SCHEMA,
+        {"type": "array", "items": TEXT_SCHEMA, "minItems": 2, "maxItems": 2},
+        {"type": "array", "items": _PAIR, "minItems": 1},
+    ]
+}
 
 
 class ClassifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    input: str | Annotated[list[str], Field(min_length=1)]
+    input: Texts
     model: str | None = None
     truncate: Literal["error", "end", "start"] = "error"
     raw_scores: bool = False
@@ -46,7 +56,7 @@ class ClassifyRequest(BaseModel):
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    inputs: str | list[str] | list[list[str]]
+    inputs: Annotated[str | list[str] | list[list[str]], WithJsonSchema(_PREDICT_INPUTS)]
     model: str | None = None
     raw_scores: bool = False
     truncate: bool | None = False

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from embedserve.api.protocol import EmbeddingRequest
+from embedserve.api.protocol import EmbeddingRequest, Text
 from embedserve.api.quantize import Calibration, quantize, to_base64
 from embedserve.api.sparse import sparse_item
 
@@ -51,7 +51,7 @@ def _float_only() -> list[CohereType]:
 class CohereEmbedRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    texts: list[str] = Field(min_length=1)
+    texts: list[Text] = Field(min_length=1)
     model: str | None = None
     input_type: InputType | None = None
     embedding_types: list[CohereType] = Field(default_factory=_float_only, min_length=1)

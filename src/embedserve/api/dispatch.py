@@ -33,11 +33,22 @@ class Dispatch:
     path: str
     pick: Callable[[bytes, str], Picked]  # (body, the served model's task) -> the route, its body
     summary: str
-    candidates: tuple[Route[Any], ...]  # the routes it may pick: its `/openapi.json` body
+    # the routes it may pick for a model of each task: its `/openapi.json` body lists their bodies
+    by_task: dict[str, tuple[Route[Any], ...]]
 
-    def doc(self, max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
+    def routes(self, tasks: frozenset[str] | None = None) -> tuple[Route[Any], ...]:
+        """The routes it picks for models of `tasks` (default: any), each once, in order."""
+        picked = [
+            r for task, routes in self.by_task.items() if tasks is None or task in tasks for r in routes
+        ]
+        return tuple(dict.fromkeys(picked))
+
+    def doc(
+        self, max_inputs: int, statuses: tuple[int, ...], candidates: tuple[Route[Any], ...] | None = None
+    ) -> dict[str, Any]:
+        """`candidates`: the routes a served model's bodies go to (default: every one it picks)."""
         requests: list[dict[str, Any]] = []
-        for route in self.candidates:
+        for route in self.routes() if candidates is None else candidates:
             schema = route.doc(max_inputs, statuses)["openapi_extra"]["requestBody"]["content"]
             body = schema["application/json"]["schema"]
             requests += body.get("anyOf", [body])
@@ -76,13 +87,13 @@ TEI_ROOT = Dispatch(
     path="/",
     pick=_tei_root,
     summary="TEI's base route: /embed, /similarity, /rerank or /predict by the model's kind",
-    candidates=(TEI_EMBED, SIMILARITY, RERANK, PREDICT),
+    by_task={"embed": (TEI_EMBED, SIMILARITY), "rerank": (RERANK,), "classify": (PREDICT,)},
 )
 INVOCATIONS = Dispatch(
     name="invocations",
     path="/invocations",
     pick=_invocations,
     summary="SageMaker's route (vLLM's): embeddings, classify, rerank or score by the body",
-    candidates=(EMBEDDINGS, CLASSIFY, RERANK, SCORE),
+    by_task={"embed": (EMBEDDINGS, SCORE), "rerank": (CLASSIFY, RERANK, SCORE), "classify": (CLASSIFY,)},
 )
 DISPATCHES: tuple[Dispatch, ...] = (TEI_ROOT, INVOCATIONS)

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from embedserve.api.openapi_multimodal import multimodal_inputs, with_messages
-from embedserve.api.protocol import EmbeddingRequest
+from embedserve.api.openapi_rules import LATE_CHUNKING, ONE_PROMPT, OPTIONS_NEED, SPANS
+from embedserve.api.protocol import TOKEN_ID_SCHEMA, EmbeddingRequest
 
 PROMETHEUS_TEXT = "text/plain"
 DEADLINE_NOTE = (
@@ -109,6 +110,10 @@ class ModelCard(BaseModel):
     pooling: str | None = None
     normalize: bool | None = None
     prompt_names: list[str] | None = None
+    vocab_size: int | None = Field(default=None, description="token ids are below it")
+    outputs: list[str] | None = Field(
+        default=None, description="what the model emits: dense, sparse, multivector; images: it reads them"
+    )
     multivector_dimensions: int | None = Field(
         default=None, description="a multi-vector model's vector width"
     )
@@ -172,7 +177,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _ids(min_items: int) -> dict[str, Any]:
-    return {"type": "array", "minItems": min_items, "items": {"type": "integer", "minimum": 0}}
+    return {"type": "array", "minItems": min_items, "items": TOKEN_ID_SCHEMA}
 
 
 def input_schema(max_inputs: int) -> dict[str, Any]:
@@ -200,6 +205,9 @@ def request_schema(max_inputs: int) -> dict[str, Any]:
     schema["properties"]["dimensions"]["description"] = "Matryoshka: keep the first N values (at most the "
     "model's hidden size), then normalize"
     schema["properties"]["user"]["description"] = "accepted and ignored (OpenAI compatibility)"
+    schema["properties"]["chunk_spans"]["anyOf"][0] = {**SPANS, "maxItems": max_inputs}  # a chunk: an input
+    schema["dependentSchemas"] = OPTIONS_NEED
+    schema["allOf"] = [LATE_CHUNKING, ONE_PROMPT]
     return with_messages(schema)
 
 

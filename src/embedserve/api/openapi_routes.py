@@ -14,6 +14,9 @@ from pydantic import BaseModel, Field, RootModel
 from embedserve.api.classify import ClassifyRequest, PredictRequest
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.openapi import DEADLINE_NOTE, Usage, error_responses
+from embedserve.api.openapi_multimodal import CONTENT, ITEM
+from embedserve.api.openapi_rules import ONE_PROMPT
+from embedserve.api.protocol import TEXT_SCHEMA
 from embedserve.api.rerank import RerankRequest
 from embedserve.api.score import ScoreRequest
 from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, TeiRerankRequest
@@ -183,6 +186,12 @@ def rerank_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
 def score_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /v1/score` (vLLM's score API)."""
     request = inlined_schema(ScoreRequest, max_inputs, "text_2")
+    request["allOf"] = [ONE_PROMPT]
+    # text_1 and text_2 count together against the limit; N:N needs equal lengths (not JSON Schema's to say)
+    for field, most in (("text_1", max(max_inputs // 2, 1)), ("text_2", max(max_inputs - 1, 1))):
+        for shape in request["properties"][field]["anyOf"]:
+            if shape.get("type") == "array":
+                shape["maxItems"] = most
     return route_doc("Score text pairs (1:1, 1:N, N:N)", request, ScoreResponse, statuses)
 
 
@@ -201,6 +210,16 @@ def tei_embed_sparse_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[s
 def tokenize_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /tokenize` (vLLM's body, or TEI's with `inputs`)."""
     request = inlined_schema(TokenizeRequest, max_inputs, "inputs")
+    # `input`: one embeddings input (a text, a content item or its parts); exactly one source given
+    request["properties"]["input"] = {"anyOf": [TEXT_SCHEMA, ITEM, CONTENT["anyOf"][1], {"type": "null"}]}
+    given = ("prompt", "input", "inputs")
+    request["oneOf"] = [{"required": [k], "properties": {k: {"not": {"type": "null"}}}} for k in given]
+    # without special tokens: texts only (a multimodal model's /openapi.json says never)
+    request["if"] = {
+        "required": ["add_special_tokens"],
+        "properties": {"add_special_tokens": {"const": False}},
+    }
+    request["then"] = {"properties": {"input": {"anyOf": [TEXT_SCHEMA, {"type": "null"}]}}}
     return route_doc(
         "Tokenize as the embedding routes count (vLLM's or TEI's body)", request, TokenizeAnswer, statuses
     )

@@ -53,7 +53,8 @@ def similarity_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, An
 
 def decode_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /decode` (TEI's)."""
-    request = inlined_schema(DecodeRequest, max_inputs, "ids")
+    request = inlined_schema(DecodeRequest, max_inputs, None)
+    request["properties"]["ids"]["anyOf"][1]["maxItems"] = max_inputs  # id lists; one list is one input
     return route_doc("Token ids back to texts (TEI's API)", request, Texts, statuses)
 
 
@@ -66,6 +67,9 @@ def embed_all_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any
 def pooling_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /pooling` (vLLM's)."""
     request = inlined_schema(PoolingRequest, max_inputs, "input")
+    # token_embed answers raw token vectors: no Matryoshka width, no normalization
+    request["if"] = {"required": ["task"], "properties": {"task": {"const": "token_embed"}}}
+    request["then"] = {"properties": {"dimensions": {"type": "null"}, "normalize": {"enum": [False, None]}}}
     return route_doc("Pooled or per-token vectors (vLLM's pooling API)", request, PoolingResponse, statuses)
 
 

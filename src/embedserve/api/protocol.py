@@ -7,12 +7,21 @@ body can be wrong maps to one clear status: bad JSON -> 400, wrong shape/type ->
 from __future__ import annotations
 
 import base64
+import json
 import time
 import uuid
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from embedserve.api.multimodal import Item, is_multimodal_item, messages_to_input, parse_item
 from embedserve.api.quantize import EmbeddingType
@@ -23,6 +32,21 @@ from embedserve.api.quantize import EmbeddingType
 EmbeddingInput = str | list[str] | list[list[int]] | list[Item]
 
 _INPUT_SHAPES = "a string, a list of strings, a list of token ids or a list of token-id lists"
+
+# A text the tokenizer reads: `/openapi.json` says it is never empty (the tokenizer refuses "" with
+# a 400 naming the input: that check, not the parser's, answers it). Texts: one, or a list of
+# them the parser refuses empty; TextOrList: the same document, the route's validator answers.
+TEXT_SCHEMA = {"type": "string", "minLength": 1}
+# A token id: a served model's `/openapi.json` caps it below its vocabulary (api/openapi_contract.py);
+# the tokenizer answers one outside it with a 400 naming it.
+TOKEN_ID_SCHEMA = {"title": "TokenId", "type": "integer", "minimum": 0}
+TokenId = Annotated[int, WithJsonSchema(TOKEN_ID_SCHEMA)]
+Text = Annotated[str, WithJsonSchema(TEXT_SCHEMA)]
+Texts = Text | Annotated[list[Text], Field(min_length=1)]
+TextOrList = Annotated[
+    str | list[str],
+    WithJsonSchema({"anyOf": [TEXT_SCHEMA, {"type": "array", "items": TEXT_SCHEMA, "minItems": 1}]}),
+]
 
 
 class ApiError(Exception):
@@ -222,14 +246,29 @@ def parse_request(body: bytes) -> EmbeddingRequest:
 
 def parse_body(model: type[M], body: bytes) -> M:
     """A request body as `model` (every route's): 400 when it is not JSON, 422 naming each
-    field that is wrong."""
+    field that is wrong. A number with no fraction (5.0) is an integer, as JSON Schema reads it."""
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
         errors = e.errors(include_url=False)
-        if any(err["type"] == "json_invalid" for err in errors):
-            raise ApiError(400, f"request body is not valid JSON: {errors[0]['msg']}") from None
-        raise ApiError(422, describe_validation_errors(errors)) from None
+    if any(err["type"] == "json_invalid" for err in errors):
+        raise ApiError(400, f"request body is not valid JSON: {errors[0]['msg']}")
+    integral: list[float] = []
+
+    def number(literal: str) -> int | float:
+        value = float(literal)
+        if not value.is_integer():
+            return value
+        integral.append(value)
+        return int(value)
+
+    data = json.loads(body, parse_float=number)
+    if integral:  # JSON Schema's integers include 5.0: read such numbers as integers, validate again
+        try:
+            return model.model_validate_json(json.dumps(data))
+        except ValidationError as e:
+            errors = e.errors(include_url=False)
+    raise ApiError(422, describe_validation_errors(errors))
 
 
 def describe_validation_errors(errors: list[Any]) -> str:

@@ -16,21 +16,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from embedserve.api.protocol import usage
+from embedserve.api.protocol import Text, usage
 from embedserve.errors import API_REMEDY, TEI_REMEDY
 
 
 class RerankDocument(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    text: str
+    text: Text
 
 
 class RerankRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    query: str
-    documents: list[str | RerankDocument] = Field(min_length=1)
+    query: Text
+    documents: list[Text | RerankDocument] = Field(min_length=1)
     model: str | None = None
     top_n: int | None = Field(default=None, ge=1)
     return_documents: bool = False

@@ -91,6 +91,7 @@ class Route(Generic[Req]):
     # Whether a 200 body answers every one of `n` inputs (a gateway checks each pool's answer).
     answers: Callable[[Any, int], bool]
     aliases: tuple[str, ...] = ()
+    output: str | None = None  # what the model must emit besides its task (`/embed_sparse`: sparse)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -171,6 +172,7 @@ TEI_EMBED_SPARSE: Route[TeiEmbedSparseRequest] = Route(
     placement="split",
     doc=tei_embed_sparse_route,
     answers=answers.one_vector_each,
+    output="sparse",
 )
 TOKENIZE: Route[TokenizeRequest] = Route(
     name="tokenize",

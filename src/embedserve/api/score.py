@@ -19,14 +19,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from embedserve.api.protocol import listed
+from embedserve.api.protocol import TextOrList, listed
 
 
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    text_1: str | list[str]
-    text_2: str | list[str]
+    text_1: TextOrList
+    text_2: TextOrList
     model: str | None = None
     prompt_name: str | None = None
     prompt: str | None = None

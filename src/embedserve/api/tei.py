@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from embedserve.api.protocol import EmbeddingRequest, parse_body
+from embedserve.api.protocol import EmbeddingRequest, Text, Texts, parse_body
 from embedserve.api.rerank import RerankRequest
 
 Direction = Literal["Right", "Left", "right", "left"]
@@ -36,7 +36,7 @@ def policy(truncate: bool | None, direction: Direction) -> Literal["error", "end
 class TeiEmbedRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    inputs: str | Annotated[list[str], Field(min_length=1)]
+    inputs: Texts
     model: str | None = None  # not TEI's (it serves one model): checked as every route checks it
     truncate: bool | None = False
     truncation_direction: Direction = "Right"
@@ -60,7 +60,7 @@ class TeiEmbedSparseRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    inputs: str | Annotated[list[str], Field(min_length=1)]
+    inputs: Texts
     model: str | None = None
     truncate: bool | None = False
     truncation_direction: Direction = "Right"
@@ -88,8 +88,8 @@ def sparse_vectors(body: dict[str, Any]) -> list[list[dict[str, Any]]]:
 class TeiRerankRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    query: str
-    texts: list[str] = Field(min_length=1)
+    query: Text
+    texts: list[Text] = Field(min_length=1)
     model: str | None = None
     raw_scores: bool = False
     return_text: bool = False

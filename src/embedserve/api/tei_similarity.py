@@ -19,15 +19,15 @@ from typing import Annotated, Any, cast
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from embedserve.api.protocol import EmbeddingRequest
+from embedserve.api.protocol import EmbeddingRequest, Text, TokenId
 from embedserve.api.tei import Direction, embed_vectors, policy
 
 
 class SimilarityInputs(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    source_sentence: str
-    sentences: list[str] = Field(min_length=1)
+    source_sentence: Text
+    sentences: list[Text] = Field(min_length=1)
 
 
 class SimilarityRequest(BaseModel):
@@ -63,8 +63,8 @@ class DecodeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     ids: (
-        Annotated[list[int], Field(min_length=1)]
-        | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
+        Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)]
     )
     model: str | None = None
     skip_special_tokens: bool = True

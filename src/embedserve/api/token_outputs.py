@@ -14,15 +14,13 @@ The token vectors come from late chunking's pooling with one span per position
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from embedserve.api.protocol import EmbeddingRequest, listed
+from embedserve.api.protocol import EmbeddingRequest, Texts, listed
 from embedserve.api.tei import Direction, policy
-
-Texts = str | Annotated[list[str], Field(min_length=1)]
 
 
 class EmbedAllRequest(BaseModel):

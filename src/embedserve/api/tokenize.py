@@ -18,11 +18,12 @@ counted (an input over `max_model_len` is still answered, and the client sees bo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from embedserve.api.multimodal import Item, parse_content, parse_item
+from embedserve.api.protocol import Text, Texts, TokenId
 
 
 def _one_input(value: object) -> str | Item:
@@ -43,9 +44,9 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
-    prompt: str | None = None  # vLLM: the text to tokenize (not an instruction prompt)
+    prompt: Text | None = None  # vLLM: the text to tokenize (not an instruction prompt)
     input: Any = None  # one embeddings input; with images, content parts
-    inputs: str | Annotated[list[str], Field(min_length=1)] | None = None  # TEI
+    inputs: Texts | None = None  # TEI
     add_special_tokens: bool = True
     prompt_name: str | None = None
     truncate: Literal["end", "start"] | None = None
@@ -78,7 +79,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = None
-    tokens: list[int] = Field(min_length=1)
+    tokens: list[TokenId] = Field(min_length=1)
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,15 @@ from typing import Annotated, Any, BinaryIO
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
 from embedserve.api.http import ClientGone, body_too_large
 from embedserve.api.protocol import ApiError
-from embedserve.batch.online import BatchJobs
+from embedserve.api.routes import ROUTES
+from embedserve.batch.online import COMPLETION_WINDOWS, BatchJobs
 from embedserve.batch.openapi import (
     CONTENT,
     UPLOAD_BODY,
@@ -60,8 +61,9 @@ class BatchRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     input_file_id: str
-    endpoint: str
-    completion_window: str
+    # what `BatchJobs.create` checks (its 400s), as `/openapi.json` says it
+    endpoint: Annotated[str, WithJsonSchema({"type": "string", "enum": [p for r in ROUTES for p in r.paths]})]
+    completion_window: Annotated[str, WithJsonSchema({"type": "string", "enum": list(COMPLETION_WINDOWS)})]
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
 
 
@@ -104,6 +106,12 @@ def add_batch_routes(
         form = await _form(request, max_file_bytes)
         try:
             purpose, file = form.get("purpose"), form.get("file")
+            unknown = sorted(set(form.keys()) - {"purpose", "file"})
+            if unknown:
+                names = [k[:40] for k in unknown[:5]]
+                raise ApiError(
+                    400, f"unknown multipart fields {names}: POST /v1/files takes file and purpose"
+                )
             if purpose != "batch":
                 raise ApiError(400, f"purpose must be 'batch', got {str(purpose)[:40]!r}")
             if not isinstance(file, UploadFile):

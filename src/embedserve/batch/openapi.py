@@ -103,6 +103,7 @@ UPLOAD_BODY: dict[str, Any] = {
                 "schema": {
                     "type": "object",
                     "required": ["file", "purpose"],
+                    "additionalProperties": False,
                     "properties": {
                         "file": {
                             "type": "string",

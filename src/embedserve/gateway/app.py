@@ -28,6 +28,7 @@ from embedserve.api.http import (
     unless_disconnected,
 )
 from embedserve.api.openapi import Health, Version, metrics_route
+from embedserve.api.openapi_contract import served_openapi
 from embedserve.api.protocol import ApiError, error_body
 from embedserve.api.routes import CLASS_HEADER, ROUTES, Route, body_priority, describe
 from embedserve.batch.http import add_batch_routes
@@ -39,7 +40,7 @@ from embedserve.gateway.config import TRAFFIC_CLASSES
 from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.live import Live
-from embedserve.gateway.model_routes import add_model_routes, served_task
+from embedserve.gateway.model_routes import add_model_routes, fleet_facts, served_task
 from embedserve.gateway.pipeline import Answer, GatewayRoute
 from embedserve.gateway.rerank import RERANK_ROUTE
 from embedserve.gateway.score import SCORE_ROUTE
@@ -199,6 +200,7 @@ def create_app(
         return owner_of(key) if tenants is None else tenants.owner_of_key(key)
 
     add_batch_routes(app, lambda: jobs, auth, lambda: bool(state.keys(api_keys)), max_file, owner)
+    app.openapi = served_openapi(app.openapi, lambda: fleet_facts(state.fleet), limit)  # type: ignore[method-assign]
     return app
 
 

@@ -12,11 +12,12 @@ from fastapi import FastAPI, Request
 from fastapi.params import Depends
 
 from embedserve.api.openapi import ModelCard, ModelList, error_responses
+from embedserve.api.openapi_contract import ModelFacts
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import model_not_found
 from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
-from embedserve.gateway.fleet import cards
+from embedserve.gateway.fleet import Fleet, cards
 from embedserve.gateway.live import Live
 from embedserve.gateway.service import GatewayService
 
@@ -73,6 +74,16 @@ def add_model_routes(
         budget = max(p["max_tokens"] for p in card["pools"].values())
         limit = service.config.max_inputs_per_request
         return tei_info(card, kind, budget, limit, service.config.max_inputs_per_request)
+
+
+def fleet_facts(fleet: Fleet) -> ModelFacts | None:
+    """What any served model accepts (`/openapi.json`), once each has a pool in rotation (its card)."""
+    cards = [(s, s.upstreams.model_card()) for s in fleet.services]
+    if any(card is None for _, card in cards):
+        return None
+    return ModelFacts.union(
+        ModelFacts.of_card(card, served_task(s), s.counter.tokenizer.vocab_size) for s, card in cards if card
+    )
 
 
 def served_task(service: GatewayService) -> str:

@@ -18,6 +18,7 @@ from embedserve import __version__
 from embedserve.api.auth import bearer_check
 from embedserve.api.http import api_error_handler, http_error_handler
 from embedserve.api.openapi import Health, ModelCard, ModelList, Version, error_responses, metrics_route
+from embedserve.api.openapi_contract import ModelFacts, served_openapi
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found
 from embedserve.api.tei import TeiInfo, model_type
@@ -127,6 +128,8 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     add_routes(app, lambda: _service(runtime), settings, [auth], statuses)
     max_file = batch.max_file_bytes if batch is not None else 0
     add_batch_routes(app, lambda: jobs, [auth], bool(settings.api_keys), max_file)
+    facts = lambda: None if runtime.service is None else model_facts(runtime.service)  # noqa: E731
+    app.openapi = served_openapi(app.openapi, facts, settings.max_inputs_per_request)  # type: ignore[method-assign]
     return app
 
 
@@ -144,6 +147,11 @@ def _service(runtime: ServerRuntime) -> EmbeddingService:
     raise ApiError(
         503, f"server is not accepting requests ({reason})", "service_unavailable", {"Retry-After": "1"}
     )
+
+
+def model_facts(service: EmbeddingService) -> ModelFacts:
+    config = service.engine.config
+    return ModelFacts.of_card(model_card(service), config.task, config.model.vocab_size)
 
 
 def model_card(service: EmbeddingService) -> dict[str, Any]:
@@ -166,7 +174,25 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
         "pooling": "multivector" if head is not None and head.only else pooling.method.value,
         "normalize": pooling.normalize,
         "prompt_names": sorted(service.engine.config.prompts),
+        "vocab_size": service.engine.config.model.vocab_size,
+        "outputs": outputs(service),
     }
+
+
+def outputs(service: EmbeddingService) -> list[str]:
+    """What the model emits: dense vectors (not a SPLADE or multi-vector-only model), sparse
+    ones (SPLADE, BGE-M3's lexical weights), multi-vectors, and whether it reads images."""
+    engine = service.engine
+    head = engine.multivector_head
+    only = (engine.sparse_head is not None and engine.lexical_head is None) or (
+        head is not None and head.only
+    )
+    return [
+        *([] if only else ["dense"]),
+        *(["sparse"] if engine.sparse_head is not None or engine.lexical_head is not None else []),
+        *(["multivector"] if head is not None else []),
+        *(["images"] if engine.config.multimodal else []),
+    ]
 
 
 class _CountStatuses:
