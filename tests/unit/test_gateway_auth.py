@@ -64,7 +64,7 @@ def test_health_stays_open(gateway: TestClient) -> None:
 
 def test_the_openapi_document_lists_401(gateway: TestClient) -> None:
     doc = gateway.get("/openapi.json").json()
-    for path in ("/v1/embeddings", "/v2/embed", "/v1/rerank"):
+    for path in ("/v1/embeddings", "/v2/embed", "/v1/score"):
         assert "401" in doc["paths"][path]["post"]["responses"], path
 
 

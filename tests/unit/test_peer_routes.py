@@ -235,3 +235,14 @@ def test_a_405_names_every_method_of_the_path(via: str, server: TestClient, gate
     assert ping.status_code == 405 and ping.headers["allow"] == "GET, POST", ping.headers
     files = client.request("OPTIONS", "/v1/files/file-x")  # the batch API: GET and DELETE
     assert files.status_code == 405 and files.headers["allow"] == "DELETE, GET", files.headers
+
+
+def test_cohere_client_v2_embed(server: TestClient) -> None:
+    """Cohere's own client (ClientV2) pointed at the server: `/v2/embed` with its body as sent."""
+    import cohere
+
+    model = server.get("/v1/models").json()["data"][0]["id"]
+    with threaded_server(server.app) as url:
+        co = cohere.ClientV2(api_key="unused", base_url=url)
+        got = co.embed(model=model, texts=SENTENCES, input_type="search_document", embedding_types=["float"])
+    np.testing.assert_allclose(got.embeddings.float_, _vectors(server, SENTENCES), atol=1e-6)

@@ -52,7 +52,9 @@ def server_app() -> FastAPI:
 @pytest.fixture(scope="module")
 def gateway_app() -> FastAPI:
     config = SimpleNamespace(max_inputs_per_request=4, max_body_bytes=1 << 20, served_model_name=None)
-    service: Any = SimpleNamespace(config=config, upstreams=None, metrics=None)
+    # no pool in rotation: the generic document (every route's)
+    upstreams = SimpleNamespace(model_card=lambda: None)
+    service: Any = SimpleNamespace(config=config, upstreams=upstreams, metrics=None)
     return create_gateway_app(service)
 
 
