@@ -122,3 +122,28 @@ def test_the_generic_document_until_the_model_is_known() -> None:
     facts[0] = ModelFacts(frozenset({"embed"}), frozenset({"dense"}), frozenset(), 10, 4)
     first = openapi()
     assert openapi() is first  # made once per set of facts
+
+
+def test_a_multi_vector_model_documents_maxsim_rerank(client: TestClient) -> None:
+    app: Any = client.app
+    generic = get_openapi(title="t", version="1", routes=app.routes)
+    colbert = ModelFacts(frozenset({"embed"}), frozenset({"dense", "multivector"}), frozenset(), 100, 16)
+    doc = served_document(generic, colbert, 8)
+    assert (
+        all(p in doc["paths"] for p in ["/v1/rerank", "/rerank", "/v2/rerank"])
+        and "/classify" not in doc["paths"]
+    )
+    cohere = _body(doc, "/v1/rerank")["anyOf"][0]
+    assert cohere["properties"]["instruction"] == {"type": "null"}  # MaxSim takes none
+    assert "RerankRequest" in {s.get("title") for s in _body(doc, "/invocations")["anyOf"]}
+
+
+def test_numbers_at_the_parsers_limits_are_4xx_never_5xx(client: TestClient) -> None:
+    """Bodies refused as they are, whose re-read with integral numbers as integers meets Python's
+    limits (an integer literal's digits, nesting depth): a 4xx naming the problem."""
+    bodies = [b'{"input": "x", "model": 1.5, "dimensions": 1' + b"0" * n + b"}" for n in (4290, 5000)] + [
+        b'{"input": "x", "model": 1.0, "user": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    ]
+    for body in bodies:
+        r = client.post("/v1/embeddings", content=body, headers={"content-type": "application/json"})
+        assert r.status_code in (400, 422) and r.json()["error"]["message"], r.text[:200]

@@ -94,6 +94,10 @@ INVOCATIONS = Dispatch(
     path="/invocations",
     pick=_invocations,
     summary="SageMaker's route (vLLM's): embeddings, classify, rerank or score by the body",
-    by_task={"embed": (EMBEDDINGS, SCORE), "rerank": (CLASSIFY, RERANK, SCORE), "classify": (CLASSIFY,)},
+    by_task={
+        "embed": (EMBEDDINGS, SCORE, RERANK),
+        "rerank": (CLASSIFY, RERANK, SCORE),
+        "classify": (CLASSIFY,),
+    },
 )
 DISPATCHES: tuple[Dispatch, ...] = (TEI_ROOT, INVOCATIONS)

@@ -9,7 +9,8 @@ document allows is one the server answers with a 2xx (and one it forbids, a 4xx)
     dimensions        at most the model's width (`dimensions`, Cohere's `output_dimension`)
     embedding_type    sparse / multivector only for a model that emits them (Cohere's types too)
     image parts       only for a multimodal model
-    /v1/score         raw_scores and instruction only for a reranker
+    /v1/score         raw_scores and instruction only for a reranker, prompts only for an embedder
+    /v1/rerank        a reranker's, or MaxSim on a multi-vector model (no instruction, raw_scores)
 
 What JSON Schema cannot say stays in the route's description and answers 400: an input's token
 count against max_model_len, `/v1/score`'s equal list lengths. A gateway serving several models
@@ -65,6 +66,8 @@ class ModelFacts:
         )
 
     def serves(self, route: Route[Any]) -> bool:
+        if route.also is not None and route.also in self.outputs:
+            return True
         return bool(self.tasks & set(route.tasks)) and (route.output is None or route.output in self.outputs)
 
 
@@ -116,9 +119,12 @@ def _narrow(node: Any, facts: ModelFacts) -> Any:
         for name in ("embedding_type", "embedding_types"):
             if name in props:
                 props[name] = _outputs_only(props[name], facts.outputs)
-        if node.get("title") == "ScoreRequest" and "rerank" not in facts.tasks:
+        title = node.get("title")
+        if title in ("ScoreRequest", "RerankRequest", "TeiRerankRequest") and "rerank" not in facts.tasks:
             props["raw_scores"] = {"enum": [False]}  # a reranker's options; an embedding model's
-            props["instruction"] = {"type": "null"}  # score is a cosine
+            props["instruction"] = {"type": "null"}  # score is a cosine, its rerank MaxSim
+        if title == "ScoreRequest" and "embed" not in facts.tasks:
+            props["prompt_name"] = props["prompt"] = {"type": "null"}  # a reranker takes instruction
         if node.get("title") == "TokenizeRequest" and "images" in facts.outputs:
             props["add_special_tokens"] = {"enum": [True]}  # a multimodal model counts its template
     return node
@@ -165,9 +171,11 @@ def served_openapi(
         known = facts()
         if known is None:
             return generic()
-        if known not in made:
+        doc = made.get(known)
+        if doc is None:
+            doc = served_document(generic(), known, max_inputs)
             made.clear()
-            made[known] = served_document(generic(), known, max_inputs)
-        return made[known]
+            made[known] = doc
+        return doc
 
     return openapi

@@ -26,7 +26,13 @@ OPTIONS_NEED: dict[str, Any] = {
         f: _is("late_chunking", True)
         for f in ("chunk_spans", "late_chunk_size", "span_pooling", "long_late_chunking")
     },
-    "late_overlap": {"allOf": [_is("late_chunking", True), _is("long_late_chunking", True)]},
+    # late_overlap (even null) belongs to late chunking; a number of it, to long late chunking
+    "late_overlap": {
+        "allOf": [
+            _is("late_chunking", True),
+            {"anyOf": [{"properties": {"late_overlap": {"type": "null"}}}, _is("long_late_chunking", True)]},
+        ]
+    },
     **{f: _is("embedding_type", "sparse") for f in ("sparse_top_k", "return_tokens")},
 }
 SPANS = {  # each [start, end) inside the document and after the one before it: the server's 400

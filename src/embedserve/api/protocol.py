@@ -253,22 +253,32 @@ def parse_body(model: type[M], body: bytes) -> M:
         errors = e.errors(include_url=False)
     if any(err["type"] == "json_invalid" for err in errors):
         raise ApiError(400, f"request body is not valid JSON: {errors[0]['msg']}")
-    integral: list[float] = []
+    if any(c in body for c in b".eE"):  # JSON Schema's integers include 5.0: read them as integers
+        try:
+            data, integral = _integral_numbers(body)
+        except (ValueError, RecursionError):  # e.g. an integer literal past Python's digit limit
+            integral = False
+        if integral:
+            try:
+                return model.model_validate_json(json.dumps(data))
+            except ValidationError as e:
+                errors = e.errors(include_url=False)
+    raise ApiError(422, describe_validation_errors(errors))
+
+
+def _integral_numbers(body: bytes) -> tuple[Any, bool]:
+    """The body with each number that has no fraction (5.0, 1e3) as an int, and whether any had one."""
+    seen = False
 
     def number(literal: str) -> int | float:
+        nonlocal seen
         value = float(literal)
         if not value.is_integer():
             return value
-        integral.append(value)
+        seen = True
         return int(value)
 
-    data = json.loads(body, parse_float=number)
-    if integral:  # JSON Schema's integers include 5.0: read such numbers as integers, validate again
-        try:
-            return model.model_validate_json(json.dumps(data))
-        except ValidationError as e:
-            errors = e.errors(include_url=False)
-    raise ApiError(422, describe_validation_errors(errors))
+    return json.loads(body, parse_float=number), seen
 
 
 def describe_validation_errors(errors: list[Any]) -> str:

@@ -92,6 +92,7 @@ class Route(Generic[Req]):
     answers: Callable[[Any, int], bool]
     aliases: tuple[str, ...] = ()
     output: str | None = None  # what the model must emit besides its task (`/embed_sparse`: sparse)
+    also: str | None = None  # an output that serves it in a model of another task (rerank: multivector)
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -126,6 +127,7 @@ RERANK: Route[RerankRequest] = Route(
     placement="whole",
     doc=rerank_route,
     answers=answers.ranks_within,
+    also="multivector",  # MaxSim over a multi-vector embedding model's token vectors
 )
 CLASSIFY: Route[ClassifyRequest] = Route(
     name="classify",

@@ -78,11 +78,11 @@ def add_model_routes(
 
 def fleet_facts(fleet: Fleet) -> ModelFacts | None:
     """What any served model accepts (`/openapi.json`), once each has a pool in rotation (its card)."""
-    cards = [(s, s.upstreams.model_card()) for s in fleet.services]
-    if any(card is None for _, card in cards):
+    known = [(s, s.upstreams.model_card()) for s in fleet.services]
+    if any(card is None for _, card in known):
         return None
     return ModelFacts.union(
-        ModelFacts.of_card(card, served_task(s), s.counter.tokenizer.vocab_size) for s, card in cards if card
+        ModelFacts.of_card(card, served_task(s), s.counter.tokenizer.vocab_size) for s, card in known if card
     )
 
 

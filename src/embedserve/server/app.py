@@ -128,7 +128,10 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     add_routes(app, lambda: _service(runtime), settings, [auth], statuses)
     max_file = batch.max_file_bytes if batch is not None else 0
     add_batch_routes(app, lambda: jobs, [auth], bool(settings.api_keys), max_file)
-    facts = lambda: None if runtime.service is None else model_facts(runtime.service)  # noqa: E731
+
+    def facts() -> ModelFacts | None:
+        return None if runtime.service is None else model_facts(runtime.service)
+
     app.openapi = served_openapi(app.openapi, facts, settings.max_inputs_per_request)  # type: ignore[method-assign]
     return app
 
@@ -175,11 +178,11 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
         "normalize": pooling.normalize,
         "prompt_names": sorted(service.engine.config.prompts),
         "vocab_size": service.engine.config.model.vocab_size,
-        "outputs": outputs(service),
+        "outputs": model_outputs(service),
     }
 
 
-def outputs(service: EmbeddingService) -> list[str]:
+def model_outputs(service: EmbeddingService) -> list[str]:
     """What the model emits: dense vectors (not a SPLADE or multi-vector-only model), sparse
     ones (SPLADE, BGE-M3's lexical weights), multi-vectors, and whether it reads images."""
     engine = service.engine
