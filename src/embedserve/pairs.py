@@ -31,7 +31,7 @@ QWEN3_INSTRUCTION = "Given a web search query, retrieve relevant passages that a
 def _check_text(text: object, what: str) -> str:
     if not isinstance(text, str):
         raise InvalidInputError(f"{what} must be a string, got {type(text).__name__}")
-    if not text.strip():
+    if text == "":  # as the tokenizer refuses it (`/openapi.json`: minLength 1); spaces are a text
         raise InvalidInputError(f"{what} is empty")
     return text
 

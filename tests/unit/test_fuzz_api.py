@@ -76,3 +76,36 @@ def test_fuzzing_the_gateway_finds_no_5xx_and_no_schema_violation(
         assert report.server_errors == 0, report.statuses
         assert not report.failures, "\n".join(report.failures[:5])
         assert TestClient(gateway).get("/health/ready").status_code == 200
+
+
+def _model(kind: str, root: Path) -> Path:
+    if kind == "colbert":
+        from tests.helpers.tiny_multivector import build_colbert
+
+        return build_colbert(root / "colbert")
+    if kind == "splade":
+        from tests.helpers.tiny_sparse import build_splade
+
+        return build_splade(root / "splade")
+    if kind == "bge-m3":
+        from tests.helpers.tiny_sparse import build_bge_m3
+
+        return build_bge_m3(root / "bge-m3")
+    from tests.helpers.tiny_rerankers import build_cross_encoder
+
+    return build_cross_encoder(root / "ce" / "bert-ce", "bert")
+
+
+@pytest.mark.slow  # CI time: the dense decoder's document runs in CI (above)
+@pytest.mark.parametrize("kind", ["colbert", "splade", "bge-m3", "cross-encoder"])
+def test_every_model_kinds_document_is_its_contract(kind: str, tmp_path: Path) -> None:
+    """Each kind narrows the document its own way (no dense vectors: embedding_type required and no
+    width; MaxSim rerank; a reranker's routes): every check passes on each."""
+    with (
+        server_client(_model(kind, tmp_path), max_inputs_per_request=16) as client,
+        threaded_server(client.app) as url,
+    ):
+        report = fuzz_api(url, EXAMPLES // 2)
+        _record(kind, report)
+        assert report.server_errors == 0, report.statuses
+        assert not report.failures, "\n".join(report.failures[:5])

@@ -3,11 +3,14 @@ shape) narrowed, once the model is loaded, to what that model accepts, so that a
 document allows is one the server answers with a 2xx (and one it forbids, a 4xx):
 
     routes            only those of the model's task, and of an output it emits (/embed_sparse:
-                      a sparse model); TEI's `/` and `/invocations` list the bodies they route
+                      a sparse model; /embed, /similarity, /embed_all, /pooling, /v1/score:
+                      dense vectors);
+                      TEI's `/` and `/invocations` list the bodies they route
     prompt_name       one of the model's prompt names (null only, for a model without prompts)
     token ids         below the model's vocabulary size (`TokenId` schemas)
     dimensions        at most the model's width (`dimensions`, Cohere's `output_dimension`)
-    embedding_type    sparse / multivector only for a model that emits them (Cohere's types too)
+    embedding_type    sparse / multivector only for a model that emits them, float and the
+                      compressed types for one with dense vectors (else required; Cohere's too)
     image parts       only for a multimodal model
     /v1/score         raw_scores and instruction only for a reranker, prompts only for an embedder
     /v1/rerank        a reranker's, or MaxSim on a multi-vector model (no instruction, raw_scores)
@@ -81,10 +84,11 @@ def served_document(doc: dict[str, Any], facts: ModelFacts, max_inputs: int) -> 
                 paths.get(path, {}).pop("post", None)
     for dispatch in DISPATCHES:
         operation = paths.get(dispatch.path, {}).get("post")
-        if operation is not None:
-            kept = tuple(r for r in dispatch.routes(facts.tasks) if facts.serves(r))
-            body = dispatch.doc(max_inputs, (), kept)["openapi_extra"]["requestBody"]
-            operation["requestBody"] = body
+        kept = tuple(r for r in dispatch.routes(facts.tasks) if facts.serves(r))
+        if operation is not None and not kept:  # e.g. TEI's / for a model without dense vectors
+            paths[dispatch.path].pop("post")
+        elif operation is not None:
+            operation["requestBody"] = dispatch.doc(max_inputs, (), kept)["openapi_extra"]["requestBody"]
     for path in [p for p, ops in paths.items() if not ops]:
         del paths[path]
     for ops in paths.values():
@@ -116,18 +120,29 @@ def _narrow(node: Any, facts: ModelFacts) -> Any:
         for name in _DIMENSIONS:
             if name in props:
                 props[name] = _capped(props[name], facts.dimensions)
+                if "dense" not in facts.outputs:  # a SPLADE model's vectors have no width to cut
+                    props[name] = {"type": "null"}
         for name in ("embedding_type", "embedding_types"):
             if name in props:
                 props[name] = _outputs_only(props[name], facts.outputs)
+                if "dense" not in facts.outputs:  # the default (float) is not this model's
+                    node["required"] = sorted({*node.get("required", []), name})
         title = node.get("title")
         if title in ("ScoreRequest", "RerankRequest", "TeiRerankRequest") and "rerank" not in facts.tasks:
-            props["raw_scores"] = {"enum": [False]}  # a reranker's options; an embedding model's
-            props["instruction"] = {"type": "null"}  # score is a cosine, its rerank MaxSim
+            _only(props, raw_scores={"enum": [False]}, instruction={"type": "null"})  # a reranker's options:
+            # an embedding model's score is a cosine, its rerank MaxSim
         if title == "ScoreRequest" and "embed" not in facts.tasks:
-            props["prompt_name"] = props["prompt"] = {"type": "null"}  # a reranker takes instruction
+            _only(
+                props, prompt_name={"type": "null"}, prompt={"type": "null"}
+            )  # a reranker takes instruction
         if node.get("title") == "TokenizeRequest" and "images" in facts.outputs:
             props["add_special_tokens"] = {"enum": [True]}  # a multimodal model counts its template
     return node
+
+
+def _only(props: dict[str, Any], **schemas: Any) -> None:
+    """Each of `props`' properties named in `schemas` narrowed to it (absent ones stay absent)."""
+    props.update({k: v for k, v in schemas.items() if k in props})
 
 
 def _is_image(node: Any) -> bool:
@@ -146,14 +161,19 @@ def _capped(node: Any, most: int) -> Any:
 
 
 def _outputs_only(node: Any, outputs: frozenset[str]) -> Any:
-    """`enum` lists in `node` without the embedding types the model does not emit."""
+    """`enum` lists in `node` without the embedding types the model does not emit (float and the
+    compressed types are its dense vectors')."""
+
+    def emitted(kind: Any) -> bool:
+        return kind in outputs if kind in _OPTIONAL_OUTPUTS else "dense" in outputs
+
     if isinstance(node, dict):
         node = {k: _outputs_only(v, outputs) for k, v in node.items()}
         if isinstance(node.get("enum"), list):
-            node["enum"] = [v for v in node["enum"] if v not in _OPTIONAL_OUTPUTS or v in outputs]
+            node["enum"] = [v for v in node["enum"] if emitted(v)]
             if not node["enum"]:
                 node = {"not": {}}  # no value of it is accepted
-        elif node.get("const") in _OPTIONAL_OUTPUTS and node["const"] not in outputs:
+        elif "const" in node and not emitted(node["const"]):
             node = {"not": {}}
     elif isinstance(node, list):
         node = [_outputs_only(x, outputs) for x in node]

@@ -15,7 +15,7 @@ from embedserve.api.classify import ClassifyRequest, PredictRequest
 from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.openapi import DEADLINE_NOTE, Usage, error_responses
 from embedserve.api.openapi_multimodal import CONTENT, ITEM
-from embedserve.api.openapi_rules import ONE_PROMPT
+from embedserve.api.openapi_rules import COHERE_SPARSE_WIDTH, ONE_PROMPT
 from embedserve.api.protocol import TEXT_SCHEMA
 from embedserve.api.rerank import RerankRequest
 from embedserve.api.score import ScoreRequest
@@ -170,6 +170,7 @@ def route_doc(
 def cohere_embed_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of the `POST /v2/embed` route (Cohere's embed v2)."""
     request = inlined_schema(CohereEmbedRequest, max_inputs, "texts")
+    request["allOf"] = [COHERE_SPARSE_WIDTH]
     return route_doc("Embed texts (Cohere v2 embed API)", request, CohereEmbedResponse, statuses)
 
 
@@ -239,7 +240,10 @@ def classify_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]
 
 def predict_route(max_inputs: int, statuses: tuple[int, ...]) -> dict[str, Any]:
     """Keyword arguments of `POST /predict` (TEI's classification API)."""
-    request = inlined_schema(PredictRequest, max_inputs, "inputs")
+    request = inlined_schema(PredictRequest, max_inputs, None)
+    for shape in request["properties"]["inputs"]["anyOf"]:  # the batch: its inputs count, not a pair's two
+        if shape.get("items", {}).get("type") == "array":
+            shape["maxItems"] = max_inputs
     return route_doc(
         "Classify texts or pairs (Text Embeddings Inference's API)", request, Predictions, statuses
     )

@@ -6,6 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+COHERE_SPARSE_WIDTH: dict[str, Any] = {  # no Matryoshka width for sparse vectors (below): Cohere's body
+    "if": {
+        "required": ["embedding_types"],
+        "properties": {"embedding_types": {"items": {"const": "sparse"}}},
+    },
+    "then": {"properties": {"output_dimension": {"type": "null"}}},
+}
+
 # An instruction is a prompt_name or a prompt (its text), not both (a null is neither).
 ONE_PROMPT: dict[str, Any] = {
     "not": {
@@ -34,6 +42,13 @@ OPTIONS_NEED: dict[str, Any] = {
         ]
     },
     **{f: _is("embedding_type", "sparse") for f in ("sparse_top_k", "return_tokens")},
+    # sparse vectors have no Matryoshka width: one weight per vocabulary id
+    "dimensions": {
+        "anyOf": [
+            {"properties": {"dimensions": {"type": "null"}}},
+            {"properties": {"embedding_type": {"not": {"const": "sparse"}}}},
+        ]
+    },
 }
 SPANS = {  # each [start, end) inside the document and after the one before it: the server's 400
     "type": "array",

@@ -1,12 +1,13 @@
 """The API's POST routes, each declared once: its paths, the request model it parses, the engine
 task it needs, how a gateway places it, its `/openapi.json` entry and what a complete answer
-holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serve replica
-(scale/replica.py) and the gateway's 404 text all take their route list from `ROUTES`.
+holds; `output` / `also`: what the model must emit (`/openapi.json` of a served model lists the
+routes it serves: api/openapi_contract.py). The server, the gateway, the Ray Serve replica and
+the gateway's 404 text take their route list from `ROUTES`; the shared refusals are worded here.
 
     route          paths                              tasks          gateway placement
     embeddings     /v1/embeddings, /embeddings        embed          split: each input to its pool
     cohere_embed   /v2/embed                          embed          split: each text to its pool
-    rerank         /v1/rerank, /rerank, /v2/rerank    rerank         whole: the pool of the longest pair
+    rerank         /v1/rerank, /rerank, /v2/rerank    rerank, MaxSim whole: the pool of the longest pair
     classify       /classify                          classify, rerank  whole: the pool of the longest input
     predict        /predict (TEI's)                   classify, rerank  whole
     score          /v1/score, /score                  embed, rerank  whole: the pool of the longest pair
@@ -20,18 +21,14 @@ holds. The server (server/routes.py), the gateway (gateway/app.py), the Ray Serv
     pooling        /pooling (vLLM's)                  embed          whole
 
 TEI's `POST /` and vLLM's `POST /invocations` are not routes of their own: their body (and the
-model's task) picks one of these (api/dispatch.py).
-
-Two peers' bodies on one path (TEI's and Cohere's `/rerank`, TEI's and vLLM's `/tokenize`) are
-one route: its parser reads either, and the answer takes the shape of the body it got.
-
-Also the wording every route shares for refusals that are not about its own shape.
+model's task) picks one of these (api/dispatch.py). Two peers' bodies on one path (TEI's and
+Cohere's `/rerank`, TEI's and vLLM's `/tokenize`) are one route: its parser reads either, and the
+answer takes the shape of the body it got.
 
 Adding a route: its request model (api/), a `Route` in `ROUTES`, one server module with its Job
-(the parts of server/pipeline.py's template only it knows; listed in server/routes.py), its Job
-through the gateway (the parts of gateway/pipeline.py's template only it knows: a route placed
-whole only counts its inputs; listed in gateway/app.py), tests. A declared route that the server
-or the gateway cannot run stops them at start-up.
+(server/pipeline.py's template; listed in server/routes.py), its Job through the gateway
+(gateway/pipeline.py's; a route placed whole only counts its inputs; listed in gateway/app.py),
+tests. A declared route that the server or the gateway cannot run stops them at start-up.
 """
 
 from __future__ import annotations
@@ -91,7 +88,7 @@ class Route(Generic[Req]):
     # Whether a 200 body answers every one of `n` inputs (a gateway checks each pool's answer).
     answers: Callable[[Any, int], bool]
     aliases: tuple[str, ...] = ()
-    output: str | None = None  # what the model must emit besides its task (`/embed_sparse`: sparse)
+    output: str | None = None  # what the model must emit besides its task (dense; `/embed_sparse`: sparse)
     also: str | None = None  # an output that serves it in a model of another task (rerank: multivector)
 
     @property
@@ -156,6 +153,7 @@ SCORE: Route[ScoreRequest] = Route(
     placement="whole",
     doc=score_route,
     answers=answers.one_answer_each,
+    output="dense",
 )
 TEI_EMBED: Route[TeiEmbedRequest] = Route(
     name="tei_embed",
@@ -165,6 +163,7 @@ TEI_EMBED: Route[TeiEmbedRequest] = Route(
     placement="split",
     doc=tei_embed_route,
     answers=answers.one_vector_each,
+    output="dense",
 )
 TEI_EMBED_SPARSE: Route[TeiEmbedSparseRequest] = Route(
     name="tei_embed_sparse",
@@ -202,6 +201,7 @@ SIMILARITY: Route[SimilarityRequest] = Route(
     placement="whole",
     doc=similarity_route,
     answers=answers.one_score_each_sentence,
+    output="dense",
 )
 DECODE: Route[DecodeRequest] = Route(
     name="decode",
@@ -220,6 +220,7 @@ EMBED_ALL: Route[EmbedAllRequest] = Route(
     placement="whole",
     doc=embed_all_route,
     answers=answers.one_vector_each,
+    output="dense",
 )
 POOLING: Route[PoolingRequest] = Route(
     name="pooling",
@@ -229,6 +230,7 @@ POOLING: Route[PoolingRequest] = Route(
     placement="whole",
     doc=pooling_route,
     answers=answers.one_answer_each,
+    output="dense",
 )
 # A model's task is served first by the route listed first for it (`wrong_task` points there).
 ROUTES: tuple[Route[Any], ...] = (
