@@ -60,7 +60,7 @@ def assert_same_ranking(got: dict[str, Any], direct: dict[str, Any]) -> None:
 
 def assert_rerank_refusals(gateway: TestClient) -> None:
     """A gateway over a cross-encoder of 128 tokens refuses as the server would."""
-    empty = gateway.post("/v1/rerank", json={"query": QUERY, "documents": ["ok", " "]})
+    empty = gateway.post("/v1/rerank", json={"query": QUERY, "documents": ["ok", ""]})
     assert empty.status_code == 400 and "document 1" in empty.json()["error"]["message"]
     too_long = gateway.post(
         "/v1/rerank", json={"query": QUERY, "documents": [words(200)], "truncate": "error"}

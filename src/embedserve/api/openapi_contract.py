@@ -135,7 +135,7 @@ def _narrow(node: Any, facts: ModelFacts) -> Any:
             _only(
                 props, prompt_name={"type": "null"}, prompt={"type": "null"}
             )  # a reranker takes instruction
-        if node.get("title") == "TokenizeRequest" and "images" in facts.outputs:
+        if title == "TokenizeRequest" and "images" in facts.outputs:
             props["add_special_tokens"] = {"enum": [True]}  # a multimodal model counts its template
     return node
 

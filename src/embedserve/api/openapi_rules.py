@@ -42,13 +42,6 @@ OPTIONS_NEED: dict[str, Any] = {
         ]
     },
     **{f: _is("embedding_type", "sparse") for f in ("sparse_top_k", "return_tokens")},
-    # sparse vectors have no Matryoshka width: one weight per vocabulary id
-    "dimensions": {
-        "anyOf": [
-            {"properties": {"dimensions": {"type": "null"}}},
-            {"properties": {"embedding_type": {"not": {"const": "sparse"}}}},
-        ]
-    },
 }
 SPANS = {  # each [start, end) inside the document and after the one before it: the server's 400
     "type": "array",
