@@ -116,10 +116,10 @@ def test_whole_pages_move_and_their_bytes_stay() -> None:
     moved = on_huge_pages(buf.data_ptr(), buf.numel() * 4)
     assert moved >= 8 * P
     assert torch.equal(buf, before)
-    # smaps confirms huge pages are there; not necessarily all that moved: the kernel may split
-    # or migrate one at any time after (compaction while another process allocates: seen 2 of
-    # 16 MB split under a parallel test run)
-    assert _huge_kb(buf.data_ptr()) * 1024 >= min(moved, 4 * P)
+    # smaps confirms huge pages are there; not how many of those that moved: the kernel may split
+    # or migrate them at any time after (compaction while other processes allocate: under CI's
+    # parallel run 2 of 16 MB were split, then 14 of 16)
+    assert _huge_kb(buf.data_ptr()) * 1024 >= P
 
 
 def _vectors(model_dir: Path, monkeypatch: pytest.MonkeyPatch, huge: str) -> torch.Tensor:
