@@ -111,7 +111,8 @@ def _narrow(node: Any, facts: ModelFacts) -> Any:
     props = node.get("properties")
     # a request model's own fields only: a property inside `not` or a rule's branch (an `if`, a
     # dependent schema) states a condition, which a narrowed copy would change
-    if isinstance(props, dict) and str(node.get("title", "")).endswith("Request"):
+    title = str(node.get("title", ""))
+    if isinstance(props, dict) and title.endswith("Request"):
         if "prompt_name" in props:
             names = sorted(facts.prompts)
             props["prompt_name"] = (
@@ -119,15 +120,14 @@ def _narrow(node: Any, facts: ModelFacts) -> Any:
             )
         for name in _DIMENSIONS:
             if name in props:
-                props[name] = _capped(props[name], facts.dimensions)
-                if "dense" not in facts.outputs:  # a SPLADE model's vectors have no width to cut
-                    props[name] = {"type": "null"}
+                # a SPLADE model's vectors have no width to cut
+                dense = "dense" in facts.outputs
+                props[name] = _capped(props[name], facts.dimensions) if dense else {"type": "null"}
         for name in ("embedding_type", "embedding_types"):
             if name in props:
                 props[name] = _outputs_only(props[name], facts.outputs)
                 if "dense" not in facts.outputs:  # the default (float) is not this model's
                     node["required"] = sorted({*node.get("required", []), name})
-        title = node.get("title")
         if title in ("ScoreRequest", "RerankRequest", "TeiRerankRequest") and "rerank" not in facts.tasks:
             _only(props, raw_scores={"enum": [False]}, instruction={"type": "null"})  # a reranker's options:
             # an embedding model's score is a cosine, its rerank MaxSim
