@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from embedserve.lora.settings import LoraSettings
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -203,6 +205,7 @@ class EngineConfig:
     gpu_memory_utilization: float | None = None  # CUDA: the KV cache sized after loading
     max_image_pixels: int | None = None  # multimodal models' image limits; None: the defaults
     max_images_per_input: int | None = None
+    lora: LoraSettings | None = None  # LoRA adapters served on these weights (lora/); None: none
 
     @property
     def vector_size(self) -> int:

@@ -17,6 +17,7 @@ from embedserve.pooling.state import PoolingState
 from embedserve.vision.state import MultimodalState
 
 if TYPE_CHECKING:
+    from embedserve.lora.adapter import LoraAdapter
     from embedserve.models.sparse_head import SparseHead
     from embedserve.pooling.dense import DenseHead
 
@@ -65,6 +66,7 @@ class Request:
         sparse_head: SparseHead | None = None,
         late: LateChunks | None = None,
         attend_keys: int | None = None,
+        adapter: LoraAdapter | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = token_ids
@@ -73,6 +75,7 @@ class Request:
         # An encoder's positions from `attend_keys` on are queries only (scheduler/output.py).
         self.attend_keys = attend_keys
         self.params = params
+        self.adapter = adapter  # the LoRA adapter its rows run (lora/); None: the base model
         # Images: their positions computed at admission, kept across preemption; an encoder
         # cache of its own (a Tokenized submitted twice shares the positions, not the cache).
         self.mm = None if multimodal is None else multimodal.fresh()
@@ -102,6 +105,11 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def cache_root(self) -> bytes:
+        """Where its prefix-cache keys start: its adapter's (none is shared across weights)."""
+        return b"" if self.adapter is None else self.adapter.cache_root
 
     @property
     def num_remaining_tokens(self) -> int:

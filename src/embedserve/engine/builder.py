@@ -9,6 +9,7 @@ from typing import Any
 
 from embedserve.attention.metadata import AttentionFn
 from embedserve.config import EngineConfig
+from embedserve.engine.adapters import Adapters
 from embedserve.engine.core import EngineCore
 from embedserve.engine.load import Loaded, load
 from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter
@@ -47,6 +48,7 @@ class EngineParts:
     multivector_head: MultiVectorHead | None = None  # ColBERT, BGE-M3: a vector per token
     static_queries: StaticQueries | None = None  # inference-free SPLADE: queries without the model
     dense_head: DenseHead | None = None  # sentence-transformers Dense modules after pooling
+    adapters: Adapters | None = None  # LoRA adapters served on the weights (engine/adapters.py)
 
 
 def build_engine(
@@ -98,9 +100,12 @@ def build_engine(
     if dense is not None and (lexical or multivector or sparse or score):
         # their requests reuse the dense path's params (engine/lexical.py, engine/multivector.py)
         raise ModelLoadError("Dense modules after pooling apply to single dense vectors only")
+    if loaded.adapters is not None:
+        loaded.adapters.load_initial()
     return EngineParts(
         config, core, tokenizer, score, sparse, loaded.workers, prompter,
         static_queries=static, lexical_head=lexical, multivector_head=multivector, dense_head=dense,
+        adapters=loaded.adapters,
     )  # fmt: skip
 
 

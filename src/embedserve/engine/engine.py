@@ -25,6 +25,7 @@ from embedserve.engine.prefix import PromptCacheMixin
 from embedserve.engine.rerank import RerankMixin
 from embedserve.engine.static import StaticQueryMixin
 from embedserve.errors import InvalidInputError
+from embedserve.lora.adapter import LoraAdapter
 from embedserve.request import EmbedParams, Request
 from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
 from embedserve.vision.prompt import is_image
@@ -49,6 +50,8 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         self.static_queries = self._loop.parts.static_queries  # inference-free SPLADE (engine/static.py)
         self.lexical_head = self._loop.parts.lexical_head  # BGE-M3's sparse vectors (engine/lexical.py)
         self.dense_head = self._loop.parts.dense_head  # sentence-transformers Dense modules
+        self.adapters = self._loop.parts.adapters  # LoRA (engine/adapters.py); `view` runs one
+        self.adapter: LoraAdapter | None = None  # this engine's requests run it
         # What errors call the model: its directory's name, or the name a server serves it as.
         self.name = Path(self.config.model_path).name
         self._ids = itertools.count()
@@ -118,6 +121,7 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
                 deterministic_chunk=self.config.scheduler.deterministic_chunk,
                 sparse_head=self.sparse_head,
                 late=t.late,
+                adapter=self.adapter,
             )
             for t in tokenized
         ]

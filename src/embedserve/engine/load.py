@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from embedserve.attention.metadata import AttentionFn
 from embedserve.config import EngineConfig
+from embedserve.engine.adapters import Adapters
 from embedserve.kernels.isa import kernel_isa
 from embedserve.kernels.native import compiler
 from embedserve.models.build import EmbeddingModel, build_model
@@ -34,13 +35,14 @@ class Loaded:
     config: EngineConfig  # the KV cache sized, where gpu_memory_utilization left it open
     model: EmbeddingModel
     workers: TensorParallelRunner | None  # tensor_parallel_size > 1: the ranks (rank 0 here)
+    adapters: Adapters | None = None  # LoRA adapters (config.lora): merged, or applied per row
 
 
 def load(config: EngineConfig, files: ModelSource, attention: AttentionFn | None = None) -> Loaded:
     """The model of `config` (built by engine/resolve.py from the same `files`)."""
     if config.device.type == "cpu":
         keep_freed_heap()  # activations reuse freed pages instead of faulting fresh ones in
-    workers = None
+    workers, adapters = None, None
     cache = config.cache
     if config.tensor_parallel_size > 1:  # rank 0 in this process, ranks 1.. in worker processes
         workers = start_parallel(
@@ -54,6 +56,8 @@ def load(config: EngineConfig, files: ModelSource, attention: AttentionFn | None
         model: EmbeddingModel = workers.model
     else:
         model = build_model(files, config.device, config.dtype, attention)
+        if config.lora is not None:  # before packing: a merge writes the plain weights
+            adapters = Adapters.prepare(model, config.lora, config.device, config.task)
         if config.device.type == "cpu":
             prepare_cpu_weights(model, config)
     if config.gpu_memory_utilization is not None:
@@ -67,7 +71,7 @@ def load(config: EngineConfig, files: ModelSource, attention: AttentionFn | None
         )
         blocks = memory // kv_bytes_per_block(config.model, cache.block_size, config.dtype)
         config = replace(config, cache=replace(cache, kv_cache_memory=memory, num_blocks=blocks))
-    return Loaded(config, model, workers)
+    return Loaded(config, model, workers, adapters)
 
 
 def prepare_cpu_weights(model: EmbeddingModel, config: EngineConfig) -> None:

@@ -15,19 +15,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from embedserve.engine.typed_values import OptionError, add_flag, positive_int, typed
 from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 POOLING_NAMES = ("lasttoken", "mean", "cls")
 TASK_NAMES = ("auto", "embed", "rerank", "classify")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
+__all__ = [
+    "DTYPE_NAMES",
+    "NOT_OFFERED",
+    "OPTION_NAMES",
+    "POOLING_NAMES",
+    "TASK_NAMES",
+    "EngineOptions",
+    "OptionError",
+    "add_engine_options",
+    "offered_on",
+    "positive_int",
+]
 
 
 def _option(
@@ -124,6 +134,23 @@ class EngineOptions:
     max_images_per_input: int | None = _option(
         None, "multimodal models: refuse (400) an input holding more images (default 16)", minimum=1
     )
+    enable_lora: bool = _option(
+        False,
+        "serve PEFT LoRA adapters on this base model: a request's `model` picks the base or an adapter, "
+        "rows of different adapters share a step (docs/lora.md)",
+    )
+    lora_modules: tuple[str, ...] = _option(
+        (),
+        "PEFT adapter directories to serve from the start, as NAME=DIR (implies --enable-lora)",
+        metavar="NAME=DIR",
+    )
+    max_loras: int = _option(8, "LoRA adapters loaded at once", minimum=1)
+    max_lora_rank: int = _option(64, "the largest LoRA rank an adapter may have", minimum=1)
+    merge_lora: bool = _option(
+        False,
+        "merge the one --lora-modules adapter into the weights at load: the base model's speed, and the "
+        "engine serves that adapter alone",
+    )
 
     def replace(self, **changes: Any) -> EngineOptions:
         """A copy with `changes` (field names); a TypeError names any unknown keyword."""
@@ -141,7 +168,11 @@ class EngineOptions:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineOptions:
         """The options `add_engine_options` put on a parsed command line."""
-        return cls(**{f.name: getattr(args, f.name) for f in _FIELDS if f.name not in NOT_OFFERED["cli"]})
+        values: dict[str, Any] = {
+            f.name: getattr(args, f.name) for f in _FIELDS if f.name not in NOT_OFFERED["cli"]
+        }
+        lists: dict[str, Any] = {k: tuple(v) for k, v in values.items() if isinstance(v, list)}
+        return cls(**{**values, **lists})
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], *, where: str, surface: str) -> EngineOptions:
@@ -157,14 +188,11 @@ class EngineOptions:
                 + (f" ({why})" if why else "")
                 + f"; accepted: {', '.join(offered)}"
             )
-        return cls(**{k: _typed(k, v, where) for k, v in values.items()})
-
-
-class OptionError(ValueError):
-    """An engine option a surface does not know, or a value its type does not admit."""
+        return cls(**{k: typed(_FIELD[k], _TYPES[k], v, where) for k, v in values.items()})
 
 
 _FIELDS = dataclasses.fields(EngineOptions)
+_FIELD = {f.name: f for f in _FIELDS}
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in _FIELDS)
 _TYPES: dict[str, Any] = typing.get_type_hints(EngineOptions)
 
@@ -184,75 +212,6 @@ def offered_on(surface: str) -> tuple[str, ...]:
     return tuple(n for n in OPTION_NAMES if n not in NOT_OFFERED[surface])
 
 
-def _base_type(name: str) -> type:
-    """int for `int | None`, and so on (the field's one non-None type)."""
-    hint = _TYPES[name]
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
-    assert isinstance(hint, type)
-    return hint
-
-
-def _typed(name: str, value: object, where: str) -> Any:  # the field's type, checked here
-    meta = _meta(name)
-    kind = _base_type(name)
-    if isinstance(value, str):
-        value = _parse(name, kind, value.strip(), where)
-    elif kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise OptionError(f"{where}: option {name} must be {_expected(kind)}, got {value!r}")
-    if meta["choices"] and value not in meta["choices"]:
-        raise OptionError(
-            f"{where}: option {name} must be one of {', '.join(meta['choices'])}, got {value!r}"
-        )
-    if meta["minimum"] is not None and isinstance(value, int) and value < meta["minimum"]:
-        raise OptionError(f"{where}: option {name} must be an integer >= {meta['minimum']}, got {value}")
-    if meta["fraction"] and isinstance(value, float) and not 0.0 < value <= 1.0:
-        raise OptionError(f"{where}: option {name} must be a fraction in (0, 1], got {value}")
-    if isinstance(value, str) and not value:
-        raise OptionError(f"{where}: option {name} must not be empty")
-    return value
-
-
-def _parse(name: str, kind: type, text: str, where: str) -> object:
-    try:
-        if kind is bool:
-            if text.lower() in _TRUE:
-                return True
-            if text.lower() in _FALSE:
-                return False
-            raise ValueError(text)
-        return kind(text)
-    except ValueError:
-        raise OptionError(f"{where}: option {name} must be {_expected(kind)}, got {text!r}") from None
-
-
-def _expected(kind: type) -> str:
-    return {bool: f"one of {'/'.join(_TRUE + _FALSE)}", int: "an integer", float: "a number"}.get(
-        kind, "text"
-    )
-
-
-def _meta(name: str) -> Mapping[str, Any]:
-    return next(f.metadata for f in _FIELDS if f.name == name)
-
-
-def positive_int(text: str) -> int:
-    """argparse `type=` for counts and sizes: an integer >= 1, or a clear parser error."""
-    return _bounded_int(text, 1)
-
-
-def _bounded_int(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
-    return value
-
-
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     """`--model` and every engine option the command line offers, from `EngineOptions`."""
     g = p.add_argument_group("engine")
@@ -265,26 +224,4 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     )
     for f in _FIELDS:
         if f.name not in NOT_OFFERED["cli"]:
-            _add_flag(g, f)
-
-
-def _add_flag(g: argparse._ArgumentGroup, f: dataclasses.Field[Any]) -> None:
-    meta = f.metadata
-    flag = meta["flag"] or "--" + f.name.replace("_", "-")
-    kw: dict[str, Any] = {"dest": f.name, "default": f.default, "help": meta["help"]}
-    if meta["metavar"]:
-        kw["metavar"] = meta["metavar"]
-    kind = _base_type(f.name)
-    if kind is bool:
-        # A tri-state option (None: the model decides) takes --x / --no-x; a switch only --x.
-        action = argparse.BooleanOptionalAction if f.default is None else "store_true"
-        g.add_argument(flag, action=action, **kw)
-        return
-    if meta["choices"]:
-        kw["choices"] = meta["choices"]
-    if kind is int and meta["minimum"] is not None:
-        minimum = meta["minimum"]
-        kw["type"] = lambda text: _bounded_int(text, minimum)
-    else:
-        kw["type"] = kind
-    g.add_argument(flag, **kw)
+            add_flag(g, f, _TYPES[f.name])

@@ -24,6 +24,7 @@ from embedserve.config import (
     SchedulerConfig,
     parse_dtype,
 )
+from embedserve.engine.lora_options import lora_settings
 from embedserve.engine.options import TASK_NAMES, EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.kernels.isa import cpu_dtype
@@ -179,6 +180,7 @@ def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn |
         gpu_memory_utilization=options.gpu_memory_utilization,
         max_image_pixels=options.max_image_pixels,  # None: the prompter's defaults (engine/multimodal.py)
         max_images_per_input=options.max_images_per_input,
+        lora=lora_settings(options, files),
     )
 
 

@@ -30,11 +30,12 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[bytes]:
-    """The hash chain of every full block of `token_ids`."""
+def block_hashes(token_ids: Sequence[int], block_size: int, root: bytes = b"") -> list[bytes]:
+    """The hash chain of every full block of `token_ids`, from `root` (a LoRA adapter's: K/V
+    computed under one set of weights is never found by requests of another)."""
     ids = np.asarray(token_ids, dtype=np.int64)
     out: list[bytes] = []
-    prev = b""
+    prev = root
     for i in range(len(ids) // block_size):
         prev = hashlib.sha256(prev + ids[i * block_size : (i + 1) * block_size].tobytes()).digest()
         out.append(prev)
@@ -92,7 +93,7 @@ class KVCacheManager:
         return sum(1 for block, n in holders.items() if n == self.pool.refs(block))
 
     def attach_prefix(
-        self, request_id: int, token_ids: Sequence[int], hashes: Sequence[bytes], most: int
+        self, request_id: int, token_ids: Sequence[int], hashes: Sequence[bytes], most: int, root: bytes = b""
     ) -> tuple[int, Copy | None]:
         """Give a request without blocks the cached blocks its first full blocks match, then a
         pinned prompt tail's rows (in a block of its own, with the copy to make), at most `most`
@@ -107,7 +108,7 @@ class KVCacheManager:
             blocks.append(block)
         hit = len(blocks) * bs
         tail, src = self._tail(
-            token_ids[hit : min(most, hit + bs)], hashes[len(blocks) - 1] if blocks else b""
+            token_ids[hit : min(most, hit + bs)], hashes[len(blocks) - 1] if blocks else root
         )
         copy = None
         if tail:
@@ -132,7 +133,9 @@ class KVCacheManager:
                 best, src = n, block
         return best, src
 
-    def pin_prompt(self, request_id: int, token_ids: Sequence[int], hashes: Sequence[bytes], n: int) -> None:
+    def pin_prompt(
+        self, request_id: int, token_ids: Sequence[int], hashes: Sequence[bytes], n: int, root: bytes = b""
+    ) -> None:
         """Keep the K/V of the request's first `n` tokens (a prompt, computed) for good: its full
         blocks held, its tail's block held and findable by `attach_prefix` (once per tail)."""
         table = self._tables.get(request_id, [])
@@ -144,7 +147,7 @@ class KVCacheManager:
         rows = n - full * self.block_size
         if 0 < rows < self.block_size and len(table) > full:
             tail = tuple(token_ids[full * self.block_size : n])
-            tails = self._tails.setdefault(hashes[full - 1] if full else b"", [])
+            tails = self._tails.setdefault(hashes[full - 1] if full else root, [])
             if all(t != tail for t, _ in tails):
                 tails.append((tail, table[full]))
                 keep.append(table[full])

@@ -161,15 +161,15 @@ class EncoderModel(nn.Module):
             x = layer(x, meta, biases)
         return x if output_rows is None else x.index_select(0, output_rows)
 
+    def weight_route(self, raw_name: str) -> Route | None:
+        """Where a Hugging Face tensor goes in this model (LoRA adapters use it too)."""
+        return _route(raw_name)
+
+    def shard_sizes(self, param: str) -> list[int] | None:
+        return [self.config.hidden_size] * 3 if ".qkv." in param else None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        hidden = self.config.hidden_size
-        load_fused(
-            self,
-            weights,
-            _route,
-            lambda name: [hidden] * 3 if ".qkv." in name else None,
-            self.config.architecture,
-        )
+        load_fused(self, weights, _route, self.shard_sizes, self.config.architecture)
 
 
 def biased_attention(

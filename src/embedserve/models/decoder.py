@@ -19,6 +19,7 @@ from torch import nn
 from embedserve.attention.cpu import paged_attention
 from embedserve.attention.metadata import AttentionFn, AttentionMetadata
 from embedserve.config import ModelConfig
+from embedserve.lora import rows as lora_rows
 from embedserve.models.decoder_layer import DecoderLayer, RMSNorm, Rotary
 from embedserve.models.weights import Route, load_fused
 
@@ -79,7 +80,10 @@ class DecoderModel(nn.Module):
         """input_ids, positions: [T]. Returns final hidden states [len(output_rows), hidden]."""
         x = self.embed_tokens(input_ids)  # [T, hidden]
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
-        if self.short_path is not None and self.short_path.run(x, cos_sin, kv_caches, meta):
+        shortcut = (
+            self.short_path is not None and lora_rows.active() is None
+        )  # adapters: the projections' own
+        if shortcut and self.short_path.run(x, cos_sin, kv_caches, meta):  # type: ignore[union-attr]
             return self.norm(x if output_rows is None else x.index_select(0, output_rows))
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):  # the last layer finishes output_rows only
@@ -124,7 +128,11 @@ class DecoderModel(nn.Module):
 
     # ---- weights ---------------------------------------------------------------------------
 
-    def _shard_sizes(self, param: str) -> list[int] | None:
+    def weight_route(self, raw_name: str) -> Route | None:
+        """Where a Hugging Face tensor goes in this model (LoRA adapters use it too)."""
+        return _route(raw_name)
+
+    def shard_sizes(self, param: str) -> list[int] | None:
         """Row split of a fused parameter (q|k|v or gate|up), None for the others."""
         cfg = self.config
         if ".qkv_proj." in param:
@@ -137,7 +145,7 @@ class DecoderModel(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face tensors in (names with or without a `model.` prefix)."""
-        load_fused(self, weights, _route, self._shard_sizes, self.config.architecture)
+        load_fused(self, weights, _route, self.shard_sizes, self.config.architecture)
 
 
 def _route(raw_name: str) -> Route | None:

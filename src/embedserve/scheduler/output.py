@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from embedserve.kv_cache.manager import Copy
+from embedserve.lora.adapter import LoraAdapter
 from embedserve.vision.state import MultimodalState
 
 
@@ -28,6 +29,7 @@ class ScheduledChunk:
     # An encoder's sequence whose positions from `attend_keys` on are queries only, never keys
     # (ColBERT's query expansion with attend false: models/multivector.py); None: all are keys.
     attend_keys: int | None = None
+    adapter: LoraAdapter | None = None  # the LoRA adapter its rows run (lora/rows.py)
 
     @property
     def num_tokens(self) -> int:

@@ -87,7 +87,7 @@ class Scheduler:
             self.lane.add(req)
             return
         if self.kv.prefix_caching and req.mm is None:  # image tokens: equal ids, other images
-            req.block_hashes = block_hashes(req.token_ids, self.kv.block_size)
+            req.block_hashes = block_hashes(req.token_ids, self.kv.block_size, req.cache_root)
         self.clock.stamp(req)
         self.waiting.append(req)
 
@@ -178,6 +178,7 @@ class Scheduler:
                     else req.token_type_ids[start : start + n],
                     multimodal=req.mm,
                     attend_keys=req.attend_keys,
+                    adapter=req.adapter,
                 )
             )
             scheduled.add(req.request_id)
@@ -194,7 +195,9 @@ class Scheduler:
         hashes = req.block_hashes
         if hashes is None or req.status is not RequestStatus.WAITING or req.num_computed_tokens:
             return 0
-        hit, copy = self.kv.attach_prefix(req.request_id, req.token_ids, hashes, req.pooling.skippable)
+        hit, copy = self.kv.attach_prefix(
+            req.request_id, req.token_ids, hashes, req.pooling.skippable, req.cache_root
+        )
         if copy is not None:
             self._copies[req.request_id] = copy
         if hit:
@@ -274,7 +277,9 @@ class Scheduler:
                 self.kv.register(req.request_id, req.block_hashes, req.num_computed_tokens)
             if req.is_prefill_complete:
                 if req.pin_prefix and req.block_hashes is not None:
-                    self.kv.pin_prompt(req.request_id, req.token_ids, req.block_hashes, req.pin_prefix)
+                    self.kv.pin_prompt(
+                        req.request_id, req.token_ids, req.block_hashes, req.pin_prefix, req.cache_root
+                    )
                 self.running.remove(req)
                 self.kv.free(req.request_id)
                 if req.mm is not None:

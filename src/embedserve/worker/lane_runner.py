@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import torch
 
+from embedserve.lora.rows import running, uniform
 from embedserve.models.decoder import DecoderModel
 from embedserve.request import Request
 from embedserve.scheduler.policy import moving_average
@@ -56,7 +57,8 @@ class LaneRunner:
         `pooled_rows`). An exception leaves the job: the caller fails the request and drops it."""
         job = self.job(req)
         flops, start = job.flops_done, time.perf_counter()
-        job.run(token_layers)
+        with running(uniform(req.adapter)):  # its LoRA adapter's rows: all of them
+            job.run(token_layers)
         elapsed = time.perf_counter() - start
         if elapsed > 0 and job.flops_done > flops:
             self.flops_per_s = moving_average(self.flops_per_s, (job.flops_done - flops) / elapsed)

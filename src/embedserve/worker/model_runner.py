@@ -6,6 +6,7 @@ import torch
 
 from embedserve.config import ModelConfig
 from embedserve.kv_cache.manager import Copy
+from embedserve.lora.rows import running, step_rows
 from embedserve.models.build import EmbeddingModel
 from embedserve.scheduler.output import SchedulerOutput
 from embedserve.worker.input_batch import StepInputs, build_step_inputs
@@ -62,7 +63,11 @@ class ModelRunner:
             use_cache=self.kv_caches is not None,
             deterministic_chunk=self.deterministic_chunk,
         )
-        hidden = self.forward(inputs).float().cpu()  # [R, hidden]
+        adapters = step_rows(
+            [(c.adapter, c.num_tokens, c.pool_rows[1] - c.pool_rows[0]) for c in out.chunks], self.device
+        )
+        with running(adapters):  # the LoRA adapters' rows, if any chunk runs one (lora/rows.py)
+            hidden = self.forward(inputs).float().cpu()  # [R, hidden]
         return {rid: hidden[off : off + n] for rid, (off, n) in inputs.pooled.items()}
 
     def copy_rows(self, copies: list[Copy]) -> None:

@@ -85,7 +85,7 @@ class Qwen3VLModel(DecoderModel):
         """Both layouts: `model.language_model.*` / `model.visual.*` (+ lm_head, skipped) as
         Qwen3VLForConditionalGeneration saves them, `language_model.*` / `visual.*` as
         Qwen3VLModel does."""
-        load_fused(self, _normalized(weights), _vl_route, self._shard_sizes, self.config.architecture)
+        load_fused(self, _normalized(weights), _vl_route, self.shard_sizes, self.config.architecture)
 
 
 def _normalized(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
