@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -118,6 +118,16 @@ class ModelMetadata:
             max_model_len=config.scheduler.max_model_len,
             default_normalize=pool.normalize,
             space_key=space,
+        )
+
+    def with_adapter(self, name: str, fingerprint: str) -> ModelMetadata:
+        """A LoRA adapter's vectors on these base weights: its own name, version and vector space
+        (its vectors never share an index with the base model's or another adapter's)."""
+        return replace(
+            self,
+            model=name,
+            model_version=f"{self.model_version}+lora.{fingerprint}",
+            space_key=f"{self.space_key}|lora={fingerprint}",
         )
 
     def schema(

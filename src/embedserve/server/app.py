@@ -20,13 +20,14 @@ from embedserve.api.http import api_error_handler, http_error_handler
 from embedserve.api.openapi import Health, ModelCard, ModelList, Version, error_responses, metrics_route
 from embedserve.api.openapi_contract import ModelFacts, served_openapi
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import EMBEDDINGS_PATH, model_not_found
+from embedserve.api.routes import EMBEDDINGS_PATH
 from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
 from embedserve.batch.http import add_batch_routes
 from embedserve.batch.online import running
 from embedserve.schema import multivector_type
 from embedserve.server.batch_api import server_batch_jobs
+from embedserve.server.lora_routes import add_lora_routes
 from embedserve.server.metrics import ServerMetrics
 from embedserve.server.routes import add_routes
 from embedserve.server.runtime import ServerRuntime, ServerSettings
@@ -96,7 +97,8 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
         responses={200: {"model": ModelList}, **error_responses(*keyed, 503)},
     )
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card(_service(runtime))]}
+        svc = _service(runtime)  # the base model, then its LoRA adapters
+        return {"object": "list", "data": [model_card(svc.serving(name)) for name in svc.served_names()]}
 
     @app.get(
         "/v1/models/{model_id:path}",
@@ -105,10 +107,7 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
         responses={200: {"model": ModelCard}, **error_responses(*keyed, 404, 503)},
     )
     async def model(model_id: str) -> dict[str, Any]:
-        card = model_card(_service(runtime))
-        if model_id != card["id"]:
-            raise model_not_found(model_id, card["id"])
-        return card
+        return model_card(_service(runtime).serving(model_id))
 
     @app.get(
         "/info",
@@ -128,6 +127,8 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     add_routes(app, lambda: _service(runtime), settings, [auth], statuses)
     max_file = batch.max_file_bytes if batch is not None else 0
     add_batch_routes(app, lambda: jobs, [auth], bool(settings.api_keys), max_file)
+    if settings.engine.enable_lora or settings.engine.lora_modules:
+        add_lora_routes(app, lambda: _service(runtime), bool(settings.api_keys), [auth])
 
     def facts() -> ModelFacts | None:
         return None if runtime.service is None else model_facts(runtime.service)
@@ -179,6 +180,7 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
         "prompt_names": sorted(service.engine.config.prompts),
         "vocab_size": service.engine.config.model.vocab_size,
         "outputs": model_outputs(service),
+        **({} if service.parent is None else {"parent": service.parent}),  # a LoRA adapter's base model
     }
 
 

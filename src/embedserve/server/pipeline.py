@@ -101,6 +101,9 @@ async def answer(
     route = bound.route
     req = route.parse(body)
     job = bound.job(svc, req)
+    if job.model is not None and job.model != svc.metadata.model:  # a LoRA adapter, or 404
+        svc = svc.serving(job.model)
+        job = bound.job(svc, req)
     start = time.perf_counter()
     check_request(svc, route, job)
     with engine_errors(svc.on_forward_failure, job.truncate_remedy):

@@ -94,6 +94,16 @@ class ServerSettings:
         return self.served_model_name or Path(self.model).name
 
 
+def reload_adapters(old: Engine, new: Engine) -> None:
+    """The LoRA adapters loaded at run time into `old`, loaded into its replacement as well."""
+    if old.adapters is None or new.adapters is None:
+        return
+    have = {a.name for a in new.adapters.all()}
+    for adapter in old.adapters.all():
+        if adapter.name not in have:
+            new.adapters.load(adapter.name, adapter.path)
+
+
 def default_max_queued_tokens(max_model_len: int, max_num_batched_tokens: int) -> int:
     # Room for a few maximal documents or many full steps, whichever is larger.
     return max(4 * max_model_len, 32 * max_num_batched_tokens)
@@ -140,6 +150,9 @@ class ServerRuntime:
             metadata = ModelMetadata.from_engine_config(
                 engine.config, s.model_name, s.model_version, fingerprint
             )
+            merged = engine.adapters.merged if engine.adapters is not None else None
+            if merged is not None:  # --merge-lora: the weights are the adapter's, served as it
+                metadata = metadata.with_adapter(s.served_model_name or merged.name, merged.fingerprint)
             sched = engine.config.scheduler
             admission = Admission(
                 s.max_queued_requests,
@@ -212,7 +225,9 @@ class ServerRuntime:
         await asyncio.to_thread(self.engine.close)
         engine = await asyncio.to_thread(Engine.from_pretrained, s.model, s.engine)
         await warm_up(engine, s.warmup_lengths)
+        await asyncio.to_thread(reload_adapters, self.engine, engine)
         self.engine = self.service.engine = engine
+        self.service.views = {}
         self.metrics.bind(engine, self.service.admission)
         self._forward_failed = False
         log.info("engine restarted; ready")

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, effective_timeout
 from embedserve.api.protocol import ApiError
 from embedserve.api.quantize import Calibration, schema_type
+from embedserve.api.routes import model_not_found
+from embedserve.engine.adapters import UnknownAdapterError, view
 from embedserve.engine.engine import Engine
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.errors import (
@@ -24,6 +27,7 @@ from embedserve.errors import (
     InvalidInputError,
 )
 from embedserve.lengths import bucket_of
+from embedserve.lora.adapter import LoraAdapter
 from embedserve.schema import ModelMetadata
 from embedserve.server.admission import Admission
 from embedserve.server.metrics import ServerMetrics
@@ -62,6 +66,35 @@ class EmbeddingService:
         self.max_output_vectors = max_output_vectors  # multi-vector answers (server/multivector_routes.py)
         self.on_forward_failure = on_forward_failure  # the runtime's probe after a failed forward pass
         self.request_timeout_s = request_timeout_s
+        self.views: dict[LoraAdapter, EmbeddingService] = {}  # LoRA adapters' services (`serving`)
+        self.parent: str | None = None  # a LoRA adapter's service: its base model's name
+
+    def serving(self, model: str | None) -> EmbeddingService:
+        """The service answering for `model` (a request's `model` field): this one, or a LoRA
+        adapter's on the same engine, queue and limits; 404 naming the served models."""
+        if model is None or model == self.metadata.model:
+            return self
+        adapters = self.engine.adapters
+        try:
+            adapter = None if adapters is None else adapters.get(model)
+        except UnknownAdapterError:
+            adapter = None
+        if adapter is None:
+            raise model_not_found(model, ", ".join(self.served_names()))
+        svc = self.views.get(adapter)  # by the adapter object: a name loaded again is another one
+        if svc is None:
+            svc = copy.copy(self)
+            svc.engine = view(self.engine, adapter)
+            svc.metadata = self.metadata.with_adapter(adapter.name, adapter.fingerprint)
+            svc.parent = self.metadata.model
+            live = set(adapters.all()) if adapters is not None else set()
+            self.views = {a: s for a, s in self.views.items() if a in live} | {adapter: svc}
+        return svc
+
+    def served_names(self) -> list[str]:
+        """The base model's name, then each loaded LoRA adapter's."""
+        adapters = self.engine.adapters
+        return [self.metadata.model, *(a.name for a in (adapters.all() if adapters is not None else []))]
 
     def schema_type(self, kind: str) -> str:
         return schema_type(kind, self.calibration)
