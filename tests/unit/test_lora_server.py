@@ -136,3 +136,78 @@ def test_serve_takes_vllms_lora_flags(qwen3_dir: Path, adapters: dict[str, Path]
         assert [m["id"] for m in models] == [qwen3_dir.name, "legal", "med"]
     finally:
         server.terminate()
+
+
+def test_the_gateway_maps_tenants_and_aliases_to_adapters(
+    client: TestClient, qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `models:` entry's adapters are served names of the same pools: counted with the base
+    model's tokenizer, each answered with its own schema; tenants and aliases name them."""
+    import asyncio
+
+    from embedserve.gateway.app import create_app
+    from embedserve.gateway.fleet_config import parse_fleet
+    from embedserve.gateway.live import build
+
+    for var, value in (("ACME_KEYS", "acme-1"), ("BETA_KEYS", "beta-1")):
+        monkeypatch.setenv(var, value)
+    pools = {
+        "short": {"max_tokens": 32, "upstreams": ["http://short:1"]},
+        "long": {"max_tokens": 512, "upstreams": ["http://long:2"]},
+    }
+    entry = {
+        "model": str(qwen3_dir),
+        "pools": pools,
+        "routes": [{"class": "online", "order": ["short", "long"]}],
+    }
+    config = parse_fleet(
+        {
+            "models": {"base": {**entry, "adapters": ["legal", "med"]}},
+            "aliases": {"legal-latest": "legal"},
+            "tenants": {
+                "acme": {"api_keys_env": "ACME_KEYS", "models": ["legal", "base"]},
+                "beta": {"api_keys_env": "BETA_KEYS", "models": ["med"]},
+            },
+        }
+    )
+    seqs = [random_ids(5, seed=1), random_ids(200, seed=2)]  # one per pool
+    direct = client.post("/v1/embeddings", json={"model": "legal", "input": seqs}, headers=AUTH).json()
+
+    async def go() -> None:
+        upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=client.app), headers=AUTH)
+        built = await build(config, lambda model: str(qwen3_dir), upstream, None)
+        try:
+            app = create_app(built.live)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as gw:
+
+                async def embed(key: str, model: str) -> httpx.Response:
+                    body = {"model": model, "input": seqs}
+                    return await gw.post(
+                        "/v1/embeddings", json=body, headers={"Authorization": f"Bearer {key}"}
+                    )
+
+                r = await embed("acme-1", "legal-latest")
+                assert r.status_code == 200, r.text
+                assert r.json()["model"] == "legal" and [d["pool"] for d in r.json()["data"]] == [
+                    "short",
+                    "long",
+                ]
+                assert r.json()["embedding_schema"] == direct["embedding_schema"]
+                got = np.array([d["embedding"] for d in r.json()["data"]])
+                want = np.array([d["embedding"] for d in direct["data"]])
+                assert cosine(got, want).min() >= 0.99999
+                denied = await embed("acme-1", "med")
+                assert denied.status_code == 403 and "may not use model 'med'" in denied.text
+                assert (await embed("beta-1", "med")).status_code == 200
+                missing = await embed("acme-1", "nope")
+                assert (
+                    missing.status_code == 404 and "'legal'" in missing.text and "'med'" not in missing.text
+                )
+                listed = await gw.get("/v1/models", headers={"Authorization": "Bearer acme-1"})
+                assert {m["id"] for m in listed.json()["data"]} >= {"base", "legal"}
+        finally:
+            for s in built.sets:
+                await s.close()
+            await upstream.aclose()
+
+    asyncio.run(go())

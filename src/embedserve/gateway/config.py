@@ -90,6 +90,7 @@ class GatewayConfig:
     upstream_api_key_env: str | None = None
     request_timeout_s: float | None = None  # None: timeout_s
     api_keys_env: str | None = None
+    adapter: str | None = None  # a LoRA adapter the pools serve on `model` (its card's id, its `model`)
 
     @property
     def deadline_s(self) -> float:

@@ -58,8 +58,9 @@ class Fleet:
         if self.single:
             return self.services[0], model
         if model is None:
-            if len(self.services) == 1:
-                return self.services[0], None
+            bases = [s for s in self.services if s.config.adapter is None]  # not LoRA adapters
+            if len(bases) == 1:
+                return bases[0], None
             raise ApiError(400, f"'model' is required: this gateway serves {self.names(may_use)}")
         name = self.aliases.get(model, model)
         service = self.by_name.get(name)

@@ -16,6 +16,7 @@ models:
     model: all-MiniLM-L6-v2
     pools: {all: {max_tokens: 512, upstreams: ["http://127.0.0.1:8003"]}}
     routes: [{class: online, order: [all]}, {class: batch, order: [all]}]
+    adapters: [legal, medical]   # LoRA adapters its pools serve (--lora-modules): served names too
 aliases: {embed-latest: qwen3-embedding-v1}
 # the other top-level keys of gateway/config.py (balance, timeouts, limits, keys) apply to all
 ```
@@ -26,7 +27,7 @@ upstreams or `served_model_name` name it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_c
 from embedserve.gateway.tenant_config import TenantConfig, parse_tenants
 
 # What a `models:` entry may set; every other gateway key is set once, at the top.
-_MODEL_KEYS = ("model", "pools", "routes")
+_MODEL_KEYS = ("model", "pools", "routes", "adapters")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/@")
 
 
@@ -85,11 +86,17 @@ def _models(raw: object) -> FleetConfig:
     entries = raw["models"]
     if not isinstance(entries, dict) or not entries:
         raise GatewayConfigError("models: expected a non-empty mapping of served model name -> entry")
-    models = tuple(_model(str(name), body, shared) for name, body in entries.items())
+    models = tuple(m for name, body in entries.items() for m in _model(str(name), body, shared))
+    names = [m.served_model_name for m in models]
+    twice = sorted({n for n in names if names.count(n) > 1 and n is not None})
+    if twice:
+        raise GatewayConfigError(f"models: {twice} named twice (a model's name or one of its adapters')")
     return FleetConfig(models, _aliases(raw.get("aliases", {}), {m.served_model_name or "" for m in models}))
 
 
-def _model(name: str, body: object, shared: dict[str, Any]) -> GatewayConfig:
+def _model(name: str, body: object, shared: dict[str, Any]) -> list[GatewayConfig]:
+    """The entry's model, then one model per LoRA adapter its pools serve (the same pools and
+    routes, counted with the same tokenizer; each with its own schema guard)."""
     where = f"models.{name}"
     if not name or not set(name) <= _NAME_CHARS:
         raise GatewayConfigError(f"{where}: a served model name is letters, digits and -_.:/@, got {name!r}")
@@ -102,10 +109,20 @@ def _model(name: str, body: object, shared: dict[str, Any]) -> GatewayConfig:
         )
     if "model" not in body:
         raise GatewayConfigError(f"{where}: missing 'model' (the directory its tokens are counted with)")
+    adapters = body.get("adapters", [])
+    if not isinstance(adapters, list) or not all(
+        isinstance(a, str) and set(a) <= _NAME_CHARS and a for a in adapters
+    ):
+        raise GatewayConfigError(
+            f"{where}.adapters: expected a list of adapter names (letters, digits, -_.:/@)"
+        )
     try:
-        return parse_config({**shared, **body, "served_model_name": name})
+        base = parse_config(
+            {**shared, **{k: v for k, v in body.items() if k != "adapters"}, "served_model_name": name}
+        )
     except GatewayConfigError as e:
         raise GatewayConfigError(f"{where}: {e}") from None
+    return [base, *(replace(base, served_model_name=a, adapter=a) for a in adapters)]
 
 
 def _aliases(raw: object, served: set[str]) -> dict[str, str]:

@@ -162,11 +162,14 @@ class Forwarder:
     async def _send(
         self, url: str, part: Part, pool: str, headers: dict[str, str], timeout: float | UseClientDefault
     ) -> httpx.Response:
-        """The call, in a CLIENT span whose traceparent goes along when tracing is on."""
+        """The call, in a CLIENT span whose traceparent goes along when tracing is on. A LoRA
+        adapter's part names it (other parts leave `model` to the pool: its own name)."""
+        adapter = self.upstreams.config.adapter
+        payload = part.payload if adapter is None else {**part.payload, "model": adapter}
         if self.tracing is None:
-            return await self._post(url, part.payload, headers, timeout)
+            return await self._post(url, payload, headers, timeout)
         with self.tracing.upstream(url, pool, len(part.indices), part.tokens, headers) as call:
-            r = await self._post(url, part.payload, headers, timeout)
+            r = await self._post(url, payload, headers, timeout)
             call.status = r.status_code
             return r
 

@@ -137,11 +137,13 @@ class UpstreamSet:
                 )
             models = await self.client.get(f"{url}/v1/models", timeout=_PROBE_TIMEOUT_S)
             models.raise_for_status()
-            card: dict[str, Any] = models.json()["data"][0]
+            card: dict[str, Any] = _card(models.json()["data"], self.config.adapter)
         except (
             httpx.HTTPError
         ) as e:  # unreachable, or /v1/models refused (e.g. 401: set upstream_api_key_env)
             return UpstreamReport(ready=False, error=f"poll failed: {type(e).__name__}: {e}")
+        except AdapterNotLoaded as e:
+            return UpstreamReport(ready=False, error=str(e))
         except (ValueError, KeyError, IndexError, TypeError) as e:
             return UpstreamReport(ready=False, error=f"/v1/models is not a model list: {e!r}")
         schema = card.get("embedding_schema")
@@ -210,3 +212,18 @@ def _log_transition(pool: str, url: str, reason: str | None) -> None:
         log.error("!!! upstream %s in pool %r: %s", url, pool, reason)
     else:
         log.warning("upstream %s out of rotation for pool %r: %s", url, pool, reason)
+
+
+class AdapterNotLoaded(Exception):
+    """The upstream does not serve the LoRA adapter (yet): out of rotation for it until it does."""
+
+
+def _card(cards: list[dict[str, Any]], adapter: str | None) -> dict[str, Any]:
+    """The upstream's base model's card, or a LoRA adapter's."""
+    if adapter is None:
+        return cards[0]
+    for card in cards:
+        if card["id"] == adapter:
+            return card
+    listed = ", ".join(str(c.get("id")) for c in cards)
+    raise AdapterNotLoaded(f"/v1/models lists no LoRA adapter {adapter!r} (it lists {listed})")
