@@ -81,7 +81,7 @@ def add_updates(key: str, x: torch.Tensor, y: torch.Tensor, cols: slice = _ALL) 
         if w is None:
             continue
         if isinstance(where, slice):
-            y[where] += w.update(x[where], cols).to(y.dtype)
+            w.add_to(y[where], x[where], cols)
         else:
             y.index_add_(0, where, w.update(x.index_select(0, where), cols).to(y.dtype))
 

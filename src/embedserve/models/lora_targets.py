@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from embedserve.errors import ModelLoadError
-from embedserve.lora.adapter import LoraAdapter, LoraWeights
+from embedserve.lora.adapter import Block, LoraAdapter, LoraWeights
 from embedserve.lora.peft_files import ModuleUpdate, PeftFiles
 from embedserve.models.linear import Linear
 from embedserve.models.weights import Route
@@ -80,17 +80,14 @@ def build_adapter(
 ) -> LoraAdapter:
     """The adapter's updates on the engine's projections, fused where the projections are."""
     weights: dict[str, LoraWeights] = {}
-    modules = dict(model.named_modules())
     for key, parts in place(model, files, unused).items():
-        target = modules[key]
-        assert isinstance(target, Linear)
         a = torch.cat([u.a for _, u in parts])  # [R, in]
-        b = torch.zeros(target.out_features, a.shape[0])
-        col = 0
+        blocks, r0 = [], 0
         for rows, u in parts:
-            b[rows, col : col + u.rank] = u.b * u.scale
-            col += u.rank
-        weights[key] = LoraWeights(a.t().contiguous().to(device), b.t().contiguous().to(device))
+            b_t = (u.b * u.scale).t().contiguous().to(device)
+            blocks.append(Block(r0, r0 + u.rank, rows.start, rows.stop, b_t))
+            r0 += u.rank
+        weights[key] = LoraWeights(a.t().contiguous().to(device), tuple(blocks))
     return LoraAdapter(name, str(files.path), files.rank, files.fingerprint, weights)
 
 

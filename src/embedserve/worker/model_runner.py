@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from embedserve.config import ModelConfig
@@ -10,6 +12,18 @@ from embedserve.lora.rows import running, step_rows
 from embedserve.models.build import EmbeddingModel
 from embedserve.scheduler.output import SchedulerOutput
 from embedserve.worker.input_batch import StepInputs, build_step_inputs
+
+
+def by_adapter(out: SchedulerOutput) -> SchedulerOutput:
+    """The step's chunks grouped by LoRA adapter (groups in order of first appearance, chunks in
+    order within one): each adapter's rows are then one contiguous range of the step
+    (lora/rows.py). Results are keyed by request: their order in the step changes nothing else."""
+    if all(c.adapter is None for c in out.chunks):
+        return out
+    first: dict[int, int] = {}  # each adapter (or the base) by where its first chunk is
+    for c in out.chunks:
+        first.setdefault(id(c.adapter), len(first))
+    return replace(out, chunks=sorted(out.chunks, key=lambda c: first[id(c.adapter)]))
 
 
 def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -55,6 +69,7 @@ class ModelRunner:
         """Returns request_id -> the pooled rows of its chunk, [k, hidden]."""
         if out.copies:
             self.copy_rows(out.copies)
+        out = by_adapter(out)
         inputs = build_step_inputs(
             out,
             self.block_size,
