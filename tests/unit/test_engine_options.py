@@ -34,7 +34,14 @@ def sample(f: dataclasses.Field[Any]) -> Any:
         return (f.default or 0) + 300  # above every minimum, and above max_tokens below
     if hint == float | None:
         return 0.5
+    if hint == tuple[str, ...]:
+        return ("a=/x", "b=/y")
     return "cuda:1" if f.name == "device" else "eager"
+
+
+def text(value: Any) -> str:
+    """The value as a spec or a pool key writes it (a list: comma-separated)."""
+    return ",".join(value) if isinstance(value, tuple) else str(value).lower()
 
 
 def cli_words(f: dataclasses.Field[Any]) -> list[str]:
@@ -42,7 +49,7 @@ def cli_words(f: dataclasses.Field[Any]) -> list[str]:
     value = sample(f)
     if isinstance(value, bool):
         return [flag] if value else ["--no-" + flag[2:]]
-    return [flag, str(value)]
+    return [flag, *value] if isinstance(value, tuple) else [flag, str(value)]
 
 
 @pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
@@ -58,12 +65,12 @@ def test_every_option_is_on_the_command_line(f: dataclasses.Field[Any]) -> None:
 @pytest.mark.parametrize("surface", ["parity", "bench", "pools"])
 @pytest.mark.parametrize("f", FIELDS, ids=lambda f: f.name)
 def test_every_option_parses_from_text_or_says_why_not(surface: str, f: dataclasses.Field[Any]) -> None:
-    text = str(sample(f)).lower()
+    written = text(sample(f))
     if f.name in NOT_OFFERED[surface]:
         with pytest.raises(OptionError, match=NOT_OFFERED[surface][f.name][:30]):
-            EngineOptions.from_mapping({f.name: text}, where="spec", surface=surface)
+            EngineOptions.from_mapping({f.name: written}, where="spec", surface=surface)
         return
-    options = EngineOptions.from_mapping({f.name: text}, where="spec", surface=surface)
+    options = EngineOptions.from_mapping({f.name: written}, where="spec", surface=surface)
     assert getattr(options, f.name) == sample(f)
     assert options.changed() == {f.name: sample(f)}
 

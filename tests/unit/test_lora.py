@@ -153,6 +153,8 @@ def test_merged_adapter_matches_peft(qwen3_dir: Path, decoder_adapters: dict[str
     path = decoder_adapters["patterns"]
     with Engine.from_pretrained(qwen3_dir, lora_modules=(f"p={path}",), merge_lora=True) as engine:
         got = engine.embed(seqs, prompt="")
+        with pytest.raises(UnknownAdapterError):  # its weights are the adapter's: no view of it
+            engine.with_adapter("p")
         assert engine.adapters is not None and engine.adapters.merged is not None
         with pytest.raises(ModelLoadError, match="merged into its weights"):
             engine.adapters.load("x", str(path))
@@ -164,16 +166,16 @@ def test_adapters_load_and_unload_at_run_time(qwen3_dir: Path, decoder_adapters:
     with Engine.from_pretrained(qwen3_dir, enable_lora=True, max_loras=1) as engine:
         adapters = engine.adapters
         assert adapters is not None and adapters.all() == []
-        adapter = adapters.load("x", str(decoder_adapters["r4-qv"]))
+        adapters.load("x", str(decoder_adapters["r4-qv"]))
         with pytest.raises(ModelLoadError, match="--max-loras"):
             adapters.load("y", str(decoder_adapters["r16-all"]))
         with pytest.raises(ModelLoadError, match="already loaded"):
             adapters.load("x", str(decoder_adapters["r16-all"]))
-        futures, _ = view(engine, adapter).submit(seqs, prompt="")
+        futures, _ = engine.with_adapter("x").submit(seqs, prompt="")
         adapters.unload("x")  # queued work finishes with the adapter it was queued for
-        got = futures[0].result().vector.numpy()
-        with pytest.raises(UnknownAdapterError, match="no LoRA adapter named 'x'"):
-            adapters.get("x")
+        got = futures[0].result().vector.numpy()  # type: ignore[union-attr]
+        with pytest.raises(UnknownAdapterError, match="no LoRA adapter named 'x' is loaded"):
+            engine.with_adapter("x")
     assert cosine(got[None], peft_embed(qwen3_dir, decoder_adapters["r4-qv"], seqs))[0] >= FP32_MIN_COSINE
 
 
@@ -211,6 +213,7 @@ def test_bad_adapters_are_refused_by_name(
         ({"enable_lora": True, "deterministic": True}, "deterministic mode"),
         ({"enable_lora": True, "compile_backend": "eager"}, "compile_backend"),
         ({"lora_modules": ("a=/x", "b=/y"), "max_loras": 1}, "above --max-loras 1"),
+        ({"enable_lora": True, "tensor_parallel_size": 2}, "not supported with tensor_parallel_size > 1"),
     ],
 )
 def test_option_combinations_are_refused(qwen3_dir: Path, options: dict[str, Any], message: str) -> None:
@@ -218,11 +221,13 @@ def test_option_combinations_are_refused(qwen3_dir: Path, options: dict[str, Any
         build_engine(qwen3_dir, **options)
 
 
-def test_an_architecture_without_adapters_is_refused(tmp_path: Path) -> None:
+def test_an_architecture_without_adapters_is_refused(tmp_path: Path, qwen3_vl_dir: Path) -> None:
     from tests.helpers.tiny_gemma import build_gemma3
 
     with pytest.raises(ModelLoadError, match="not on Gemma3"):
         build_engine(build_gemma3(tmp_path / "g"), enable_lora=True)
+    with pytest.raises(ModelLoadError, match="not supported with multimodal models"):
+        build_engine(qwen3_vl_dir, enable_lora=True)
 
 
 def test_rows_of_a_step_are_grouped_per_adapter() -> None:

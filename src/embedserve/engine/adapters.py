@@ -105,3 +105,10 @@ def view(engine: Engine, adapter: LoraAdapter) -> Engine:
     out = copy.copy(engine)
     out.adapter, out.name = adapter, adapter.name
     return out
+
+
+def adapter_view(engine: Engine, name: str) -> Engine:
+    """`view` of the adapter loaded as `name`; UnknownAdapterError naming the loaded ones."""
+    if engine.adapters is None:
+        raise UnknownAdapterError(f"engine {engine.name} serves no LoRA adapter (enable_lora is off)")
+    return view(engine, engine.adapters.get(name))

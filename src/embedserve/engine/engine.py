@@ -11,24 +11,23 @@ from typing import Any
 
 import numpy as np
 
+from embedserve.engine.adapters import adapter_view
 from embedserve.engine.builder import EngineParts, build_engine
 from embedserve.engine.classify import ClassifyMixin
 from embedserve.engine.core import Finished
 from embedserve.engine.late import LateChunkingMixin
 from embedserve.engine.lexical import LexicalMixin
 from embedserve.engine.loop import EngineLoop
-from embedserve.engine.multimodal import text_items, tokenize_multimodal
+from embedserve.engine.multimodal import tokenize_items
 from embedserve.engine.multivector import MultiVectorMixin
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of, parse_priority, wait_outputs
 from embedserve.engine.prefix import PromptCacheMixin
 from embedserve.engine.rerank import RerankMixin
 from embedserve.engine.static import StaticQueryMixin
-from embedserve.errors import InvalidInputError
 from embedserve.lora.adapter import LoraAdapter
-from embedserve.request import EmbedParams, Request
-from embedserve.tokenizer import Tokenized, Truncate, resolve_prompt, tokenize_inputs
-from embedserve.vision.prompt import is_image
+from embedserve.request import EmbedParams, Request, check_dimensions
+from embedserve.tokenizer import Tokenized, resolve_prompt
 
 __all__ = ["EmbeddingOutput", "Engine", "Inputs", "output_of"]  # the outputs' types, where callers look
 
@@ -50,8 +49,8 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         self.static_queries = self._loop.parts.static_queries  # inference-free SPLADE (engine/static.py)
         self.lexical_head = self._loop.parts.lexical_head  # BGE-M3's sparse vectors (engine/lexical.py)
         self.dense_head = self._loop.parts.dense_head  # sentence-transformers Dense modules
-        self.adapters = self._loop.parts.adapters  # LoRA (engine/adapters.py); `view` runs one
-        self.adapter: LoraAdapter | None = None  # this engine's requests run it
+        self.adapters = self._loop.parts.adapters  # LoRA adapters (engine/adapters.py)
+        self.adapter: LoraAdapter | None = None  # this engine's requests run it (`with_adapter`)
         # What errors call the model: its directory's name, or the name a server serves it as.
         self.name = Path(self.config.model_path).name
         self._ids = itertools.count()
@@ -67,33 +66,27 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         options = (options or EngineOptions()).replace(**overrides)  # an unknown keyword fails here
         return cls(functools.partial(build_engine, path, options))
 
+    def with_adapter(self, name: str) -> Engine:
+        """This engine with its requests run by LoRA adapter `name` (the same loop and queue)."""
+        return adapter_view(self, name)
+
     # ---- input handling --------------------------------------------------------------------
 
     def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
         return resolve_prompt(self.config.prompts, self.config.default_prompt_name, prompt_name, prompt)
 
     def check_dimensions(self, dimensions: int | None) -> None:
-        if dimensions is None:
-            return
-        if self.sparse_head is not None:
-            raise InvalidInputError("dimensions does not apply to a SPLADE model's sparse vectors")
-        width = self.config.vector_size  # after Dense modules
-        if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= width:
-            raise InvalidInputError(f"dimensions must be an integer in [1, {width}], got {dimensions!r}")
+        check_dimensions(dimensions, self.config.vector_size, sparse=self.sparse_head is not None)
 
     def tokenize(
         self, inputs: Inputs, prompt: str = "", truncate: str = "error", max_len: int | None = None
     ) -> list[Tokenized]:
         """Tokenize and validate every input (raises naming the first bad one); `max_len`: the
         length over which `truncate` applies (default: the model's max_model_len)."""
-        policy = Truncate.parse(truncate)
-        items: Sequence[Any] = [inputs] if isinstance(inputs, str) or is_image(inputs) else inputs
-        prompter = self._loop.parts.prompter
         limit = self.config.scheduler.max_model_len if max_len is None else max_len
-        if prompter is not None:  # the chat format; `prompt` is the instruction
-            return tokenize_multimodal(prompter, self.tokenizer, items, prompt, limit)
-        items = text_items(items, self.name)
-        return tokenize_inputs(self.tokenizer, items, prompt, limit, policy)
+        return tokenize_items(
+            self._loop.parts.prompter, self.tokenizer, inputs, prompt, limit, truncate, self.name
+        )
 
     def _requests(
         self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str

@@ -9,9 +9,16 @@ from typing import Any
 from embedserve.errors import InputTooLongError, InvalidInputError, ModelLoadError
 from embedserve.models.qwen3_vl.spec import DEFAULT_INSTRUCTION
 from embedserve.models.source import ModelSource
-from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
+from embedserve.tokenizer import Tokenized, Tokenizer, Truncate, tokenize_inputs
 from embedserve.vision.image import DEFAULT_MAX_IMAGE_PIXELS
-from embedserve.vision.prompt import DEFAULT_MAX_IMAGES, MultimodalPrompter, PromptLimits, as_parts, has_image
+from embedserve.vision.prompt import (
+    DEFAULT_MAX_IMAGES,
+    MultimodalPrompter,
+    PromptLimits,
+    as_parts,
+    has_image,
+    is_image,
+)
 
 __all__ = [
     "MultimodalPrompter",
@@ -60,6 +67,24 @@ def tokenize_multimodal(
             raise type(e)(f"input {i}: {e}") from None
         out.append(Tokenized(token_ids=ids, truncated=False, multimodal=state if state.spans else None))
     return out
+
+
+def tokenize_items(
+    prompter: MultimodalPrompter | None,
+    tokenizer: Tokenizer,
+    inputs: Any,
+    prompt: str,
+    limit: int,
+    truncate: str,
+    model: str,
+) -> list[Tokenized]:
+    """`Engine.tokenize`: a string, an image or a list of them (or of token-id lists), with the
+    chat format's instruction `prompt` where the model reads images, else the text prompt."""
+    policy = Truncate.parse(truncate)
+    items: Sequence[Any] = [inputs] if isinstance(inputs, str) or is_image(inputs) else inputs
+    if prompter is not None:  # the chat format; `prompt` is the instruction
+        return tokenize_multimodal(prompter, tokenizer, items, prompt, limit)
+    return tokenize_inputs(tokenizer, text_items(items, model), prompt, limit, policy)
 
 
 def text_items(items: Sequence[Any], model: str) -> list[Any]:
