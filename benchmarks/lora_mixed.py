@@ -128,7 +128,8 @@ def main() -> None:
     first = next(iter(times))
     print(
         f"{args.model.name}, {args.dtype}, {args.inputs} inputs x {args.tokens} tokens, "
-        f"budget {args.budget}, {len(views)} adapters of rank {args.rank}, {torch.get_num_threads()} threads, {args.rounds} rounds"
+        f"budget {args.budget}, {len(views)} adapters of rank {args.rank}, "
+        f"{torch.get_num_threads()} threads, {args.rounds} rounds"
     )
     print("| engine | tokens/s (median) | x base engine (paired by round) |\n|---|---|---|")
     for name, ts in times.items():
