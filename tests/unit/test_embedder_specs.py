@@ -193,6 +193,8 @@ def _sample(field: dataclasses.Field[object]) -> tuple[str, object]:
         return "3", 3
     if "float" in hint:
         return "0.5", 0.5
+    if "tuple" in hint:  # a list: comma-separated
+        return "a=/x,b=/y", ("a=/x", "b=/y")
     return "somewhere", "somewhere"
 
 

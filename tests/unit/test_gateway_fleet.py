@@ -54,6 +54,18 @@ def test_the_models_map_gives_each_model_its_config_and_shares_the_rest() -> Non
     assert one.single and one.models[0].served_model_name is None
 
 
+def test_a_models_adapters_are_served_names_of_its_pools() -> None:
+    pinned = {name: {**pool, "schema": "es1-0123456789abcdef"} for name, pool in POOLS.items()}
+    fleet = parse_fleet(
+        {"models": {"a": {**_entry(pools=pinned), "adapters": ["x", "y"]}}, "aliases": {"z": "x"}}
+    )
+    assert [(m.served_model_name, m.adapter) for m in fleet.models] == [("a", None), ("x", "x"), ("y", "y")]
+    assert [p.name for p in fleet.models[1].pools] == [p.name for p in fleet.models[0].pools]
+    # the base model's pinned schema is not the adapter's
+    assert all(p.schema for p in fleet.models[0].pools) and not any(p.schema for p in fleet.models[1].pools)
+    assert fleet.aliases == {"z": "x"}
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -68,6 +80,8 @@ def test_the_models_map_gives_each_model_its_config_and_shares_the_rest() -> Non
         ),
         ({"models": {"a": _entry()}, "aliases": {"x": "b"}}, "aliases.x: 'b' is not a served model"),
         ({"models": {"a": _entry()}, "aliases": {"a": "a"}}, "aliases.a: is already a served model's name"),
+        ({"models": {"a": _entry(adapters="x")}}, "models.a.adapters: expected a list"),
+        ({"models": {"a": _entry(adapters=["b"]), "b": _entry()}}, "models: ['b'] named twice"),
         (
             {"pools": POOLS, "routes": ROUTES, "aliases": {"x": "a"}},
             "aliases: name models of a 'models:' map",

@@ -3,6 +3,7 @@ peft, float32): every adapter and the base in one mixed batch, chunked, layer-ma
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,9 @@ def test_bad_adapters_are_refused_by_name(
     other = make_adapter(qwen2_dir, tmp_path / "other", 4, ["q_proj"], seed=1)  # another base's shapes
     dora = make_adapter(qwen3_dir, tmp_path / "dora", 4, ["q_proj"], seed=1, use_dora=True)
     saved = make_adapter(qwen3_dir, tmp_path / "saved", 4, ["q_proj"], seed=1, modules_to_save=["norm"])
+    pissa = make_adapter(qwen3_dir, tmp_path / "pissa", 4, ["q_proj"], seed=1)
+    config = json.loads((pissa / "adapter_config.json").read_text())
+    (pissa / "adapter_config.json").write_text(json.dumps({**config, "init_lora_weights": "pissa_niter_4"}))
     with Engine.from_pretrained(qwen3_dir, enable_lora=True, max_lora_rank=16) as engine:
         adapters = engine.adapters
         assert adapters is not None
@@ -193,6 +197,7 @@ def test_bad_adapters_are_refused_by_name(
             (str(dora), "DoRA"),
             (str(saved), "modules_to_save"),
             (str(tmp_path / "missing"), "adapter_config.json is missing"),
+            (str(pissa), "changes the base weights it was trained on"),
         ]
         for path, message in cases:
             with pytest.raises(ModelLoadError, match=message):
@@ -244,3 +249,34 @@ def test_rows_of_a_step_are_grouped_per_adapter() -> None:
     with pytest.raises(RuntimeError, match="7 rows"):
         rows.groups(7)
     assert lora_rows.step_rows([(None, 3, 1)], torch.device("cpu")) is None
+
+
+def test_an_engine_rebuilt_keeps_the_adapters_it_served(
+    qwen3_dir: Path, decoder_adapters: dict[str, Path]
+) -> None:
+    """After its loop died, the server's new engine serves the adapters the old one served (as
+    replaced and unloaded at run time), the same weights without reading files again."""
+    from embedserve.server.runtime import keep_adapters
+
+    seqs = [random_ids(25, seed=5)]
+    modules = _modules({k: decoder_adapters[k] for k in ("r4-qv", "r16-all")})
+    with (
+        Engine.from_pretrained(qwen3_dir, lora_modules=modules) as old,
+        Engine.from_pretrained(qwen3_dir, lora_modules=modules) as new,
+    ):
+        assert old.adapters is not None and new.adapters is not None
+        old.adapters.replace("r4-qv", str(decoder_adapters["patterns"]))
+        old.adapters.unload("r16-all")
+        keep_adapters(old, new)
+        assert [a.name for a in new.adapters.all()] == ["r4-qv"]
+        got = new.with_adapter("r4-qv").embed(seqs, prompt="")
+    assert cosine(got, peft_embed(qwen3_dir, decoder_adapters["patterns"], seqs))[0] >= FP32_MIN_COSINE
+
+
+def test_peft_patterns_prefer_the_modules_own_name() -> None:
+    from embedserve.lora.peft_files import _pattern
+
+    patterns = {"q_proj": 16, "model.layers.0.self_attn.q_proj": 32}
+    assert _pattern(patterns, "model.layers.0.self_attn.q_proj", 8) == 32
+    assert _pattern(patterns, "model.layers.1.self_attn.q_proj", 8) == 16
+    assert _pattern(patterns, "model.layers.1.self_attn.k_proj", 8) == 8

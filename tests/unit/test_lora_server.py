@@ -4,6 +4,8 @@ unload at run time on vLLM's admin routes (API key required)."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -211,3 +213,54 @@ def test_the_gateway_maps_tenants_and_aliases_to_adapters(
             await upstream.aclose()
 
     asyncio.run(go())
+
+
+def test_load_inplace_keeps_the_old_adapter_when_the_new_one_is_refused(
+    client: TestClient, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    seq = [random_ids(20, seed=7)]
+    before = client.post("/v1/embeddings", json={"model": "med", "input": seq}, headers=AUTH).json()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text((adapters["med"] / "adapter_config.json").read_text())
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    body = {"lora_name": "med", "lora_path": str(broken), "load_inplace": True}
+    resp = client.post("/v1/load_lora_adapter", json=body, headers=AUTH)
+    assert resp.status_code == 400 and "cannot read the adapter" in resp.text
+    after = client.post("/v1/embeddings", json={"model": "med", "input": seq}, headers=AUTH).json()
+    vectors = [np.array([d["embedding"] for d in r["data"]]) for r in (before, after)]
+    assert cosine(*vectors)[0] >= 0.99999  # still the old adapter (a prefix-cache hit may move the last bits)
+    assert after["embedding_schema"] == before["embedding_schema"]
+    body = {"lora_name": "med", "lora_path": str(adapters["late"]), "load_inplace": True}
+    assert client.post("/v1/load_lora_adapter", json=body, headers=AUTH).status_code == 200
+    swapped = client.post("/v1/embeddings", json={"model": "med", "input": seq}, headers=AUTH).json()
+    assert swapped["embedding_schema"] != before["embedding_schema"]
+    body = {"lora_name": "med", "lora_path": str(adapters["med"]), "load_inplace": True}
+    assert client.post("/v1/load_lora_adapter", json=body, headers=AUTH).status_code == 200
+
+
+def test_batch_lines_name_adapters(qwen3_dir: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
+    from embedserve.batch.settings import BatchSettings
+
+    options = EngineOptions(lora_modules=(f"legal={adapters['legal']}",))
+    seqs = [random_ids(12, seed=3)]
+    with server_client(qwen3_dir, engine=options, batch=BatchSettings(tmp_path / "b")) as c:
+        lines = [
+            {"custom_id": m, "method": "POST", "url": "/v1/embeddings", "body": {"model": m, "input": seqs}}
+            for m in ("legal", qwen3_dir.name)
+        ]
+        content = "".join(json.dumps(x) + "\n" for x in lines).encode()
+        file_id = c.post(
+            "/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"}
+        ).json()["id"]
+        body = {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"}
+        batch = c.post("/v1/batches", json=body).json()
+        deadline = time.monotonic() + 60
+        while (got := c.get(f"/v1/batches/{batch['id']}").json())["status"] not in ("completed", "failed"):
+            assert time.monotonic() < deadline, got
+        assert got["status"] == "completed", got
+        out = [json.loads(x) for x in c.get(f"/v1/files/{got['output_file_id']}/content").text.splitlines()]
+        by_id = {r["custom_id"]: r["response"]["body"] for r in out}
+        direct = c.post("/v1/embeddings", json={"model": "legal", "input": seqs}).json()
+        assert by_id["legal"]["model"] == "legal" and by_id["legal"]["data"] == direct["data"]
+        assert by_id[qwen3_dir.name]["embedding_schema"] != direct["embedding_schema"]

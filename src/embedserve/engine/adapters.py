@@ -83,6 +83,24 @@ class Adapters:
             self._loaded = {**self._loaded, name: adapter}
         return adapter
 
+    def replace(self, name: str, path: str) -> LoraAdapter:
+        """The adapter loaded as `name` replaced by the one at `path`, checked first: on any
+        refusal the old one stays. Requests queued for the old one finish with it."""
+        self.get(name)
+        adapter = build_adapter(
+            name, read_peft(path, self.settings.max_rank), self._model, self._device, self._unused
+        )
+        with self._lock:
+            self.get(name)  # not unloaded meanwhile
+            self._loaded = {**self._loaded, name: adapter}
+        return adapter
+
+    def adopt(self, adapters: list[LoraAdapter]) -> None:
+        """Serve exactly `adapters` (built for the same model: an engine rebuilt after its loop
+        died keeps what the old one served, as loaded, replaced and unloaded at run time)."""
+        with self._lock:
+            self._loaded = {a.name: a for a in adapters}
+
     def unload(self, name: str) -> LoraAdapter:
         with self._lock:
             adapter = self.get(name)

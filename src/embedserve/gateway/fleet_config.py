@@ -122,7 +122,9 @@ def _model(name: str, body: object, shared: dict[str, Any]) -> list[GatewayConfi
         )
     except GatewayConfigError as e:
         raise GatewayConfigError(f"{where}: {e}") from None
-    return [base, *(replace(base, served_model_name=a, adapter=a) for a in adapters)]
+    # an adapter's schema is its own: a pool's `schema:` pin names the base model's
+    pools = tuple(replace(p, schema=None) for p in base.pools)
+    return [base, *(replace(base, served_model_name=a, adapter=a, pools=pools) for a in adapters)]
 
 
 def _aliases(raw: object, served: set[str]) -> dict[str, str]:

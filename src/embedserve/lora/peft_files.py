@@ -25,6 +25,8 @@ from embedserve.errors import ModelLoadError
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
 _PREFIX = "base_model.model."
+# Initialisations that train the adapter on a changed base (its residual), unless converted.
+_RESIDUAL_INITS = ("pissa", "olora", "corda", "loftq", "eva")
 # <module>.lora_A.weight, or <module>.lora_A.<adapter name>.weight
 _KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<side>A|B)(?:\.[^.]+)?\.weight$")
 # Options PEFT trains that change what the adapter computes: (key, the value that is harmless).
@@ -78,8 +80,8 @@ def read_peft(path: str | Path, max_rank: int) -> PeftFiles:
     try:
         config = json.loads((root / CONFIG).read_text())
         tensors = load_file(str(root / WEIGHTS))
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot read the adapter at {root}: {e}") from None
+    except Exception as e:  # safetensors' own error is neither OSError nor ValueError
+        raise ModelLoadError(f"cannot read the adapter at {root}: {type(e).__name__}: {e}") from None
     _check_config(config, root)
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
@@ -110,6 +112,12 @@ def _check_config(config: Any, root: Path) -> None:
         value = config.get(key, harmless)
         if value not in (harmless, None, False, [], {}):
             raise ModelLoadError(f"adapter {root}: {what} are not supported")
+    init = config.get("init_lora_weights", True)
+    if isinstance(init, str) and init.lower().startswith(_RESIDUAL_INITS):
+        raise ModelLoadError(
+            f"adapter {root}: init_lora_weights {init!r} changes the base weights it was trained on; "
+            "convert it to a plain LoRA (PEFT's path_initial_model_for_weight_conversion) to serve it"
+        )
     if config.get("bias", "none") != "none":
         raise ModelLoadError(f"adapter {root}: trained biases (bias={config['bias']!r}) are not supported")
     if config.get("modules_to_save"):
@@ -136,7 +144,10 @@ def _update(name: str, sides: dict[str, torch.Tensor], config: dict[str, Any], r
 
 
 def _pattern(patterns: dict[str, Any], module: str, default: Any) -> Any:
-    """PEFT's per-module override: the first pattern that ends the module's dotted name."""
+    """PEFT's per-module override: the module's own name, else the first pattern that ends its
+    dotted name."""
+    if module in patterns:
+        return patterns[module]
     for key, value in patterns.items():
         if re.match(rf"(.*\.)?({key})$", module):
             return value

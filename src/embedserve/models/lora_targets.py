@@ -39,19 +39,19 @@ def routed(model: nn.Module) -> Routed:
 
 # Modules of a checkpoint an embedding model never runs: BERT's pooler (sentence-transformers pools
 # the hidden states itself; a cross-encoder's score head does run it, models/score_head.py).
-UNUSED_BY_EMBEDDINGS = ("pooler.",)
+UNUSED_BY_EMBEDDINGS = ("pooler",)
 
 
 def place(
     model: nn.Module, files: PeftFiles, unused: tuple[str, ...] = ()
 ) -> dict[str, list[tuple[slice, ModuleUpdate]]]:
     """Each engine projection an adapter module updates -> (its output rows, the update).
-    Modules under an `unused` prefix are skipped: their output never reaches a vector."""
+    Modules under an `unused` name (e.g. bert.pooler.dense) are skipped: no vector reads them."""
     routes = routed(model)
     modules = dict(model.named_modules())
     placed: dict[str, list[tuple[slice, ModuleUpdate]]] = {}
     for hf_name, update in files.modules.items():
-        if hf_name.startswith(unused):
+        if any(part in unused for part in hf_name.split(".")):
             continue
         where = routes.weight_route(f"{hf_name}.weight")
         key = None if where is None else where[0].removesuffix(".weight")

@@ -98,7 +98,11 @@ def create_app(settings: ServerSettings, on_fatal: Callable[[str], None] | None 
     )
     async def models() -> dict[str, Any]:
         svc = _service(runtime)  # the base model, then its LoRA adapters
-        return {"object": "list", "data": [model_card(svc.serving(name)) for name in svc.served_names()]}
+        cards = []
+        for name in svc.served_names():
+            with contextlib.suppress(ApiError):  # an adapter unloaded meanwhile
+                cards.append(model_card(svc.serving(name)))
+        return {"object": "list", "data": cards}
 
     @app.get(
         "/v1/models/{model_id:path}",

@@ -14,7 +14,7 @@ from embedserve.api.http import body_too_large
 from embedserve.api.protocol import ApiError
 from embedserve.batch.execute import RETRY_STATUS, at_batch_priority, retry_after_s
 from embedserve.batch.format import BatchLine, Result, answered
-from embedserve.server.pipeline import ServerRoute, answer, check_request
+from embedserve.server.pipeline import ServerRoute, answer, bind, check_request
 from embedserve.server.routes import server_routes
 from embedserve.server.serving import EmbeddingService, engine_errors
 
@@ -62,8 +62,7 @@ class InProcess:
         try:
             if len(line.body) > self.max_body_bytes:
                 raise body_too_large(self.max_body_bytes)
-            svc = self.service()
-            job = bound.job(svc, bound.route.parse(line.body))
+            svc, job = bind(self.service(), bound, bound.route.parse(line.body))
             check_request(svc, bound.route, job)
             with engine_errors(svc.on_forward_failure, job.truncate_remedy):
                 await asyncio.to_thread(job.tokenize)

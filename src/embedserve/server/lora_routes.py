@@ -57,7 +57,7 @@ def add_lora_routes(
             raise ApiError(400, f"{name!r} is the base model's name: an adapter needs another")
         try:
             if body.load_inplace and name in svc.served_names():
-                await asyncio.to_thread(_replace, adapters, name, body.lora_path)
+                await asyncio.to_thread(adapters.replace, name, body.lora_path)
             else:
                 await asyncio.to_thread(adapters.load, name, body.lora_path)
         except ModelLoadError as e:
@@ -104,13 +104,3 @@ def _adapters(svc: EmbeddingService) -> Adapters:
         )
         raise ApiError(400, f"this server {why}: it loads no adapter")
     return adapters
-
-
-def _replace(adapters: Adapters, name: str, path: str) -> None:
-    """load_inplace: the new weights checked before the old ones go."""
-    old = adapters.unload(name)
-    try:
-        adapters.load(name, path)
-    except ModelLoadError:
-        adapters.load(old.name, old.path)
-        raise

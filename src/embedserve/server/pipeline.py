@@ -100,10 +100,7 @@ async def answer(
     `trace`: the request's span when tracing is on (server/routes.py)."""
     route = bound.route
     req = route.parse(body)
-    job = bound.job(svc, req)
-    if job.model is not None and job.model != svc.metadata.model:  # a LoRA adapter, or 404
-        svc = svc.serving(job.model)
-        job = bound.job(svc, req)
+    svc, job = bind(svc, bound, req)
     start = time.perf_counter()
     check_request(svc, route, job)
     with engine_errors(svc.on_forward_failure, job.truncate_remedy):
@@ -129,6 +126,16 @@ async def answer(
     return reply, timing_headers(outputs, tokenize_time, total)
 
 
+def bind(svc: EmbeddingService, bound: ServerRoute[Any], req: Any) -> tuple[EmbeddingService, Job]:
+    """The request's Job on the service its `model` names: a LoRA adapter's, else `svc` (whose
+    checks then refuse a name it does not serve)."""
+    job = bound.job(svc, req)
+    if job.model is not None and job.model in svc.served_names()[1:]:
+        svc = svc.serving(job.model)
+        job = bound.job(svc, req)
+    return svc, job
+
+
 def check_request(svc: EmbeddingService, route: Route[Any], job: Job) -> None:
     """The refusals before tokenizing: the model's task, the `model` field, the input limit."""
     meta = svc.metadata
@@ -136,7 +143,7 @@ def check_request(svc: EmbeddingService, route: Route[Any], job: Job) -> None:
     if task not in route.tasks and not job.serves(task):
         raise ApiError(400, wrong_task(meta.model, task))
     if job.model is not None and job.model != meta.model:
-        raise model_not_found(job.model, meta.model)
+        raise model_not_found(job.model, ", ".join(svc.served_names()))
     limit = svc.max_inputs_per_request
     if job.n_inputs > limit:
         raise too_many_inputs(job.n_inputs, limit)

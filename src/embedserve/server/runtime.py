@@ -94,14 +94,11 @@ class ServerSettings:
         return self.served_model_name or Path(self.model).name
 
 
-def reload_adapters(old: Engine, new: Engine) -> None:
-    """The LoRA adapters loaded at run time into `old`, loaded into its replacement as well."""
-    if old.adapters is None or new.adapters is None:
-        return
-    have = {a.name for a in new.adapters.all()}
-    for adapter in old.adapters.all():
-        if adapter.name not in have:
-            new.adapters.load(adapter.name, adapter.path)
+def keep_adapters(old: Engine, new: Engine) -> None:
+    """The LoRA adapters `old` served when its loop died (as loaded, replaced and unloaded at run
+    time), served by its replacement: the same weights, no file read again."""
+    if old.adapters is not None and new.adapters is not None:
+        new.adapters.adopt(old.adapters.all())
 
 
 def default_max_queued_tokens(max_model_len: int, max_num_batched_tokens: int) -> int:
@@ -150,6 +147,13 @@ class ServerRuntime:
             metadata = ModelMetadata.from_engine_config(
                 engine.config, s.model_name, s.model_version, fingerprint
             )
+            clash = (
+                [a.name for a in engine.adapters.all() if a.name == metadata.model] if engine.adapters else []
+            )
+            if clash:
+                raise ModelLoadError(
+                    f"LoRA adapter {clash[0]!r} has the served model's name: give it another"
+                )
             merged = engine.adapters.merged if engine.adapters is not None else None
             if merged is not None:  # --merge-lora: the weights are the adapter's, served as it
                 metadata = metadata.with_adapter(s.served_model_name or merged.name, merged.fingerprint)
@@ -225,7 +229,7 @@ class ServerRuntime:
         await asyncio.to_thread(self.engine.close)
         engine = await asyncio.to_thread(Engine.from_pretrained, s.model, s.engine)
         await warm_up(engine, s.warmup_lengths)
-        await asyncio.to_thread(reload_adapters, self.engine, engine)
+        keep_adapters(self.engine, engine)
         self.engine = self.service.engine = engine
         self.service.views = {}
         self.metrics.bind(engine, self.service.admission)
