@@ -1,12 +1,13 @@
-"""Multi-LoRA serving cost, side by side in one process: the same inputs through
-(1) the base engine without LoRA, (2) the LoRA engine on base rows only, (3) the LoRA engine with
-the inputs spread over N adapters (every step mixes their rows), (4) one adapter merged into the
-weights (--merge-lora). Rounds alternate the engines (this box drifts); tokens/s medians and each
-engine's ratio to (1), paired by round. Also: the adapters' memory against N merged copies of the
-model, and every adapter's vectors against PEFT's (transformers + peft, float32) on a few inputs.
+"""Multi-LoRA serving cost, side by side in one run: the same inputs through (1) the base engine
+without LoRA, (2) the LoRA engine on base rows only, (3) the LoRA engine with the inputs spread
+over N adapters (every step mixes their rows), (4) one adapter merged into the weights
+(--merge-lora). Each runs in a process of its own, as a server does (engines sharing a process
+slowed each other's small matmuls); rounds alternate them (this box drifts); tokens/s medians and
+each engine's ratio to (1), paired by round. Also: the adapters' memory against N merged copies
+of the model, and every adapter's vectors against PEFT's (transformers + peft, fp32).
 
     python benchmarks/lora_mixed.py --model DIR [--adapters 8] [--rank 16] [--inputs 64]
-        [--tokens 256] [--rounds 3] [--budget 2048] [--dtype float32]
+        [--tokens 256] [--rounds 3] [--repeat 2] [--budget 2048] [--dtype float32]
 
 DIR: a Hugging Face / sentence-transformers directory of a decoder (e.g. SmolLM2-135M from
 benchmarks/smollm2_dir.py) or a BERT-family encoder (all-MiniLM-L6-v2). The adapters are random
@@ -18,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,10 +77,46 @@ def peft_vectors(base: Path, adapter: Path, seqs: list[list[int]], pooling: str)
     return np.stack(out)
 
 
-def timed(run: Any) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+_KINDS = ("base", "lora-base-rows", "lora-mixed", "merged")
+
+
+def engine_options(args: argparse.Namespace, kind: str, modules: tuple[str, ...]) -> dict[str, Any]:
+    options: dict[str, Any] = {"dtype": args.dtype, "max_num_batched_tokens": args.budget}
+    if kind.startswith("lora"):
+        options |= {"lora_modules": modules, "max_loras": len(modules)}
+    elif kind == "merged":
+        options |= {"lora_modules": modules[:1], "merge_lora": True}
+    return options
+
+
+def inputs(args: argparse.Namespace, engine: Engine) -> list[list[int]]:
+    vocab = min(engine.config.model.vocab_size, 30000)
+    gen = np.random.default_rng(0)
+    return [[int(x) for x in gen.integers(1000, vocab, args.tokens)] for _ in range(args.inputs)]
+
+
+def run_one(args: argparse.Namespace, kind: str, modules: tuple[str, ...]) -> list[float]:
+    """One engine of `kind` in this process: a warm-up, then `--repeat` timed runs of every
+    input submitted alone, in order, all queued before the last runs (input i on adapter
+    i % N when mixed): every kind queues the same way, so only the model's work differs."""
+    with Engine.from_pretrained(args.model, **engine_options(args, kind, modules)) as engine:
+        engines = [engine]
+        if kind == "lora-mixed":
+            assert engine.adapters is not None
+            engines = [view(engine, a) for a in engine.adapters.all()]
+        seqs = inputs(args, engine)
+
+        def once() -> float:
+            start = time.perf_counter()
+            futures = [
+                f for i, s in enumerate(seqs) for f in engines[i % len(engines)].submit([s], prompt="")[0]
+            ]
+            for f in futures:
+                f.result()
+            return time.perf_counter() - start
+
+        once()
+        return [once() for _ in range(args.repeat)]
 
 
 def main() -> None:
@@ -88,77 +127,69 @@ def main() -> None:
     p.add_argument("--inputs", type=int, default=64)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=2, help="timed runs per process (its best counts)")
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "embedserve-lora-bench")
+    p.add_argument("--only", choices=_KINDS, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.only is not None:  # a child: one engine, its times on stdout
+        modules = tuple(f"a{i}={args.work / f'a{i}'}" for i in range(args.adapters))
+        print(json.dumps(run_one(args, args.only, modules)))
+        return
     paths = make_adapters(args.model, args.work, args.adapters, args.rank)
-    common = {"dtype": args.dtype, "max_num_batched_tokens": args.budget}
     modules = tuple(f"a{i}={path}" for i, path in enumerate(paths))
-    base = Engine.from_pretrained(args.model, **common)
-    lora = Engine.from_pretrained(args.model, lora_modules=modules, max_loras=len(paths), **common)
-    merged = Engine.from_pretrained(args.model, lora_modules=(modules[0],), merge_lora=True, **common)
-    assert lora.adapters is not None
-    views = [view(lora, a) for a in lora.adapters.all()]
-    vocab = min(lora.config.model.vocab_size, 30000)
-    gen = np.random.default_rng(0)
-    seqs = [[int(x) for x in gen.integers(1000, vocab, args.tokens)] for _ in range(args.inputs)]
-
-    def one_by_one(engines: list[Engine]) -> None:
-        """Each input submitted alone, in order (input i on engines[i % len]), all queued before
-        the last runs: every run queues the same way, so only the model's work differs."""
-        futures = [f for i, s in enumerate(seqs) for f in engines[i % len(engines)].submit([s], prompt="")[0]]
-        for f in futures:
-            f.result()
-
-    runs = {
-        "base engine (no LoRA)": lambda: one_by_one([base]),
-        "LoRA engine, base rows": lambda: one_by_one([lora]),
-        f"LoRA engine, {len(views)} adapters mixed": lambda: one_by_one(views),
-        "one adapter merged (--merge-lora)": lambda: one_by_one([merged]),
+    names = {
+        "base": "base engine (no LoRA)",
+        "lora-base-rows": "LoRA engine, base rows",
+        "lora-mixed": f"LoRA engine, {len(paths)} adapters mixed",
+        "merged": "one adapter merged (--merge-lora)",
     }
-    for run in runs.values():  # warm-up
-        run()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.rounds):
-        for name, run in runs.items():
-            time.sleep(1)  # the last engine's OpenMP threads stop spinning first
-            times[name].append(timed(run))
+    times: dict[str, list[float]] = {names[k]: [] for k in _KINDS}
+    for _ in range(args.rounds):  # each round: every kind in a fresh process, one after another
+        for kind in _KINDS:
+            child = [sys.executable, __file__, *sys.argv[1:], "--only", kind]
+            out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
+            times[names[kind]].append(min(json.loads(out.strip().splitlines()[-1])))
     tokens = args.inputs * args.tokens
     first = next(iter(times))
     print(
         f"{args.model.name}, {args.dtype}, {args.inputs} inputs x {args.tokens} tokens, "
-        f"budget {args.budget}, {len(views)} adapters of rank {args.rank}, "
-        f"{torch.get_num_threads()} threads, {args.rounds} rounds"
+        f"budget {args.budget}, {len(paths)} adapters of rank {args.rank}, "
+        f"{torch.get_num_threads()} threads, {args.rounds} rounds of a process per engine"
     )
     print("| engine | tokens/s (median) | x base engine (paired by round) |\n|---|---|---|")
     for name, ts in times.items():
         ratio = statistics.median(b / t for b, t in zip(times[first], ts, strict=True))
         print(f"| {name} | {tokens / statistics.median(ts):,.0f} | {ratio:.3f} |")
-    weights = sum(p.numel() * p.element_size() for p in base._loop.parts.core.runner.model.parameters())
-    adapters = sum(a.nbytes for a in lora.adapters.all())
-    print(
-        f"\nmemory: {len(views)} adapters {adapters / 2**20:.1f} MiB in float32; "
-        f"{len(views)} merged copies of the model {len(views) * weights / 2**20:.1f} MiB "
-        f"({len(views) * weights / adapters:.0f}x)"
-    )
-    pooling = lora.config.pooling.method.value
-    check = seqs[:4]
-    worst = []
-    for v, path in zip(views, paths, strict=True):
-        got = v.embed(check, prompt="")
-        want = peft_vectors(args.model, path, check, pooling)
-        worst.append(float(np.min(np.sum(got * want, axis=1) / np.linalg.norm(got, axis=1))))
-    merged_got = merged.embed(check, prompt="")
-    merged_min = float(
-        np.min(np.sum(merged_got * peft_vectors(args.model, paths[0], check, pooling), axis=1))
-    )
+    report_memory_and_parity(args, paths, modules)
+
+
+def report_memory_and_parity(args: argparse.Namespace, paths: list[Path], modules: tuple[str, ...]) -> None:
+    with Engine.from_pretrained(args.model, **engine_options(args, "lora-mixed", modules)) as lora:
+        assert lora.adapters is not None
+        model = lora._loop.parts.core.runner.model
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        adapters = sum(a.nbytes for a in lora.adapters.all())
+        print(
+            f"\nmemory: {len(paths)} adapters {adapters / 2**20:.1f} MiB in float32; "
+            f"{len(paths)} merged copies of the model {len(paths) * weights / 2**20:.1f} MiB "
+            f"({len(paths) * weights / adapters:.0f}x)"
+        )
+        pooling = lora.config.pooling.method.value
+        check = inputs(args, lora)[:4]
+        worst = []
+        for a, path in zip(lora.adapters.all(), paths, strict=True):
+            got = view(lora, a).embed(check, prompt="")
+            want = peft_vectors(args.model, path, check, pooling)
+            worst.append(float(np.min(np.sum(got * want, axis=1) / np.linalg.norm(got, axis=1))))
+    with Engine.from_pretrained(args.model, **engine_options(args, "merged", modules)) as merged:
+        got = merged.embed(check, prompt="")
+        merged_min = float(np.min(np.sum(got * peft_vectors(args.model, paths[0], check, pooling), axis=1)))
     print(
         f"parity vs PEFT (fp32, {len(check)} inputs each): min cosine per adapter {min(worst):.6f} "
         f"(all: {', '.join(f'{w:.6f}' for w in worst)}); merged {merged_min:.6f}"
     )
-    for e in (base, lora, merged):
-        e.close()
 
 
 if __name__ == "__main__":
