@@ -18,7 +18,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from embedserve.api.routes import CLASS_HEADER
+from embedserve.api.refusals import CLASS_HEADER
 from embedserve.batch import online
 from embedserve.batch.settings import BatchSettings
 from embedserve.engine.options import EngineOptions

@@ -15,7 +15,8 @@ from tokenizers import Tokenizer
 
 from embedserve.embedders import open_source
 from embedserve.embedders.engine import EngineSource
-from embedserve.embedders.http import EmbeddingsClient, HttpSource
+from embedserve.embedders.http import EmbeddingsClient
+from embedserve.embedders.http_source import HttpSource
 from embedserve.embedders.spec import parse_spec
 from embedserve.engine.options import EngineOptions
 from embedserve.index.embedder import EmbedderSpec, VectorMeta

@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from embedserve import Engine
-from embedserve.embedders.http import HttpSource
+from embedserve.embedders.http_source import HttpSource
 from embedserve.embedders.modeldir import TokenCounter
 from embedserve.embedders.spec import parse_spec
 from embedserve.embedders.vl import VLReferenceSource

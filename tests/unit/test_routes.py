@@ -15,17 +15,8 @@ from fastapi.testclient import TestClient
 
 from embedserve.api.dispatch import DISPATCHES
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import (
-    COHERE_EMBED,
-    EMBEDDINGS,
-    RERANK,
-    ROUTES,
-    Route,
-    body_priority,
-    model_not_found,
-    route_at,
-    wrong_task,
-)
+from embedserve.api.refusals import body_priority, model_not_found
+from embedserve.api.routes import COHERE_EMBED, EMBEDDINGS, RERANK, ROUTES, Route, route_at, wrong_task
 from embedserve.batch.http import POST_PATHS as BATCH_POSTS
 from embedserve.gateway.app import create_app as create_gateway_app
 from embedserve.gateway.app import handler_for

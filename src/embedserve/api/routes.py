@@ -56,7 +56,7 @@ from embedserve.api.openapi_routes import (
     tokenize_route,
 )
 from embedserve.api.openapi_tei import decode_route, embed_all_route, pooling_route, similarity_route
-from embedserve.api.protocol import ApiError, EmbeddingRequest, clip, parse_body
+from embedserve.api.protocol import EmbeddingRequest, parse_body
 from embedserve.api.rerank import RerankRequest
 from embedserve.api.score import ScoreRequest
 from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, parse_rerank
@@ -278,26 +278,3 @@ def wrong_task(model: str, task: str) -> str:
     what = _TASK_MODEL.get(task, f"a {task!r} model")
     where = next((f": POST {r.path}" for r in ROUTES if task in r.tasks), "")
     return f"model {model!r} is {what}{where}"
-
-
-def model_not_found(requested: str, served: str, who: str = "server") -> ApiError:
-    """404 for a `model` field (or /v1/models/{id}) naming another model; one wording, the
-    request's value clipped (error messages never echo a whole input back)."""
-    return ApiError(
-        404, f"model {clip(requested)} not found; this {who} serves {served!r}", "not_found_error"
-    )
-
-
-def too_many_inputs(n_inputs: int, limit: int) -> ApiError:
-    """400 for a request over the per-request input limit (server and gateway alike)."""
-    return ApiError(400, f"{n_inputs} inputs in one request; the limit is {limit}")
-
-
-# Traffic class as a header, for clients that cannot add the `priority` body field (the gateway).
-CLASS_HEADER = "x-embedserve-priority"
-
-
-def body_priority(req: BaseModel) -> tuple[str, bool]:
-    """(the body's traffic class, whether the body set it): a route without a `priority`
-    field is online unless a header says otherwise."""
-    return str(getattr(req, "priority", "online")), "priority" in req.model_fields_set

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from embedserve.api.keepalive import MAX_RETRY_AFTER_S
 from embedserve.api.protocol import ApiError, error_body
-from embedserve.api.routes import CLASS_HEADER
+from embedserve.api.refusals import CLASS_HEADER
 from embedserve.batch.format import UNREACHABLE, BatchLine, Result, answered, failed
 
 

@@ -25,14 +25,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from pathlib import Path
 from typing import Any
 
 from embedserve.api.protocol import ApiError, clip
 from embedserve.api.routes import route_at
+from embedserve.batch.counts import Counts
 from embedserve.batch.execute import LineHost
-from embedserve.batch.format import Key, Result
-from embedserve.batch.resume import written_keys, written_tokens
+from embedserve.batch.format import Result
+from embedserve.batch.resume import resume_point
 from embedserve.batch.runner import Sink, lines_left, run
 from embedserve.batch.store import FINAL, BatchStore, Record, new_id, public
 from embedserve.batch.validate import validate
@@ -43,29 +43,6 @@ COMPLETION_WINDOWS = {"24h": 24 * 3600}
 # Whose batch the lines being validated or answered belong to (its `_owner`): a gateway's line
 # host runs them as that tenant (gateway/batch_lines.py).
 BATCH_OWNER: ContextVar[str | None] = ContextVar("embedserve_batch_owner", default=None)
-_SAVE_EVERY_S = 2.0  # a running batch's request_counts reach its record at most this late
-
-
-class Counts:
-    """A running batch's request_counts, saved to its record every few seconds."""
-
-    def __init__(self, rec: Record, save: Callable[[Record], None], on_result: Callable[[Result], None]):
-        self.rec = rec
-        self.save = save
-        self.on_result = on_result
-        self._saved = time.monotonic()
-
-    def add(self, result: Result) -> None:
-        counts = self.rec["request_counts"]
-        counts["completed" if result.ok else "failed"] += 1
-        self.rec["_tokens"] = self.rec.get("_tokens", 0) + result.tokens
-        self.on_result(result)
-        if time.monotonic() - self._saved >= _SAVE_EVERY_S:
-            self._saved = time.monotonic()
-            self.save(self.rec)
-
-    def close(self) -> None:
-        self.save(self.rec)
 
 
 class BatchJobs:
@@ -243,7 +220,7 @@ class BatchJobs:
         """The lines not answered yet, in order, until done, cancelled or expired."""
         out = self.store.content_path(rec["_output_id"])
         err = self.store.content_path(rec["_error_id"])
-        done_ok, done_failed, tokens = await asyncio.to_thread(_resume_point, out, err)
+        done_ok, done_failed, tokens = await asyncio.to_thread(resume_point, out, err)
         rec["request_counts"].update(completed=len(done_ok), failed=len(done_failed))
         rec["_tokens"] = tokens
         stop = self._stops[rec["id"]] = asyncio.Event()
@@ -305,9 +282,3 @@ async def running(jobs: BatchJobs | None) -> AsyncIterator[None]:
         yield
     finally:
         await jobs.close()
-
-
-def _resume_point(out: Path, err: Path) -> tuple[set[Key], set[Key], int]:
-    """The keys both files hold (a half-written last line cut off) and the tokens answered."""
-    done_ok, done_failed = written_keys(out), written_keys(err)
-    return done_ok, done_failed, written_tokens(out) if done_ok else 0

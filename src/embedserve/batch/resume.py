@@ -137,3 +137,9 @@ def written_tokens(path: Path) -> int:
             rec = json.loads(text)
             total += tokens_of((rec.get("response") or {}).get("body"))
     return total
+
+
+def resume_point(out: Path, err: Path) -> tuple[set[Key], set[Key], int]:
+    """The keys both files hold (a half-written last line cut off) and the tokens answered."""
+    done_ok, done_failed = written_keys(out), written_keys(err)
+    return done_ok, done_failed, written_tokens(out) if done_ok else 0

@@ -3,7 +3,7 @@ into vectors, one spec grammar (embedders/spec.py, docs/specs.md) shared by pari
 and `open_source`, the one place that knows every kind of source. Rerank scorers: embedders/scorers.py.
 
     engine:PATH?opts          EngineSource       our engine in process (embedders/engine.py)
-    http(s)://HOST:PORT?opts  HttpSource         any OpenAI-compatible endpoint (embedders/http.py)
+    http(s)://HOST:PORT?opts  HttpSource         any OpenAI-compatible endpoint (embedders/http_source.py)
     sentence-transformers:PATH SentenceTransformersSource (embedders/sentence_transformers.py)
     hf:PATH                   TransformersSource transformers, pooling written out (embedders/transformers.py)
     either reference on a Qwen3-VL directory: VLReferenceSource (embedders/vl.py)
@@ -26,7 +26,7 @@ def open_source(spec: Spec, **engine_overrides: Any) -> VectorSource:
     from embedserve.embedders.modeldir import is_vl_dir
 
     if spec.kind == "http":
-        from embedserve.embedders.http import HttpSource
+        from embedserve.embedders.http_source import HttpSource
 
         return HttpSource(spec)
     if spec.kind == "engine":

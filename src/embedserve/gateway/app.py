@@ -30,7 +30,8 @@ from embedserve.api.http import (
 from embedserve.api.openapi import Health, Version, metrics_route
 from embedserve.api.openapi_contract import served_openapi
 from embedserve.api.protocol import ApiError, error_body
-from embedserve.api.routes import CLASS_HEADER, ROUTES, Route, body_priority, describe
+from embedserve.api.refusals import CLASS_HEADER, body_priority
+from embedserve.api.routes import ROUTES, Route, describe
 from embedserve.batch.http import add_batch_routes
 from embedserve.batch.online import BatchJobs, running
 from embedserve.batch.store import owner_of

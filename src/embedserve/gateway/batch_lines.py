@@ -13,7 +13,7 @@ from typing import Any
 
 from embedserve.api.http import body_too_large
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import body_priority
+from embedserve.api.refusals import body_priority
 from embedserve.batch.execute import BATCH, RETRY_STATUS, at_batch_priority, retry_after_s
 from embedserve.batch.format import BatchLine, Result, answered
 from embedserve.batch.online import BATCH_OWNER, BatchJobs

@@ -14,7 +14,7 @@ from fastapi.params import Depends
 from embedserve.api.openapi import ModelCard, ModelList, error_responses
 from embedserve.api.openapi_contract import ModelFacts
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import model_not_found
+from embedserve.api.refusals import model_not_found
 from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
 from embedserve.gateway.fleet import Fleet, cards

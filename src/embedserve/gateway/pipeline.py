@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol
 
 from embedserve.api.deadline import DEADLINE_EXCEEDED, effective_timeout
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import Req, Route, model_not_found, too_many_inputs
+from embedserve.api.refusals import model_not_found, too_many_inputs
+from embedserve.api.routes import Req, Route
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.gateway.config import GatewayConfig, RouteConfig
 from embedserve.gateway.counting import TokenCounter

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from embedserve.api.http import read_body
 from embedserve.api.protocol import ApiError, parse_body
-from embedserve.api.routes import model_not_found
+from embedserve.api.refusals import model_not_found
 from embedserve.engine.adapters import Adapters, UnknownAdapterError
 from embedserve.errors import ModelLoadError
 from embedserve.server.serving import EmbeddingService

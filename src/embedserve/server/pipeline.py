@@ -23,7 +23,8 @@ import numpy as np
 
 from embedserve.api.http import unless_disconnected
 from embedserve.api.protocol import ApiError
-from embedserve.api.routes import Req, Route, body_priority, model_not_found, too_many_inputs, wrong_task
+from embedserve.api.refusals import body_priority, model_not_found, too_many_inputs
+from embedserve.api.routes import Req, Route, wrong_task
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.errors import API_REMEDY
 from embedserve.server.admission import Ticket

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, effective_timeout
 from embedserve.api.protocol import ApiError
 from embedserve.api.quantize import Calibration, schema_type
-from embedserve.api.routes import model_not_found
+from embedserve.api.refusals import model_not_found
 from embedserve.engine.adapters import UnknownAdapterError, view
 from embedserve.engine.engine import Engine
 from embedserve.engine.outputs import EmbeddingOutput
