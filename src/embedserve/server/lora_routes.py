@@ -70,7 +70,7 @@ def add_lora_routes(
         try:
             _adapters(svc).unload(body.lora_name)
         except UnknownAdapterError:
-            raise model_not_found(body.lora_name, ", ".join(svc.served_names()[1:]) or "no adapter") from None
+            raise model_not_found(body.lora_name, ", ".join(svc.served_names())) from None
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
