@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -18,9 +18,6 @@ from embedserve.lora.peft_files import read_peft
 from embedserve.lora.settings import LoraSettings, check_name
 from embedserve.models.lora_linear import enable_lora
 from embedserve.models.lora_targets import UNUSED_BY_EMBEDDINGS, build_adapter, merge, routed
-
-if TYPE_CHECKING:
-    from embedserve.engine.engine import Engine
 
 
 class UnknownAdapterError(InvalidInputError):
@@ -118,14 +115,26 @@ class Adapters:
         return list(self._loaded.values())
 
 
-def view(engine: Engine, adapter: LoraAdapter) -> Engine:
+class Viewable(Protocol):
+    """What `view` changes on an Engine (engine/engine.py), named here so this module does not
+    import the engine that imports it."""
+
+    name: str
+    adapter: LoraAdapter | None
+    adapters: Adapters | None
+
+
+E = TypeVar("E", bound=Viewable)
+
+
+def view(engine: E, adapter: LoraAdapter) -> E:
     """`engine` whose requests run `adapter` (the same loop, model and queue; errors name it)."""
     out = copy.copy(engine)
     out.adapter, out.name = adapter, adapter.name
     return out
 
 
-def adapter_view(engine: Engine, name: str) -> Engine:
+def adapter_view(engine: E, name: str) -> E:
     """`view` of the adapter loaded as `name`; UnknownAdapterError naming the loaded ones."""
     if engine.adapters is None:
         raise UnknownAdapterError(f"engine {engine.name} serves no LoRA adapter (enable_lora is off)")
