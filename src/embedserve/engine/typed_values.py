@@ -110,7 +110,7 @@ def add_flag(g: argparse._ArgumentGroup, f: dataclasses.Field[Any], hint: Any) -
         g.add_argument(flag, action=action, **kw)
         return
     if kind is tuple:
-        g.add_argument(flag, nargs="+", type=str, **{**kw, "default": f.default})
+        g.add_argument(flag, nargs="+", type=str, **kw)
         return
     if meta["choices"]:
         kw["choices"] = meta["choices"]

@@ -80,10 +80,8 @@ class DecoderModel(nn.Module):
         """input_ids, positions: [T]. Returns final hidden states [len(output_rows), hidden]."""
         x = self.embed_tokens(input_ids)  # [T, hidden]
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
-        shortcut = (
-            self.short_path is not None and lora_rows.active() is None
-        )  # adapters: the projections' own
-        if shortcut and self.short_path.run(x, cos_sin, kv_caches, meta):  # type: ignore[union-attr]
+        short = self.short_path if lora_rows.active() is None else None  # adapters run the projections
+        if short is not None and short.run(x, cos_sin, kv_caches, meta):
             return self.norm(x if output_rows is None else x.index_select(0, output_rows))
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):  # the last layer finishes output_rows only

@@ -8,7 +8,6 @@ decoders of models/decoder.py and the BERT family of models/bert.py); others are
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Protocol
 
 import torch
@@ -102,7 +101,3 @@ def merge(model: nn.Module, files: PeftFiles, unused: tuple[str, ...] = ()) -> N
             for rows, u in parts:
                 new[rows] = (new[rows].float() + u.scale * (u.b @ u.a).to(new.device)).to(new.dtype)
             weight.data = new
-
-
-def adapter_bytes(adapters: Iterable[LoraAdapter]) -> int:
-    return sum(a.nbytes for a in adapters)
