@@ -113,13 +113,19 @@ def test_whole_pages_move_and_their_bytes_stay() -> None:
         pytest.skip("this kernel does not collapse pages into huge pages now (Linux 6.1+ with THP)")
     buf = torch.randn(9 * P // 4 + 1000)  # 9 pages and a bit: 8 or 9 whole pages inside
     before = buf.clone()
-    moved = on_huge_pages(buf.data_ptr(), buf.numel() * 4)
-    assert moved >= 8 * P
-    assert torch.equal(buf, before)
     # smaps confirms huge pages are there; not how many of those that moved: the kernel may split
     # or migrate them at any time after (compaction while other processes allocate: under CI's
-    # parallel run 2 of 16 MB were split, then 14 of 16)
-    assert _huge_kb(buf.data_ptr()) * 1024 >= P
+    # parallel run 2 of 16 MB were split, then 14 of 16, and once all 16 before smaps was read).
+    # So the move is asked for up to three times; an advice that never collapses fails all three.
+    seen = 0
+    for _ in range(3):
+        moved = on_huge_pages(buf.data_ptr(), buf.numel() * 4)
+        assert moved >= 8 * P
+        assert torch.equal(buf, before)
+        seen = _huge_kb(buf.data_ptr()) * 1024
+        if seen >= P:
+            break
+    assert seen >= P
 
 
 def _vectors(model_dir: Path, monkeypatch: pytest.MonkeyPatch, huge: str) -> torch.Tensor:
