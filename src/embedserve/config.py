@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from embedserve.lora.settings import LoraSettings
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(DTYPES)}") from None
+if TYPE_CHECKING:  # records name dtypes and devices; reading a model's files needs no torch
+    import torch
 
 
 class PoolingMethod(str, enum.Enum):

@@ -15,14 +15,16 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Encoding
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.pooling.spans import LateChunks
 from embedserve.vision.state import MultimodalState
+
+if TYPE_CHECKING:  # an input's late-chunk spans are attached later; tokenizing needs no torch
+    from embedserve.pooling.spans import LateChunks
 
 
 class Truncate(str, enum.Enum):

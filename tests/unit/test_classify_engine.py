@@ -17,9 +17,9 @@ from embedserve.engine.classify import ClassifyResult
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.resolve import resolve
 from embedserve.errors import InputTooLongError, InvalidInputError, ModelLoadError
-from embedserve.models.build import open_model
-from embedserve.models.registry import model_config_from_hf
-from embedserve.models.score_head import CLASSIFIER, load_score_head
+from embedserve.models.open import open_model
+from embedserve.models.registry import CLASSIFIER, model_config_from_hf
+from embedserve.models.score_head import load_score_head
 from tests.helpers.real_text import documents
 from tests.helpers.tiny_bert import build_encoder
 from tests.helpers.tiny_rerankers import build_cross_encoder

@@ -12,7 +12,8 @@ from embedserve.config import SchedulerConfig
 from embedserve.engine.builder import build_engine
 from embedserve.engine.options import EngineOptions
 from embedserve.errors import ModelLoadError
-from embedserve.models.build import build_model, open_model
+from embedserve.models.build import build_model
+from embedserve.models.open import open_model
 from embedserve.worker.gpu_memory import (
     check_utilization,
     gpu_kv_cache_memory,

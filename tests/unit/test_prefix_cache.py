@@ -32,7 +32,7 @@ def _kv_bytes(model_dir: Path, blocks: int) -> int:
     """kv_cache_memory that holds exactly `blocks` blocks of 16 tokens (fp32)."""
     import torch
 
-    from embedserve.models.build import open_model
+    from embedserve.models.open import open_model
     from embedserve.worker.model_runner import kv_bytes_per_block
 
     return blocks * kv_bytes_per_block(open_model(model_dir).model, 16, torch.float32)

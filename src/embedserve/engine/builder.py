@@ -17,14 +17,15 @@ from embedserve.engine.options import EngineOptions
 from embedserve.engine.resolve import resolve
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager
-from embedserve.models.build import open_model
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.lexical_head import LexicalHead, load_lexical_head, unused_ids
 from embedserve.models.multivector import MultiVectorHead, load_multivector_head
-from embedserve.models.router import StaticQueries
-from embedserve.models.score_head import YES_NO, ScoreHead, load_score_head
+from embedserve.models.open import open_model
+from embedserve.models.registry import YES_NO
+from embedserve.models.score_head import ScoreHead, load_score_head
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.models.sparse_head import SparseHead, load_sparse_head
+from embedserve.models.static_queries import StaticQueries
 from embedserve.parallel.runner import TensorParallelRunner
 from embedserve.pooling.dense import DenseHead
 from embedserve.scheduler.scheduler import Scheduler

@@ -18,7 +18,8 @@ from embedserve.engine.loop import gather_all, wait_all
 from embedserve.engine.outputs import timings
 from embedserve.engine.rerank import HeadMixin
 from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.models.score_head import CLASSIFIER, ScoreHead
+from embedserve.models.registry import CLASSIFIER
+from embedserve.models.score_head import ScoreHead
 from embedserve.pairs import encode_cross_pair
 from embedserve.tokenizer import Tokenized, Truncate
 

@@ -16,7 +16,8 @@ from embedserve.config import EngineConfig
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import gather_all, wait_all
 from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.models.score_head import CLASSIFIER, ScoreHead
+from embedserve.models.registry import CLASSIFIER
+from embedserve.models.score_head import ScoreHead
 from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
 from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
 

@@ -22,14 +22,13 @@ from embedserve.config import (
     PoolingConfig,
     PoolingMethod,
     SchedulerConfig,
-    parse_dtype,
 )
 from embedserve.engine.lora_options import lora_settings
 from embedserve.engine.options import TASK_NAMES, EngineOptions
 from embedserve.errors import ModelLoadError
-from embedserve.kernels.isa import cpu_dtype
+from embedserve.kernels.isa import cpu_dtype, parse_dtype
 from embedserve.kv_cache.manager import blocks_for
-from embedserve.models.score_head import CLASSIFIER, rerank_kind
+from embedserve.models.registry import CLASSIFIER, rerank_kind
 from embedserve.models.source import ModelSource
 from embedserve.parallel.setup import check_parallel
 from embedserve.worker.buckets import token_buckets as bucket_sizes

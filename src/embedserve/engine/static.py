@@ -14,8 +14,9 @@ from typing import Any
 from embedserve.config import EngineConfig
 from embedserve.engine.core import Finished
 from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.models.router import QUERY_PROMPT_NAME, StaticQueries
+from embedserve.models.router import QUERY_PROMPT_NAME
 from embedserve.models.sparse_head import SparseHead
+from embedserve.models.static_queries import StaticQueries
 from embedserve.pooling.head import apply_head
 from embedserve.request import EmbedParams, Request, RequestStatus
 from embedserve.tokenizer import Tokenized, Tokenizer, Truncate

@@ -19,10 +19,10 @@ from embedserve.api.multimodal import ImageURL, image_size
 from embedserve.api.routes import wrong_task
 from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter, text_items
 from embedserve.errors import InvalidInputError
-from embedserve.models.build import open_model
-from embedserve.models.multivector import load_multivector_head
-from embedserve.models.router import StaticQueries
-from embedserve.models.score_head import YES_NO, rerank_kind
+from embedserve.models.multivector_rules import read_token_vectors
+from embedserve.models.open import open_model
+from embedserve.models.registry import YES_NO, rerank_kind
+from embedserve.models.router import StaticQueryTokens
 from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
 from embedserve.tokenizer import Tokenizer, Truncate, resolve_prompt, tokenize_inputs
 from embedserve.vision.prompt import ImagePart
@@ -47,11 +47,10 @@ class TokenCounter:
         self.prompter = None if source.multimodal is None else multimodal_prompter(source, None, None)
         # Inference-free SPLADE: its queries are counted as its static module reads them.
         queries = source.query_encoder
-        self.static = None if queries is None else StaticQueries(queries, source.model.vocab_size)
-        # A multi-vector model: each side's prompt and a query's expansion (models/multivector.py).
+        self.static = None if queries is None else StaticQueryTokens(queries)
+        # A multi-vector model: each side's prompt and a query's expansion (models/multivector_rules.py).
         mv = source.multivector
-        backend, hidden = self.tokenizer.backend, source.model.hidden_size
-        self.multivector = None if mv is None else load_multivector_head(mv, hidden, backend)
+        self.multivector = None if mv is None else read_token_vectors(mv, self.tokenizer.backend)
 
     def count_multivector(
         self, items: Sequence[Any], side: str, prompt_name: str | None, prompt: str | None

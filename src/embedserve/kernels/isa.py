@@ -95,6 +95,21 @@ def bf16_dot_products() -> bool:
     return True
 
 
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """The dtype an option names (`--dtype`)."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(DTYPES)}") from None
+
+
 def cpu_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The dtype a CPU engine runs for the one asked: float32 for bfloat16 where the CPU has no
     bf16 dot products (a warning at each engine start, with the memory it costs), unless

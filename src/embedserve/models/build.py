@@ -1,8 +1,6 @@
-"""Open any supported model format and instantiate its architecture with weights loaded."""
+"""Instantiate an opened model's architecture (models/open.py) with its weights loaded."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 
@@ -11,22 +9,12 @@ from embedserve.attention.select import select_attention
 from embedserve.models.bert import EncoderModel
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.gemma3 import Gemma3Model
-from embedserve.models.gguf import read_gguf
-from embedserve.models.loader import read_model_dir
 from embedserve.models.modernbert import ModernBertModel
 from embedserve.models.nomic_bert import NomicBertModel
 from embedserve.models.qwen3_vl.model import Qwen3VLModel
 from embedserve.models.source import ModelSource
 
 EmbeddingModel = DecoderModel | EncoderModel | Gemma3Model | NomicBertModel | ModernBertModel
-
-
-def open_model(path: str | Path, pooling: str | None = None, normalize: bool | None = None) -> ModelSource:
-    """A Hugging Face / sentence-transformers directory, or a single `.gguf` file."""
-    p = Path(path)
-    if p.suffix.lower() == ".gguf" or p.is_file():
-        return read_gguf(p, pooling=pooling, normalize=normalize)
-    return read_model_dir(p, pooling=pooling, normalize=normalize)
 
 
 def build_model(

@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.config import PoolingConfig, PoolingMethod
@@ -32,6 +31,9 @@ from embedserve.models.gguf_layout import DECODERS, unpermute_rope_rows
 from embedserve.models.gguf_tokenizer import gguf_tokenizer
 from embedserve.models.registry import model_config_from_hf, sliding_window
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
+
+if TYPE_CHECKING:
+    import torch
 
 LAYOUTS = {**DECODERS, **ENCODERS}
 # `{arch}.pooling_type` (llama.cpp's enum) -> ours; 0 (none) leaves the model's default
@@ -51,6 +53,7 @@ class GGUFModel(ModelSource):
         return gguf_tokenizer(self._meta)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        import torch  # only here: opening a model (its config, tokenizer) stays torch-free
         from gguf import quants
 
         cfg, layout = self.model, LAYOUTS[self.arch]
@@ -63,11 +66,11 @@ class GGUFModel(ModelSource):
                 values = np.array(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
             except Exception as e:  # unknown quantization types raise NotImplementedError and others
                 raise ModelLoadError(f"cannot dequantize {t.name} ({t.tensor_type.name}): {e}") from e
-            tensor = layout.restore(t.name, torch.from_numpy(values))
+            values = layout.restore(t.name, values)
             if self.arch == "llama" and t.name.endswith((".attn_q.weight", ".attn_k.weight")):
                 heads = cfg.num_attention_heads if ".attn_q." in t.name else cfg.num_key_value_heads
-                tensor = unpermute_rope_rows(tensor, heads)
-            yield layout.hf_name(t.name), tensor
+                values = unpermute_rope_rows(values, heads)
+            yield layout.hf_name(t.name), torch.from_numpy(values)
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
 
 from embedserve.errors import ModelLoadError
 
@@ -46,21 +46,21 @@ class GGUFLayout:
         stem, _, kind = name.rpartition(".")
         return f"{self.top[stem]}.{kind}" if stem in self.top else name
 
-    def restore(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    def restore(self, name: str, tensor: np.ndarray) -> np.ndarray:
         """The tensor's values as the Hugging Face checkpoint holds them."""
         if self.norm_shift and name.endswith("norm.weight"):
             return tensor - self.norm_shift
         return tensor
 
 
-def unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+def unpermute_rope_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo llama.cpp's Q/K row order. Per head, GGUF interleaves the two rotary halves:
 
     Hugging Face rows:  a0 a1 ... a_{h-1} | b0 b1 ... b_{h-1}     (h = head_dim / 2)
     GGUF rows:          a0 b0 a1 b1 ... a_{h-1} b_{h-1}
     """
     rows = w.shape[0]
-    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def vocab_size(tensors: dict[str, Any]) -> int:

@@ -22,8 +22,6 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import ModelLoadError
 
-LEXICAL_FILE = "sparse_linear.pt"
-
 
 @dataclass(frozen=True)
 class LexicalHead:

@@ -16,13 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.config import DenseLayer, PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
-from embedserve.models.lexical_head import LEXICAL_FILE
-from embedserve.models.multivector import (
+from embedserve.models.multivector_rules import (
     MULTIVECTOR_MODULES,
     legacy_prefixes,
     multivector_root,
@@ -32,14 +30,16 @@ from embedserve.models.registry import model_config_from_hf, sliding_window
 from embedserve.models.router import router_dirs
 from embedserve.models.source import ModelSource, default_pooling, override_pooling
 from embedserve.models.st_dense import SENTENCE, input_name, module_config, read_dense, read_json
-from embedserve.models.tensor_file import read_tensors
 
 if TYPE_CHECKING:
+    import torch
+
     from embedserve.models.qwen3_vl.spec import Qwen3VLSpec
 
 # SparseEncoder directories (SPLADE): MLMTransformer, or Transformer with transformer_task
 # "fill-mask", then SpladePooling.
 _ST_MODULES = ("Transformer", "Pooling", "Normalize", "MLMTransformer", "SpladePooling")
+LEXICAL_FILE = "sparse_linear.pt"  # BGE-M3's lexical weights head (models/lexical_head.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,5 +203,8 @@ def _multimodal(raw: dict[str, Any], root: Path) -> Qwen3VLSpec:
 def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     """Every shard's tensors, each read when asked for (models/tensor_file.py: no memory map,
     so loading peaks at the parameters plus one tensor, not plus the files)."""
+    # torch only here: opening a model (its config, tokenizer) stays torch-free (the gateway's counter)
+    from embedserve.models.tensor_file import read_tensors
+
     for f in files:
         yield from read_tensors(f)

@@ -1,63 +1,36 @@
-"""Multi-vector (late-interaction) models: one vector per token, scored by MaxSim.
+"""Multi-vector (late-interaction) models' heads: the per-token projection, scored by MaxSim.
 
-Two layouts are read:
-
-* ColBERT as sentence-transformers' MultiVectorEncoder saves it (modules.json: Transformer, a
-  `Dense` over `token_embeddings`, `MultiVectorMask`, optionally `Normalize`), and PyLate v3's
-  save (config_sentence_transformers.json `model_type: "ColBERT"`: Transformer + Dense, the
-  punctuation skiplist, masking and normalization implied). Its sides differ:
-  - a query is cut to `query_expansion.length` tokens (strategy "fixed") and padded to it with
-    the expansion token ([MASK]); every position is a vector; with `attend: false` the padding
-    positions are queries only, never keys (the encoder's attention reads `attend_keys`);
-  - a document is cut to `document_length` tokens; tokens of the skiplist give no vector.
-* BGE-M3's `colbert_linear.pt` (Linear(hidden, hidden)): every token but the first (CLS) gives
-  a vector, normalized.
-
-`MultiVectorHead.project` is the per-token projection; pooling/multivector.py writes a request's
+Which positions give vectors, each side's prompt, length and query expansion are the model's
+token rules (models/multivector_rules.py, torch-free: the gateway counts with them);
+`MultiVectorHead` adds the projection's weights. pooling/multivector.py writes a request's
 projected rows as its chunks finish.
 """
 
 from __future__ import annotations
 
-import string
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import ModelLoadError
 from embedserve.models.dense_files import dense_state
-from embedserve.models.st_dense import TOKENS, input_name, module_config, read_json
-
-BGE_M3_FILE = "colbert_linear.pt"
-MULTIVECTOR_MODULES = ("Dense", "MultiVectorMask")
-
-
-@dataclass(frozen=True)
-class QueryExpansion:
-    """ColBERT's query expansion: queries padded to `length` with `token_id`."""
-
-    fixed: bool  # "fixed": queries are cut to `length` too; "min": `length` is only a floor
-    attend: bool  # whether the encoder attends to the expansion positions
-    token_id: int
-    length: int
+from embedserve.models.multivector_rules import (
+    BGE_M3_FILE,
+    TokenVectors,
+    dense_folder,
+    is_bge_m3,
+    read_token_vectors,
+)
+from embedserve.models.st_dense import read_json
 
 
-@dataclass(frozen=True)
-class MultiVectorHead:
+@dataclass(frozen=True, kw_only=True)
+class MultiVectorHead(TokenVectors):
     weight: torch.Tensor  # [dim, hidden] float32
     bias: torch.Tensor | None  # [dim]
-    normalize: bool
-    drop_first: bool  # BGE-M3: the CLS row gives no vector
-    skiplist: frozenset[int]  # token ids that give no vector on the skiplist's sides
-    skiplist_sides: frozenset[str]  # "query" / "document"
-    keep_only: frozenset[int] | None  # documents: only these token ids give vectors
-    expansion: QueryExpansion | None
-    query_length: int | None  # the query side's token limit (None: the model's)
-    document_length: int | None
-    only: bool  # ColBERT: multi-vectors only; BGE-M3 also answers single (CLS) vectors
 
     @property
     def dim(self) -> int:
@@ -69,129 +42,18 @@ class MultiVectorHead:
         out = rows.float() @ self.weight.T
         return out if self.bias is None else out + self.bias
 
-    def side_prompt(
-        self, side: str, prompt_name: str | None, prompt: str | None, prompts: dict[str, str]
-    ) -> str | None:
-        """The prompt name an input of `side` uses when the request names none: the side's own
-        (sentence-transformers' encode_query / encode_document)."""
-        if prompt_name is None and prompt is None:
-            names = ("query",) if side == "query" else ("document", "passage", "corpus")
-            return next((n for n in names if n in prompts), None)
-        return prompt_name
-
-    def side_limit(self, side: str, max_model_len: int) -> int:
-        """The most tokens an input of `side` may have (a fixed expansion's length for queries)."""
-        limit = self.query_length if side == "query" else self.document_length
-        if side == "query" and self.expansion is not None and self.expansion.fixed:
-            limit = self.expansion.length
-        return max_model_len if limit is None else min(max_model_len, limit)
-
-    def read_length(self, side: str, n: int) -> int:
-        """Positions the model reads for an input of `n` tokens on `side` (a query's expansion)."""
-        if side == "query" and self.expansion is not None:
-            return max(n, self.expansion.length)
-        return n
-
-    def keeps(self, token_ids: list[int], side: str) -> list[bool]:
-        """Which positions of a `side` input give a vector."""
-        keep = [True] * len(token_ids)
-        if self.drop_first and keep:
-            keep[0] = False
-        if side in self.skiplist_sides and self.skiplist:
-            keep = [k and t not in self.skiplist for k, t in zip(keep, token_ids, strict=True)]
-        if side == "document" and self.keep_only is not None:
-            keep = [k and t in self.keep_only for k, t in zip(keep, token_ids, strict=True)]
-        return keep
-
-
-def multivector_root(root: Path) -> Path | None:
-    """`root` when its files describe a multi-vector model (either layout), else None."""
-    if (root / BGE_M3_FILE).is_file() and (root / BGE_M3_FILE).stat().st_size > 0:
-        return root
-    if _st_config(root).get("model_type") in ("ColBERT", "MultiVectorEncoder"):
-        return root
-    return None
-
-
-def legacy_prefixes(root: Path) -> dict[str, str]:
-    """PyLate v3's query / document prefixes ("[unused0]", "[Q] "): inserted as tokens when it was
-    trained; they become the side's prompt, the tokenizer taking each as one special token
-    (`register_prefixes`), which makes prepending the text the same as inserting the token."""
-    st = _st_config(root)
-    if st.get("model_type") != "ColBERT":
-        return {}
-    out = {}
-    for key, side in (("query_prefix", "query"), ("document_prefix", "document")):
-        if st.get(key):
-            out[side] = str(st[key])
-    return out
-
-
-def register_prefixes(tokenizer: HFTokenizer, prefixes: tuple[str, ...]) -> None:
-    """Each prefix the vocabulary has (whole, else its first word) that tokenizes into pieces
-    becomes one special token, as sentence-transformers' MultiVectorEncoder registers it."""
-    from tokenizers import AddedToken
-
-    vocab = tokenizer.get_vocab(with_added_tokens=True)
-    added = []
-    for value in prefixes:
-        for prefix in (value, *value.split(None, 1)[:1]):
-            if prefix not in vocab:
-                continue
-            if tokenizer.encode(prefix, add_special_tokens=False).tokens != [prefix]:
-                added.append(AddedToken(prefix, normalized=False, special=True))
-            break
-    if added:
-        tokenizer.add_special_tokens(added)
-
 
 def load_multivector_head(root: Path, hidden: int, tokenizer: HFTokenizer) -> MultiVectorHead:
-    if (root / BGE_M3_FILE).is_file() and (root / BGE_M3_FILE).stat().st_size > 0:
-        return _bge_m3(root / BGE_M3_FILE, hidden)
-    st = _st_config(root)
-    modules = read_json(root / "modules.json") if (root / "modules.json").exists() else []
-    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules}
-    if "Dense" not in kinds:
-        raise ModelLoadError(f"{root}: a multi-vector model needs a Dense module (modules.json)")
-    dense = root / str(kinds["Dense"].get("path", "1_Dense"))
-    weight, bias = _dense(dense, hidden)
-    pylate = st.get("model_type") == "ColBERT"
-    if pylate:
-        mask: dict[str, Any] = {"skiplist_words": st.get("skiplist_words", list(string.punctuation))}
-    elif "MultiVectorMask" in kinds:
-        mask = read_json(
-            root / str(kinds["MultiVectorMask"].get("path", "2_MultiVectorMask")) / "config.json"
-        )
+    if is_bge_m3(root):
+        weight, bias = _bge_m3(root / BGE_M3_FILE, hidden)
     else:
-        mask = {}
-    transformer = (
-        read_json(root / "sentence_bert_config.json") if (root / "sentence_bert_config.json").exists() else {}
-    )
-    sides = mask.get("skiplist_tasks") or ["document"]
-    keep_only = mask.get("keep_only_token_ids")
-    return MultiVectorHead(
-        weight=weight,
-        bias=bias,
-        # a Normalize of the pooled vector (its module_input_name) leaves token vectors as they are
-        normalize=pylate or ("Normalize" in kinds and _reads_tokens(root, kinds["Normalize"])),
-        drop_first=False,
-        skiplist=frozenset(_ids(tokenizer, mask.get("skiplist_words") or [])),
-        skiplist_sides=frozenset([sides] if isinstance(sides, str) else sides),
-        keep_only=None if keep_only is None else frozenset(int(i) for i in keep_only),
-        expansion=_expansion(root, st, transformer, tokenizer, pylate),
-        query_length=_positive(
-            transformer.get("query_length", st.get("query_length") if not pylate else None)
-        ),
-        document_length=_positive(transformer.get("document_length", st.get("document_length"))),
-        only=True,
-    )
+        weight, bias = _dense(dense_folder(root), hidden)
+    rules = read_token_vectors(root, tokenizer)
+    fields = {f.name: getattr(rules, f.name) for f in dataclasses.fields(TokenVectors)}
+    return MultiVectorHead(weight=weight, bias=bias, **fields)
 
 
-def _reads_tokens(root: Path, module: dict[str, Any]) -> bool:
-    return input_name(module_config(root, module)) == TOKENS
-
-
-def _bge_m3(path: Path, hidden: int) -> MultiVectorHead:
+def _bge_m3(path: Path, hidden: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises several types for a bad file
@@ -200,11 +62,7 @@ def _bge_m3(path: Path, hidden: int) -> MultiVectorHead:
     if weight is None or weight.dim() != 2 or weight.shape[1] != hidden:
         shapes = {k: tuple(v.shape) for k, v in state.items()}
         raise ModelLoadError(f"{path}: expected a Linear({hidden}, dim) state dict, got {shapes}")
-    return MultiVectorHead(
-        weight=weight.detach().float(), bias=None if bias is None else bias.detach().float(),
-        normalize=True, drop_first=True, skiplist=frozenset(), skiplist_sides=frozenset(), keep_only=None,
-        expansion=None, query_length=None, document_length=None, only=False,
-    )  # fmt: skip
+    return weight.detach().float(), None if bias is None else bias.detach().float()
 
 
 def _dense(folder: Path, hidden: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -222,50 +80,3 @@ def _dense(folder: Path, hidden: int) -> tuple[torch.Tensor, torch.Tensor | None
     return weight.float(), None if bias is None else bias.float()
 
 
-def _expansion(
-    root: Path, st: dict[str, Any], transformer: dict[str, Any], tokenizer: HFTokenizer, pylate: bool
-) -> QueryExpansion | None:
-    cfg: dict[str, Any] | None
-    if pylate:  # PyLate v3's flat fields: expansion on unless do_query_expansion is false
-        if st.get("do_query_expansion") is False:
-            return None
-        cfg = {"strategy": "fixed", "attend": bool(st.get("attend_to_expansion_tokens")),
-               "length": st.get("query_length") or 32}  # fmt: skip
-    else:
-        cfg = transformer.get("query_expansion")
-        if cfg is None:
-            return None
-    if cfg.get("strategy") not in ("fixed", "min") or _positive(cfg.get("length")) is None:
-        raise ModelLoadError(f"{root}: query_expansion {cfg} needs strategy fixed / min and a length")
-    token = cfg.get("token") or _special(root, "mask_token") or _special(root, "eos_token")
-    token_id = tokenizer.token_to_id(token) if isinstance(token, str) else None
-    if token_id is None:
-        raise ModelLoadError(f"{root}: the query expansion token {token!r} is not in the vocabulary")
-    return QueryExpansion(
-        cfg["strategy"] == "fixed", bool(cfg.get("attend", False)), token_id, int(cfg["length"])
-    )
-
-
-def _special(root: Path, key: str) -> str | None:
-    for file in ("tokenizer_config.json", "special_tokens_map.json"):
-        if (root / file).exists():
-            value = read_json(root / file).get(key)
-            value = value.get("content") if isinstance(value, dict) else value
-            if isinstance(value, str):
-                return value
-    return None
-
-
-def _ids(tokenizer: HFTokenizer, words: list[str]) -> list[int]:
-    """Skiplist words as sentence-transformers resolves them: a word that is one vocabulary
-    entry gives its id; others are dropped."""
-    return [i for i in (tokenizer.token_to_id(str(w)) for w in words) if i is not None]
-
-
-def _positive(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _st_config(root: Path) -> dict[str, Any]:
-    f = root / "config_sentence_transformers.json"
-    return read_json(f) if f.exists() else {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from embedserve.config import ModelConfig
@@ -9,7 +10,6 @@ from embedserve.errors import ModelLoadError
 from embedserve.models.gemma3_config import gemma3_config
 from embedserve.models.modernbert_config import modernbert_config
 from embedserve.models.nomic_config import nomic_config
-from embedserve.models.relative_bias import RELATIVE_BUCKETS
 
 # model_type -> (q/k per-head RMSNorm, q/k/v bias)
 DECODERS: dict[str, tuple[bool, bool]] = {
@@ -55,6 +55,10 @@ ARCHITECTURES: dict[str, str] = {
 
 # model_type -> whether absolute positions start after the padding index (RoBERTa's layout)
 ENCODERS: dict[str, bool] = {"bert": False, "roberta": True, "xlm-roberta": True, "mpnet": True}
+
+# transformers' MPNet buckets relative positions into 32 whatever its table's size
+# (compute_position_bias' default; models/relative_bias.py)
+RELATIVE_BUCKETS = 32
 
 
 def supported() -> str:
@@ -209,3 +213,19 @@ def _vl_text_config(raw: dict[str, Any]) -> dict[str, Any]:
         raise ModelLoadError("a Qwen3-VL config.json needs a text_config")
     archs = raw.get("architectures") or ["Qwen3VLModel"]
     return {**raw["text_config"], "architectures": archs, "model_type": "qwen3_vl"}
+
+
+# What a score head reads (models/score_head.py): a cross-encoder's or classifier's labels, or a
+# yes / no reranker's two LM-head rows
+CLASSIFIER = "classifier"
+YES_NO = "yes_no"
+
+
+def rerank_kind(model: ModelConfig, path: Path) -> str | None:
+    """A *ForSequenceClassification encoder is a cross-encoder; a causal LM whose directory is
+    named like Qwen3-Reranker ("reranker" in its name) is a yes / no reranker; else None."""
+    if model.architecture.endswith("ForSequenceClassification"):
+        return CLASSIFIER
+    if model.is_causal and "reranker" in path.name.lower():
+        return YES_NO
+    return None

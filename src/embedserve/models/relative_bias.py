@@ -13,9 +13,9 @@ import math
 import torch
 from torch import nn
 
+from embedserve.models.registry import RELATIVE_BUCKETS
+
 _MAX_DISTANCE = 128
-# transformers' MPNet buckets into 32 whatever its table's size (compute_position_bias' default)
-RELATIVE_BUCKETS = 32
 
 
 def relative_buckets(n: int, num_buckets: int, device: torch.device) -> torch.Tensor:

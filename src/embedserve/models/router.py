@@ -19,8 +19,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import InvalidInputError, ModelLoadError
@@ -56,20 +54,11 @@ def router_dirs(root: Path) -> RouterDirs | None:
     return RouterDirs(root / doc, root / pool, root / structure["query"][0])
 
 
-class StaticQueries:
-    """Inference-free queries: token ids -> their vocabulary weights, without the model."""
+class StaticQueryTokens:
+    """How inference-free queries are tokenized (the static module's own tokenizer, if saved);
+    no weights, no torch: the gateway counts with it (models/static_queries.py adds the weights)."""
 
-    def __init__(self, folder: Path, vocab_size: int) -> None:
-        from safetensors.torch import load_file
-
-        weights = load_file(str(folder / "model.safetensors"))
-        weight = weights.get("weight")
-        if weight is None or weight.dim() != 1 or weight.shape[0] != vocab_size:
-            raise ModelLoadError(
-                f"{folder}: expected a `weight` of {vocab_size} values (one per vocabulary id), got "
-                f"{None if weight is None else tuple(weight.shape)}"
-            )
-        self.weight = weight.detach().float().numpy()
+    def __init__(self, folder: Path) -> None:
         tokenizer_file = folder / "tokenizer.json"
         self.tokenizer = HFTokenizer.from_file(str(tokenizer_file)) if tokenizer_file.exists() else None
         if self.tokenizer is not None:  # a saved tokenizer may pad to a length: ids of [PAD] would count
@@ -86,9 +75,3 @@ class StaticQueries:
         if not isinstance(text, str) or text == "":
             raise InvalidInputError("a query is a non-empty string")
         return list((self.tokenizer or fallback).encode(prompt + text, add_special_tokens=False).ids)
-
-    def vector(self, ids: list[int]) -> torch.Tensor:
-        out = np.zeros_like(self.weight)
-        present = np.unique(np.asarray(ids, dtype=np.int64))
-        out[present] = self.weight[present]
-        return torch.from_numpy(out)

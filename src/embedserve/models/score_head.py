@@ -21,25 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from embedserve.config import ModelConfig
 from embedserve.errors import ModelLoadError
-
-CLASSIFIER = "classifier"
-YES_NO = "yes_no"
-
-
-def rerank_kind(model: ModelConfig, path: Path) -> str | None:
-    """A *ForSequenceClassification encoder is a cross-encoder; a causal LM whose directory is
-    named like Qwen3-Reranker ("reranker" in its name) is a yes / no reranker; else None."""
-    if model.architecture.endswith("ForSequenceClassification"):
-        return CLASSIFIER
-    if model.is_causal and "reranker" in path.name.lower():
-        return YES_NO
-    return None
+from embedserve.models.registry import CLASSIFIER, YES_NO
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.config import ModelConfig, PoolingConfig, PoolingMethod
 from embedserve.errors import ModelLoadError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # weights are tensors; a source's config and tokenizer are read without torch
+    import torch
+
     from embedserve.models.qwen3_vl.spec import Qwen3VLSpec
 
 

@@ -13,11 +13,14 @@ asks `images_in` which images a chunk holds and keeps their tower rows in `encod
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from embedserve.vision.image import ProcessedImage
+
+if TYPE_CHECKING:  # the cache holds tensors; building a prompt's state needs no torch
+    import torch
 
 
 @dataclass(frozen=True)

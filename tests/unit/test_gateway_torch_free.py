@@ -1,0 +1,83 @@
+"""The gateway runs without torch (#62): importing its app loads none, and its token counter opens
+each model kind (a decoder, a GGUF file, ColBERT, BGE-M3, inference-free SPLADE) and counts as it
+does beside torch, in a process where importing torch raises."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from embedserve.gateway.counting import TokenCounter
+from tests.helpers.real_text import documents
+from tests.helpers.tiny_gguf import build_gguf_pair, train_tokenizer
+from tests.helpers.tiny_models import build_decoder
+from tests.helpers.tiny_multivector import build_colbert
+from tests.helpers.tiny_sparse import build_bge_m3, build_inference_free, build_splade
+
+# Any import of torch raises, so a lazy one on the counting path fails the child, naming itself.
+_CHILD = """
+import json, sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch imported by the gateway: " + name)
+sys.meta_path.insert(0, NoTorch())
+from embedserve.gateway.counting import TokenCounter
+texts = json.loads(sys.argv[2])
+counter = TokenCounter(sys.argv[1])
+out = {"plain": counter.count(texts, counter.resolve_prompt(None, None))}
+if counter.multivector is not None:
+    out["query"] = counter.count_multivector(texts, "query", None, None)
+    out["document"] = counter.count_multivector(texts, "document", None, None)
+if counter.static is not None:
+    out["static"] = counter.count_static(texts, "")
+print(json.dumps(out))
+"""
+
+
+def _counts(counter: TokenCounter, texts: list[str]) -> dict[str, list[int]]:
+    out = {"plain": counter.count(texts, counter.resolve_prompt(None, None))}
+    if counter.multivector is not None:
+        out["query"] = counter.count_multivector(texts, "query", None, None)
+        out["document"] = counter.count_multivector(texts, "document", None, None)
+    if counter.static is not None:
+        out["static"] = counter.count_static(texts, "")
+    return out
+
+
+def test_importing_the_gateway_app_loads_no_torch() -> None:
+    code = "import embedserve.gateway.app, sys; assert 'torch' not in sys.modules, 'torch loaded'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("torch_free")
+    splade = build_splade(root / "splade")
+    return {
+        "decoder": build_decoder(root / "decoder"),
+        "gguf": build_gguf_pair(root / "gguf", "llama", train_tokenizer())[1],
+        "colbert": build_colbert(root / "colbert"),
+        "bge_m3": build_bge_m3(root / "bge_m3"),
+        "inference_free": build_inference_free(root / "free", splade),
+    }
+
+
+@pytest.mark.parametrize("kind", ["decoder", "gguf", "colbert", "bge_m3", "inference_free"])
+def test_the_counter_counts_without_torch(models: dict[str, Path], kind: str) -> None:
+    texts = [d[:300] for d in documents()[:4]]
+    expected = _counts(TokenCounter(models[kind]), texts)
+    assert set(expected) >= {"plain"} and all(n > 0 for ns in expected.values() for n in ns)
+    if kind in ("colbert", "bge_m3"):
+        assert "query" in expected
+    if kind == "inference_free":
+        assert "static" in expected
+    child = [sys.executable, "-c", _CHILD, str(models[kind]), json.dumps(texts)]
+    done = subprocess.run(child, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == expected
