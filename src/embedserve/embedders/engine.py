@@ -25,6 +25,7 @@ from embedserve.embedders.spec import Spec
 from embedserve.engine.engine import Engine
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.outputs import EmbeddingOutput, wait_outputs
+from embedserve.pooling.outputs import Output
 from embedserve.schema import ModelMetadata
 
 
@@ -43,7 +44,7 @@ class EngineSource(VectorSource):
         self.spec = spec
         self.model_dir = Path(engine.config.model_path)
         self.max_length = engine.config.scheduler.max_model_len
-        self.sparse = engine.sparse_head is not None
+        self.sparse = Output.SPARSE in engine.outputs
         self.sided = engine.static_queries is not None  # inference-free SPLADE (engine/static.py)
         self.lexical = False  # `?output=lexical`: BGE-M3's lexical weights (`open`)
         self.num_preemptions = 0
@@ -55,12 +56,13 @@ class EngineSource(VectorSource):
         source = cls(open_engine(spec.location, options), options, spec.shown)
         source.take_batching(spec, 64, 65536)
         output = spec.option("output", "dense")
-        if output not in ("dense", "lexical") or (output == "lexical" and source.engine.lexical_head is None):
+        lexical = output == Output.LEXICAL
+        if output != Output.DENSE and not (lexical and Output.LEXICAL in source.engine.outputs):
             source.close()
             raise SourceError(
                 f"{spec.shown}: output must be dense or lexical (a model with sparse_linear.pt)"
             )
-        source.lexical = source.sparse = output == "lexical"
+        source.lexical = source.sparse = lexical
         return source
 
     def embed(self, items: Sequence[Item], prompt: str) -> np.ndarray:

@@ -21,13 +21,14 @@ from embedserve.models.decoder import DecoderModel
 from embedserve.models.lexical_head import LexicalHead, load_lexical_head, unused_ids
 from embedserve.models.multivector import MultiVectorHead, load_multivector_head
 from embedserve.models.open import open_model
-from embedserve.models.registry import YES_NO
+from embedserve.models.registry import CLASSIFIER, YES_NO
 from embedserve.models.score_head import ScoreHead, load_score_head
 from embedserve.models.source import ModelSource, override_pooling
 from embedserve.models.sparse_head import SparseHead, load_sparse_head
 from embedserve.models.static_queries import StaticQueries
 from embedserve.parallel.runner import TensorParallelRunner
 from embedserve.pooling.dense import DenseHead
+from embedserve.pooling.outputs import Output, supported_outputs
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.tokenizer import Tokenizer
 from embedserve.worker.bucketed_runner import BucketedModelRunner
@@ -50,6 +51,7 @@ class EngineParts:
     static_queries: StaticQueries | None = None  # inference-free SPLADE: queries without the model
     dense_head: DenseHead | None = None  # sentence-transformers Dense modules after pooling
     adapters: Adapters | None = None  # LoRA adapters served on the weights (engine/adapters.py)
+    outputs: frozenset[Output] = frozenset({Output.DENSE})  # what the model emits (pooling/outputs.py)
 
 
 def build_engine(
@@ -103,10 +105,16 @@ def build_engine(
         raise ModelLoadError("Dense modules after pooling apply to single dense vectors only")
     if loaded.adapters is not None:
         loaded.adapters.load_initial()
+    classifies = score is not None and score.kind == CLASSIFIER
+    outputs = supported_outputs(
+        sparse=sparse is not None, lexical=lexical is not None,
+        multivector_only=None if multivector is None else multivector.only,
+        scores=score is not None and (not classifies or score.num_labels == 1), labels=classifies,
+    )  # fmt: skip
     return EngineParts(
         config, core, tokenizer, score, sparse, loaded.workers, prompter,
         static_queries=static, lexical_head=lexical, multivector_head=multivector, dense_head=dense,
-        adapters=loaded.adapters,
+        adapters=loaded.adapters, outputs=outputs,
     )  # fmt: skip
 
 

@@ -50,6 +50,7 @@ class Engine(RerankMixin, ClassifyMixin, LateChunkingMixin, PromptCacheMixin, St
         self.lexical_head = self._loop.parts.lexical_head  # BGE-M3's sparse vectors (engine/lexical.py)
         self.dense_head = self._loop.parts.dense_head  # sentence-transformers Dense modules
         self.adapters = self._loop.parts.adapters  # LoRA adapters (engine/adapters.py)
+        self.outputs = self._loop.parts.outputs  # what the model emits (pooling/outputs.py)
         self.adapter: LoraAdapter | None = None  # this engine's requests run it (`with_adapter`)
         # What errors call the model: its directory's name, or the name a server serves it as.
         self.name = Path(self.config.model_path).name

@@ -10,6 +10,7 @@ from embedserve.embedders.spec import accepted
 from embedserve.engine.options import EngineOptions
 from embedserve.index.embedder import Embedder, EmbedderSpec, load_tokenizer
 from embedserve.index.errors import StoreError
+from embedserve.pooling.outputs import Output, multivectors_only
 
 
 def build_embedder(spec: EmbedderSpec) -> Embedder:
@@ -107,14 +108,13 @@ def _float_embedder(spec: EmbedderSpec) -> Embedder:
     """The dense embedder a spec names."""
     inner = _dense_or_splade(spec)
     engine = getattr(inner, "engine", None)
-    if engine is not None and engine.sparse_head is not None:
+    if engine is not None and Output.SPARSE in engine.outputs:
         inner.close()
         raise StoreError(
             f"{spec.model} is a SPLADE model: its vectors go in a sparse index (--sparse), or beside a "
             "dense model's (--hybrid --sparse-model)"
         )
-    head = None if engine is None else engine.multivector_head
-    if head is not None and head.only:
+    if engine is not None and multivectors_only(engine.outputs):
         inner.close()
         raise StoreError(
             f"{spec.model} is a multi-vector (ColBERT) model: index and search it with --multivector"

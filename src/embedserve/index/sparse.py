@@ -27,6 +27,7 @@ import numpy as np
 from embedserve.api.sparse import nonzero
 from embedserve.index.embedder import Embedder, VectorMeta
 from embedserve.index.errors import StoreError
+from embedserve.pooling.outputs import Output
 from embedserve.schema import compressed_schema
 from embedserve.tokenizer import Tokenizer
 
@@ -59,8 +60,9 @@ class SparseEmbedder:
         self.owns = owns
         # an endpoint asked for sparse vectors (index/http_embedder.py): its server checked the model
         self.remote = engine is None and bool(getattr(inner, "sparse", False))
-        self.lexical = engine is not None and engine.sparse_head is None and engine.lexical_head is not None
-        if not self.remote and (engine is None or (engine.sparse_head is None and not self.lexical)):
+        outputs = frozenset() if engine is None else engine.outputs
+        self.lexical = Output.SPARSE not in outputs and Output.LEXICAL in outputs
+        if not self.remote and Output.SPARSE not in outputs and not self.lexical:
             model = inner.meta.model
             raise StoreError(
                 f"--sparse stores a SPLADE model's vectors (or BGE-M3's lexical weights): {model} gives "

@@ -25,6 +25,7 @@ from embedserve.api.tei import TeiInfo, model_type
 from embedserve.api.tei import info as tei_info
 from embedserve.batch.http import add_batch_routes
 from embedserve.batch.online import running
+from embedserve.pooling.outputs import Output, multivectors_only
 from embedserve.schema import multivector_type
 from embedserve.server.batch_api import server_batch_jobs
 from embedserve.server.lora_routes import add_lora_routes
@@ -165,10 +166,13 @@ def model_facts(service: EmbeddingService) -> ModelFacts:
 def model_card(service: EmbeddingService) -> dict[str, Any]:
     meta = service.metadata
     pooling = service.engine.config.pooling
+    outputs = service.engine.outputs
     head = service.engine.multivector_head
+    only = multivectors_only(outputs)
     # the schema its answers carry: a SPLADE model's are all sparse, a ColBERT model's multi-vectors
-    fields = meta.fields(embedding_type="sparse" if service.engine.sparse_head is not None else "float")
-    if head is not None and head.only:
+    fields = meta.fields(embedding_type="sparse" if Output.SPARSE in outputs else "float")
+    if only:
+        assert head is not None
         fields = meta.fields(head.dim, head.normalize, multivector_type("float"))
     return {
         "id": meta.model,
@@ -176,10 +180,10 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
         "created": int(time.time()),
         "owned_by": "embedserve",
         **fields,
-        "dimensions": head.dim if head is not None and head.only else meta.hidden_size,
+        "dimensions": head.dim if head is not None and only else meta.hidden_size,
         **({} if head is None else {"multivector_dimensions": head.dim}),
         "max_model_len": meta.max_model_len,
-        "pooling": "multivector" if head is not None and head.only else pooling.method.value,
+        "pooling": "multivector" if only else pooling.method.value,
         "normalize": pooling.normalize,
         "prompt_names": sorted(service.engine.config.prompts),
         "vocab_size": service.engine.config.model.vocab_size,
@@ -192,14 +196,12 @@ def model_outputs(service: EmbeddingService) -> list[str]:
     """What the model emits: dense vectors (not a SPLADE or multi-vector-only model), sparse
     ones (SPLADE, BGE-M3's lexical weights), multi-vectors, and whether it reads images."""
     engine = service.engine
-    head = engine.multivector_head
-    only = (engine.sparse_head is not None and engine.lexical_head is None) or (
-        head is not None and head.only
-    )
+    outputs = engine.outputs
+    only = Output.SPARSE in outputs or multivectors_only(outputs)
     return [
         *([] if only else ["dense"]),
-        *(["sparse"] if engine.sparse_head is not None or engine.lexical_head is not None else []),
-        *(["multivector"] if head is not None else []),
+        *(["sparse"] if outputs & {Output.SPARSE, Output.LEXICAL} else []),
+        *(["multivector"] if Output.MULTIVECTOR in outputs else []),
         *(["images"] if engine.config.multimodal else []),
     ]
 

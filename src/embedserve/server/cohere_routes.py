@@ -18,6 +18,7 @@ from embedserve.api.routes import COHERE_EMBED
 from embedserve.engine.multivector import MultiVectorInput
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.errors import COHERE_REMEDY
+from embedserve.pooling.outputs import Output
 from embedserve.schema import MULTIVECTOR, multivector_type
 from embedserve.server.embeddings_routes import EmbeddingsJob
 from embedserve.server.multivector_routes import check_vector_count
@@ -101,7 +102,7 @@ class CohereEmbedJob(EmbeddingsJob):
             else meta.schema(req.output_dimension, None, svc.schema_type(quantized_type(k)))
             for k in req.embedding_types
         }
-        kind = "sparse" if svc.engine.sparse_head is not None else "float"  # a SPLADE model's: sparse
+        kind = "sparse" if Output.SPARSE in svc.engine.outputs else "float"  # a SPLADE model's: sparse
         if self.tokens is not None:
             kind = multivector_type("float")
         dimension = width if self.tokens is not None else req.output_dimension

@@ -15,6 +15,7 @@ from embedserve.api.routes import EMBEDDINGS
 from embedserve.api.sparse import sparse_item
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.late_long import LongPlan
+from embedserve.pooling.outputs import Output
 from embedserve.schema import MULTIVECTOR
 from embedserve.server.multivector_routes import MultiVectorJob
 from embedserve.server.pipeline import Computed, Job, ServerRoute
@@ -74,7 +75,7 @@ class EmbeddingsJob(Job):
         # The records carry the ids with prompt and truncation applied, and the prompt's
         # length for pooling that excludes it: the engine does not tokenize again.
         req, engine = self.req, self.svc.engine
-        if req.embedding_type == "sparse" and engine.lexical_head is not None:  # BGE-M3's lexical weights
+        if req.embedding_type == "sparse" and Output.LEXICAL in engine.outputs:  # BGE-M3's lexical weights
             return await engine.embed_lexical_tokenized_async(
                 tokenized, priority=req.priority, normalize=req.normalize
             )
@@ -88,7 +89,7 @@ class EmbeddingsJob(Job):
     def _normalize(self) -> bool | None:
         """The request's normalize as its vectors' schema records it: BGE-M3's sparse vectors are
         unnormalized unless asked (the model's default is its dense vectors')."""
-        lexical = self.req.embedding_type == "sparse" and self.svc.engine.lexical_head is not None
+        lexical = self.req.embedding_type == "sparse" and Output.LEXICAL in self.svc.engine.outputs
         return bool(self.req.normalize) if lexical else self.req.normalize
 
     def body(self, done: Computed) -> Any:

@@ -20,6 +20,7 @@ from embedserve.api.quantize import encode_values, quantize
 from embedserve.engine.multivector import MultiVectorInput
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.models.multivector import MultiVectorHead
+from embedserve.pooling.outputs import Output
 from embedserve.schema import multivector_type
 from embedserve.server.pipeline import Computed, Job
 from embedserve.server.serving import EmbeddingService
@@ -36,7 +37,7 @@ class MultiVectorJob(Job):
     def tokenize(self) -> list[Tokenized]:
         svc, req = self.svc, self.req
         engine = svc.engine
-        if engine.multivector_head is None:
+        if Output.MULTIVECTOR not in engine.outputs:
             raise ApiError(
                 400,
                 f"model {svc.metadata.model} gives one vector per input, not multivector: serve a "

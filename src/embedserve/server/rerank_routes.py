@@ -15,6 +15,7 @@ from embedserve.api.tei import tei_rerank_body
 from embedserve.engine.multivector import MultiVectorInput, maxsim
 from embedserve.engine.outputs import EmbeddingOutput, output_of
 from embedserve.engine.rerank import ranked
+from embedserve.pooling.outputs import Output
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized
@@ -87,7 +88,7 @@ class MaxSimRerankJob(Job):
 
 def rerank_job(svc: EmbeddingService, req: RerankRequest) -> Job:
     """A reranker's scores, or a multi-vector embedding model's MaxSim."""
-    return MaxSimRerankJob(svc, req) if svc.engine.multivector_head is not None else RerankJob(svc, req)
+    return MaxSimRerankJob(svc, req) if Output.MULTIVECTOR in svc.engine.outputs else RerankJob(svc, req)
 
 
 RERANK_ROUTE = ServerRoute(RERANK, rerank_job)

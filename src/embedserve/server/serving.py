@@ -28,6 +28,7 @@ from embedserve.errors import (
 )
 from embedserve.lengths import bucket_of
 from embedserve.lora.adapter import LoraAdapter
+from embedserve.pooling.outputs import Output
 from embedserve.schema import ModelMetadata
 from embedserve.server.admission import Admission
 from embedserve.server.metrics import ServerMetrics
@@ -119,8 +120,8 @@ class EmbeddingService:
     def check_types(self, kinds: list[str], dimensions: int | None, one_pass: bool = False) -> None:
         """Refuse (400) a type the model does not produce (sparse vs dense) or a compressed type
         this server cannot produce at that width."""
-        sparse = self.engine.sparse_head is not None
-        if self.engine.lexical_head is not None:  # BGE-M3: dense or sparse, one at a time
+        sparse = Output.SPARSE in self.engine.outputs
+        if Output.LEXICAL in self.engine.outputs:  # BGE-M3: dense or sparse, one at a time
             if "sparse" in kinds and len(kinds) > 1 and not one_pass:
                 raise ApiError(
                     400,
