@@ -28,6 +28,7 @@ from embedserve.engine.options import EngineOptions
 from embedserve.index.embedder import VectorMeta
 from embedserve.index.errors import StoreError
 from embedserve.index.store import Hit, Store, StoredChunk
+from embedserve.pooling.outputs import Output
 from embedserve.schema import multivector_type
 from embedserve.tokenizer import Tokenizer
 
@@ -44,12 +45,13 @@ class MultiVectorEmbedder:
         self, source: EngineSource, name: str, model_version: str | None, dimensions: int | None
     ) -> None:
         self.source, self.engine = source, source.engine
-        head = self.engine.multivector_head
-        if head is None:
+        if Output.MULTIVECTOR not in self.engine.outputs:
             raise StoreError(
                 f"--multivector stores a multi-vector model's token vectors: {name} gives one vector per "
                 "input (a ColBERT directory, or BGE-M3 with its colbert_linear.pt, does not)"
             )
+        head = self.engine.multivector_head
+        assert head is not None
         self.engine.check_vector_dimensions(dimensions)
         self.dimensions = dimensions
         self.dimension = dimensions or head.dim

@@ -18,7 +18,7 @@ from embedserve.api.routes import COHERE_EMBED
 from embedserve.engine.multivector import MultiVectorInput
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.errors import COHERE_REMEDY
-from embedserve.pooling.outputs import Output
+from embedserve.pooling.outputs import Output, multivectors_only
 from embedserve.schema import MULTIVECTOR, multivector_type
 from embedserve.server.embeddings_routes import EmbeddingsJob
 from embedserve.server.multivector_routes import check_vector_count
@@ -44,14 +44,15 @@ class CohereEmbedJob(EmbeddingsJob):
         kinds = [quantized_type(k) for k in req.embedding_types]
         self.multi = MULTIVECTOR in kinds
         head = engine.multivector_head
-        if self.multi and head is None:
+        if self.multi and Output.MULTIVECTOR not in engine.outputs:
             raise ApiError(
                 400,
                 f"model {self.svc.metadata.model} gives one vector per input: embedding_types "
                 "'multivector' needs a multi-vector model (ColBERT, BGE-M3 with colbert_linear.pt)",
             )
         # ColBERT (or only BGE-M3's token vectors asked): the token vectors, on the input type's side
-        if head is not None and (head.only or set(kinds) == {MULTIVECTOR}):
+        only = multivectors_only(engine.outputs) or (self.multi and set(kinds) == {MULTIVECTOR})
+        if only:
             if set(kinds) != {MULTIVECTOR}:
                 raise ApiError(
                     400, f"model {self.svc.metadata.model} answers embedding_types ['multivector'] only"
@@ -67,7 +68,8 @@ class CohereEmbedJob(EmbeddingsJob):
         self.both = ("sparse" in kinds and len(set(kinds)) > 1) or self.multi
         if self.both:  # the sparse side's checks; the dense side's dimensions apply
             tokenized = engine.tokenize(list(req.texts), self.prompt(), self.req.truncate)
-            if head is not None and self.multi:
+            if self.multi:
+                assert head is not None
                 check_vector_count(self.svc, sum(sum(head.keeps(t.token_ids, "document")) for t in tokenized))
             return tokenized
         return super().tokenize()

@@ -15,7 +15,7 @@ from embedserve.api.routes import EMBEDDINGS
 from embedserve.api.sparse import sparse_item
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.late_long import LongPlan
-from embedserve.pooling.outputs import Output
+from embedserve.pooling.outputs import Output, multivectors_only
 from embedserve.schema import MULTIVECTOR
 from embedserve.server.multivector_routes import MultiVectorJob
 from embedserve.server.pipeline import Computed, Job, ServerRoute
@@ -34,8 +34,7 @@ class EmbeddingsJob(Job):
     def tokenize(self) -> list[Tokenized]:
         svc, req = self.svc, self.req
         check_sparse_options(req)
-        head = svc.engine.multivector_head
-        if head is not None and head.only:
+        if multivectors_only(svc.engine.outputs):
             raise ApiError(
                 400,
                 f"model {svc.metadata.model} is a multi-vector (late-interaction) model: it answers "

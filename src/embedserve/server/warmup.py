@@ -16,6 +16,7 @@ from PIL import Image
 
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.errors import InternalEngineError, ModelLoadError
+from embedserve.pooling.outputs import multivectors_only
 from embedserve.tokenizer import Truncate
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,9 @@ def _ids(engine: Engine, n: int) -> list[int]:
 def check_vectors(engine: Engine, outputs: list[EmbeddingOutput]) -> None:
     width = engine.config.vector_size
     normalize = engine.config.pooling.normalize
-    head = engine.multivector_head
-    if head is not None and head.only:  # a ColBERT model's token vectors, each checked
+    if multivectors_only(engine.outputs):  # a ColBERT model's token vectors, each checked
+        head = engine.multivector_head
+        assert head is not None
         width, normalize = head.dim, head.normalize
     for out in outputs:
         for v in out.embedding if out.embedding.ndim == 2 else [out.embedding]:
@@ -68,8 +70,7 @@ def check_vectors(engine: Engine, outputs: list[EmbeddingOutput]) -> None:
 async def embed_ids(engine: Engine, items: list[Any]) -> list[EmbeddingOutput]:
     """Warm-up inputs without a prompt; a ColBERT model's as documents (its token vectors, cut
     to its document length)."""
-    head = engine.multivector_head
-    if head is None or not head.only:
+    if not multivectors_only(engine.outputs):
         return await engine.embed_outputs_async(items, prompt="")
     tokens = engine.tokenize_multivector(items, "document", prompt="", truncate="end")
     return await engine.embed_multivector_tokenized_async(tokens)
