@@ -32,12 +32,13 @@ from fastapi.testclient import TestClient
 
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.gateway.app import create_app as create_gateway_app
-from embedserve.gateway.config import parse_config
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.forward import Forwarder
-from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.live import Live
+from embedserve.gateway.pools.config import parse_config
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.forward import Forwarder
+from embedserve.gateway.pools.metrics import GatewayMetrics
+from embedserve.gateway.pools.upstreams import UpstreamSet
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.upstreams import UpstreamSet
 from embedserve.models.default import default_model_path
 from embedserve.server.app import create_app
 from embedserve.server.runtime import ServerSettings
@@ -100,7 +101,7 @@ def gateway_client(server: TestClient, model: str, tracing: Tracing) -> tuple[Te
     metrics = GatewayMetrics(upstreams)
     forwarder = Forwarder(upstreams, metrics, cfg.balance, tracing)
     service = GatewayService(cfg, TokenCounter(model), upstreams, metrics, forwarder, tracing)
-    return TestClient(create_gateway_app(service)), service
+    return TestClient(create_gateway_app(Live.of(service))), service
 
 
 def requests(

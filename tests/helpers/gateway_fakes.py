@@ -10,12 +10,12 @@ from typing import Any
 
 import httpx
 
-from embedserve.gateway.config import GatewayConfig, parse_config
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.forward import Forwarder
-from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.pools.config import GatewayConfig, parse_config
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.forward import Forwarder
+from embedserve.gateway.pools.metrics import GatewayMetrics
+from embedserve.gateway.pools.upstreams import UpstreamSet
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.upstreams import UpstreamSet
 
 SHORT, LONG, SHORT2 = "http://short:1", "http://long:2", "http://short2:3"
 SCHEMA = "es1-test"

@@ -20,12 +20,13 @@ from fastapi.testclient import TestClient
 from embedserve.batch.settings import BatchSettings
 from embedserve.gateway.app import create_app as create_gateway_app
 from embedserve.gateway.batch_lines import gateway_batch_jobs
-from embedserve.gateway.config import parse_config
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.forward import Forwarder
-from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.live import Live
+from embedserve.gateway.pools.config import parse_config
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.forward import Forwarder
+from embedserve.gateway.pools.metrics import GatewayMetrics
+from embedserve.gateway.pools.upstreams import UpstreamSet
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.upstreams import UpstreamSet
 from embedserve.server.app import create_app, model_card
 from embedserve.server.runtime import ServerRuntime, ServerSettings
 
@@ -89,8 +90,9 @@ def gateway_app(
     metrics = GatewayMetrics(upstreams)
     forwarder = Forwarder(upstreams, metrics, cfg.balance, tracing)
     service = GatewayService(cfg, TokenCounter(model_dir), upstreams, metrics, forwarder, tracing)
-    jobs = None if batch_dir is None else (gateway_batch_jobs(BatchSettings(batch_dir), service), 1 << 20)
-    return create_gateway_app(service, api_keys, jobs)
+    live = Live.of(service)
+    jobs = None if batch_dir is None else (gateway_batch_jobs(BatchSettings(batch_dir), live), 1 << 20)
+    return create_gateway_app(live, api_keys, jobs)
 
 
 @contextlib.contextmanager
@@ -159,7 +161,7 @@ def ingress_app(
     )
     replicas = {p.name: LocalReplica(runtime_of(server)) for p in cfg.pools}
     service, _ = asyncio.run(serve_gateway(cfg, replicas, TokenCounter(model_dir)))
-    return create_gateway_app(service), replicas
+    return create_gateway_app(Live.of(service)), replicas
 
 
 class Via(httpx.BaseTransport):

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from embedserve.gateway.config import GatewayConfig, load_config
 from embedserve.gateway.fleet_config import load_fleet
-from embedserve.gateway.routing import place_inputs
+from embedserve.gateway.pools.config import GatewayConfig, load_config
+from embedserve.gateway.pools.routing import place_inputs
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

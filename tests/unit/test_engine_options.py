@@ -15,7 +15,7 @@ from embedserve.engine.builder import build_engine
 from embedserve.engine.engine import Engine
 from embedserve.engine.options import NOT_OFFERED, EngineOptions, OptionError
 from embedserve.errors import ModelLoadError
-from embedserve.gateway.config import GatewayConfigError
+from embedserve.gateway.pools.config import GatewayConfigError
 from embedserve.scale.config import parse_scale_config
 
 FIELDS = dataclasses.fields(EngineOptions)

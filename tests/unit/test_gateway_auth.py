@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 from embedserve.errors import EmbedServeError
 from embedserve.gateway.app import create_app
 from embedserve.gateway.cli import client_api_keys
-from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.live import Live
+from embedserve.gateway.pools.counting import TokenCounter
 from tests.helpers.gateway_fakes import fake_gateway
 from tests.helpers.inprocess import gateway_app, server_client
 
@@ -70,7 +71,7 @@ def test_the_openapi_document_lists_401(gateway: TestClient) -> None:
 
 def test_the_clients_key_is_not_forwarded_to_the_pools(qwen3_dir: Path) -> None:
     service, fakes = asyncio.run(fake_gateway(TokenCounter(qwen3_dir))())
-    client = TestClient(create_app(service, KEYS))
+    client = TestClient(create_app(Live.of(service), KEYS))
     resp = client.post("/v1/embeddings", json={"input": "x"}, headers={"Authorization": f"Bearer {KEYS[0]}"})
     assert resp.status_code == 200, resp.text
     sent = [h for f in fakes.values() for h in f.headers]

@@ -1,4 +1,4 @@
-"""Reassembling a `/v2/embed` answer from its parts (gateway/cohere_embed.py): vectors of every
+"""Reassembling a `/v2/embed` answer from its parts (gateway/routes/cohere_embed.py): vectors of every
 type back at their text's position, billed tokens summed, metadata joined, mixed schemas refused."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import COHERE_EMBED_PATH
-from embedserve.gateway.cohere_embed import assemble
-from embedserve.gateway.forward import Part, PartResult
+from embedserve.gateway.pools.forward import Part, PartResult
+from embedserve.gateway.routes.cohere_embed import assemble
 
 TEXTS = ["q0", "d1", "q2", "d3"]
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from embedserve.cli import main
-from embedserve.gateway.config import GatewayConfigError, load_config, parse_config
-from embedserve.gateway.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
+from embedserve.gateway.pools.config import GatewayConfigError, load_config, parse_config
+from embedserve.gateway.pools.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
 
 EXAMPLE: dict[str, Any] = {
     "pools": {

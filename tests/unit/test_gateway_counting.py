@@ -9,7 +9,7 @@ import pytest
 
 from embedserve import Engine
 from embedserve.errors import InvalidInputError
-from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.pools.counting import TokenCounter
 from tests.helpers.server_process import words
 
 TEXTS = [words(3), "Ünïcödé ✓ text, with punctuation!", words(700, seed=2)]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from embedserve.api.protocol import ApiError, EmbeddingRequest
-from embedserve.gateway.config import GatewayConfigError, parse_config
-from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.pools.config import GatewayConfigError, parse_config
+from embedserve.gateway.pools.counting import TokenCounter
 from embedserve.gateway.service import POOLS_HEADER
 from tests.helpers.gateway_fakes import LONG, SHORT, SHORT2, fake_gateway
 from tests.helpers.server_process import words

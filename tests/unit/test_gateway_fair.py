@@ -1,4 +1,4 @@
-"""Fair share by tokens at a saturated pool (gateway/fair.py): tenants with work waiting are
+"""Fair share by tokens at a saturated pool (gateway/pools/fair.py): tenants with work waiting are
 served tokens in proportion to their weights whatever their request sizes; online parts never
 wait behind batch ones; through the gateway, each request's tenant reaches its parts."""
 
@@ -14,11 +14,12 @@ import httpx
 import pytest
 
 from embedserve.gateway.app import create_app
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.fair import CURRENT_TENANT, QUEUE_OBSERVER, FairGate
 from embedserve.gateway.fleet import Fleet
-from embedserve.gateway.tenant_config import TenantConfig
-from embedserve.gateway.tenants import Tenants
+from embedserve.gateway.live import Live
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.fair import CURRENT_TENANT, QUEUE_OBSERVER, FairGate
+from embedserve.gateway.tenancy.tenant_config import TenantConfig
+from embedserve.gateway.tenancy.tenants import Tenants
 from tests.helpers.gateway_fakes import LONG, SHORT, SHORT2, fake_gateway
 from tests.helpers.server_process import words
 
@@ -115,7 +116,7 @@ async def _held(gate: FairGate, tokens: int) -> float:
 
 
 def test_each_part_reports_its_wait_at_the_gate() -> None:
-    """What a tenant's queue-time histogram gets (gateway/tenants.py sets the observer)."""
+    """What a tenant's queue-time histogram gets (gateway/tenancy/tenants.py sets the observer)."""
 
     async def go() -> list[float]:
         gate, waits = FairGate(100), []
@@ -173,7 +174,7 @@ def test_through_the_gateway_each_requests_tenant_reaches_the_pools_gate(
 
         gate.slot = spy  # type: ignore[method-assign]
         registry = Tenants(tenants)
-        app = create_app(Fleet([service]), (), None, registry)
+        app = create_app(Live.of(Fleet([service]), registry))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             for key in ("key-a", "key-b"):
                 body = {"input": [words(3), words(300)], "priority": "batch"}
@@ -213,8 +214,8 @@ def test_a_reloaded_pool_keeps_its_gate_and_what_is_in_flight_on_it() -> None:
     """A reload (gateway/live.py) builds new pools; one keeping its name keeps its gate, resized:
     parts still in flight count against the new limit (the pool is never sent twice its
     allowance), and a larger limit lets a waiting part go at once."""
-    from embedserve.gateway.config import parse_config
-    from embedserve.gateway.upstreams import UpstreamSet
+    from embedserve.gateway.pools.config import parse_config
+    from embedserve.gateway.pools.upstreams import UpstreamSet
 
     def config(limit: int) -> Any:
         pools = {"long": {"max_tokens": 64, "upstreams": ["http://x:1"], "max_inflight_tokens": limit}}

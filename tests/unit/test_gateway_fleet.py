@@ -20,11 +20,12 @@ import yaml
 from embedserve.batch.format import BatchLine
 from embedserve.gateway.app import create_app
 from embedserve.gateway.batch_lines import GatewayLines
-from embedserve.gateway.config import GatewayConfigError
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.fleet_config import parse_fleet
+from embedserve.gateway.live import Live
+from embedserve.gateway.pools.config import GatewayConfigError
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.routes.embeddings import EMBEDDINGS_ROUTE
 from tests.helpers.gateway_fakes import LONG, fake_gateway
 from tests.helpers.gateway_process import start_gateway
 from tests.helpers.server_process import start_server, words
@@ -103,7 +104,7 @@ def _fleet_app(counter: TokenCounter, check: Check) -> None:
         (a, fakes_a), (b, fakes_b) = [
             await fake_gateway(counter)(served_model_name=name) for name in ("a", "b")
         ]
-        app = create_app(Fleet([a, b], {"latest": "b"}))
+        app = create_app(Live.of(Fleet([a, b], {"latest": "b"})))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             await check(client, {"a": fakes_a, "b": fakes_b})
 
@@ -162,7 +163,7 @@ def test_batch_lines_go_to_their_models_pools(counter: TokenCounter) -> None:
         (a, fakes_a), (b, fakes_b) = [
             await fake_gateway(counter)(served_model_name=name) for name in ("a", "b")
         ]
-        lines = GatewayLines(Fleet([a, b], {"latest": "b"}), retries=0)
+        lines = GatewayLines(Live.of(Fleet([a, b], {"latest": "b"})), retries=0)
 
         def line(i: int, model: str) -> BatchLine:
             body = json.dumps({"model": model, "input": words(5 + i)}).encode()

@@ -15,11 +15,11 @@ from fastapi import FastAPI
 from embedserve.api.keepalive import KEEP_ALIVE_S, MAX_RETRY_AFTER_S, UPSTREAM_KEEPALIVE_EXPIRY_S
 from embedserve.api.protocol import ApiError, EmbeddingRequest
 from embedserve.gateway.cli import register, uvicorn_config
-from embedserve.gateway.config import parse_config
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.forward import Forwarder, Part, PartResult
-from embedserve.gateway.metrics import GatewayMetrics
-from embedserve.gateway.upstreams import UpstreamSet
+from embedserve.gateway.pools.config import parse_config
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.forward import Forwarder, Part, PartResult
+from embedserve.gateway.pools.metrics import GatewayMetrics
+from embedserve.gateway.pools.upstreams import UpstreamSet
 from embedserve.server.runtime import ServerSettings
 from tests.helpers.gateway_fakes import fake_gateway
 from tests.helpers.raw_upstream import Drop, RawUpstream, raw_upstream

@@ -1,4 +1,4 @@
-"""Every declared route (api/routes.py) runs on the gateway's one template (gateway/pipeline.py):
+"""Every declared route (api/routes.py) runs on the gateway's one template (gateway/routes/pipeline.py):
 the same refusals, placement, fallbacks, upstream errors and deadlines on each, through the
 gateway's app over fake upstreams (tests/helpers/gateway_fakes.py). A route whose gateway side
 breaks fails here by its name while the others pass; a new route needs its entry in `CASES`."""
@@ -18,11 +18,12 @@ import pytest
 
 from embedserve.api.routes import RERANK, ROUTES, Route
 from embedserve.gateway.app import create_app
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.pipeline import GatewayRoute
-from embedserve.gateway.rerank import PairsJob
+from embedserve.gateway.live import Live
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.upstreams import UpstreamSet
+from embedserve.gateway.routes.pipeline import GatewayRoute
+from embedserve.gateway.routes.rerank import PairsJob
 from embedserve.gateway.service import POOLS_HEADER, GatewayService
-from embedserve.gateway.upstreams import UpstreamSet
 from tests.helpers.gateway_fakes import LONG, SHORT, SHORT2, FakeUpstream, fake_gateway
 from tests.helpers.server_process import words
 from tests.helpers.tiny_rerankers import build_cross_encoder
@@ -151,7 +152,7 @@ def _post(
     async def go() -> None:
         service, fakes = await fake_gateway(counters[route.tasks[0]])(**config)
         prepare(service, fakes)
-        transport = httpx.ASGITransport(app=create_app(service))
+        transport = httpx.ASGITransport(app=create_app(Live.of(service)))
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
             body = {**CASES[route.name].body(texts), **(extra or {})}
             resp = await client.post(route.path, json=body, headers=headers or {})

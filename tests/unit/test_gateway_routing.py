@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from embedserve.errors import InputTooLongError
-from embedserve.gateway.config import RouteConfig
-from embedserve.gateway.routing import NoPoolAvailable, Placement, group_placements, place_inputs
+from embedserve.gateway.pools.config import RouteConfig
+from embedserve.gateway.pools.routing import NoPoolAvailable, Placement, group_placements, place_inputs
 
 LIMITS = {"short": 4096, "long": 16384, "batch-long": 16384, "tiny": 512}
 ONLINE = RouteConfig("online", ("short", "long"))

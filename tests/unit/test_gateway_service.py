@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from embedserve.api.protocol import ApiError, EmbeddingRequest
-from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.pools.counting import TokenCounter
 from embedserve.gateway.service import POOLS_HEADER, GatewayService
 from tests.helpers.gateway_fakes import LONG, SCHEMA, SHORT, SHORT2, fake_gateway
 from tests.helpers.server_process import words

@@ -19,15 +19,15 @@ from embedserve.batch.format import BatchLine
 from embedserve.batch.online import BATCH_OWNER
 from embedserve.gateway.app import create_app
 from embedserve.gateway.batch_lines import GatewayLines
-from embedserve.gateway.config import GatewayConfigError
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.fleet_config import parse_fleet
 from embedserve.gateway.live import Live
-from embedserve.gateway.quota import Bucket
-from embedserve.gateway.tenant_config import TenantConfig, parse_tenants
-from embedserve.gateway.tenants import TENANT_OWNER, Tenants
+from embedserve.gateway.pools.config import GatewayConfigError
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.routes.embeddings import EMBEDDINGS_ROUTE
+from embedserve.gateway.tenancy.quota import Bucket
+from embedserve.gateway.tenancy.tenant_config import TenantConfig, parse_tenants
+from embedserve.gateway.tenancy.tenants import TENANT_OWNER, Tenants
 from tests.helpers.gateway_fakes import LONG, fake_gateway
 from tests.helpers.server_process import words
 
@@ -113,7 +113,7 @@ def _tenant_app(counter: TokenCounter, check: Check, tenants: tuple[TenantConfig
         ]
         fleet = Fleet([a, b])
         registry = Tenants(tenants)
-        app = create_app(fleet, ("ops",), None, registry)
+        app = create_app(Live.of(fleet, registry), ("ops",))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             await check(client, {"a": fakes_a, "b": fakes_b}, registry)
 
@@ -204,7 +204,7 @@ def test_a_tenant_allowed_a_models_alias_may_use_it_by_any_of_its_names(counter:
 
     async def go() -> None:
         (a, _), (b, _) = [await fake_gateway(counter)(served_model_name=name) for name in ("a", "b")]
-        app = create_app(Fleet([a, b], {"latest": "a"}), ("ops",), None, Tenants(only_alias + only_b))
+        app = create_app(Live.of(Fleet([a, b], {"latest": "a"}), Tenants(only_alias + only_b)), ("ops",))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client:
             cards = (await client.get("/v1/models", headers=_as("acme-1"))).json()["data"]
             assert [(c["id"], c["aliases"]) for c in cards] == [("a", ["latest"])]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.pools.counting import TokenCounter
 from tests.helpers.real_text import documents
 from tests.helpers.tiny_gguf import build_gguf_pair, train_tokenizer
 from tests.helpers.tiny_models import build_decoder
@@ -26,7 +26,7 @@ class NoTorch:
         if name == "torch" or name.startswith("torch."):
             raise ImportError("torch imported by the gateway: " + name)
 sys.meta_path.insert(0, NoTorch())
-from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.pools.counting import TokenCounter
 texts = json.loads(sys.argv[2])
 counter = TokenCounter(sys.argv[1])
 out = {"plain": counter.count(texts, counter.resolve_prompt(None, None))}

@@ -20,7 +20,8 @@ from embedserve.api.routes import COHERE_EMBED, EMBEDDINGS, RERANK, ROUTES, Rout
 from embedserve.batch.http import POST_PATHS as BATCH_POSTS
 from embedserve.gateway.app import create_app as create_gateway_app
 from embedserve.gateway.app import handler_for
-from embedserve.gateway.forward import Part, answers_every_input
+from embedserve.gateway.live import Live
+from embedserve.gateway.pools.forward import Part, answers_every_input
 from embedserve.scale.replica import answer as replica_answer
 from embedserve.server.app import create_app
 from embedserve.server.routes import server_routes
@@ -46,7 +47,7 @@ def gateway_app() -> FastAPI:
     # no pool in rotation: the generic document (every route's)
     upstreams = SimpleNamespace(model_card=lambda: None)
     service: Any = SimpleNamespace(config=config, upstreams=upstreams, metrics=None)
-    return create_gateway_app(service)
+    return create_gateway_app(Live.of(service))
 
 
 def test_the_declarations() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from embedserve.gateway.config import GatewayConfigError
+from embedserve.gateway.pools.config import GatewayConfigError
 from embedserve.scale.config import parse_scale_config
 
 

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from embedserve.engine.options import EngineOptions
 from embedserve.gateway.app import create_app
-from embedserve.gateway.config import GatewayConfigError
-from embedserve.gateway.counting import TokenCounter
+from embedserve.gateway.pools.config import GatewayConfigError
+from embedserve.gateway.pools.counting import TokenCounter
 from tests.helpers.inprocess import LocalReplica, runtime_of, server_client
 from tests.helpers.server_process import words
 

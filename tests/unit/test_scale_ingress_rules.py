@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from embedserve.api.protocol import ApiError
-from embedserve.gateway.fair import CURRENT_TENANT, FairGate
-from embedserve.gateway.forward import Part
-from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.pools.fair import CURRENT_TENANT, FairGate
+from embedserve.gateway.pools.forward import Part
+from embedserve.gateway.pools.metrics import GatewayMetrics
 
 pytest.importorskip("ray")
 from embedserve.scale.ingress import ServeRunner

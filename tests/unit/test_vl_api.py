@@ -109,7 +109,7 @@ def test_gateway_counts_image_tokens_from_the_size(client: Any, qwen3_vl_dir: Pa
     from fastapi.testclient import TestClient
 
     from embedserve.api.protocol import EmbeddingRequest
-    from embedserve.gateway.counting import TokenCounter
+    from embedserve.gateway.pools.counting import TokenCounter
 
     sizes = [(64, 64), (300, 200), (500, 90)]
     items = [

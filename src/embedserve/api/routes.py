@@ -27,7 +27,7 @@ answer takes the shape of the body it got.
 
 Adding a route: its request model (api/), a `Route` in `ROUTES`, one server module with its Job
 (server/pipeline.py's template; listed in server/routes.py), its Job through the gateway
-(gateway/pipeline.py's; a route placed whole only counts its inputs; listed in gateway/app.py),
+(gateway/routes/pipeline.py's; a route placed whole only counts its inputs; listed in gateway/app.py),
 tests. A declared route that the server or the gateway cannot run stops them at start-up.
 """
 

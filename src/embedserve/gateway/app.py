@@ -35,26 +35,24 @@ from embedserve.api.routes import ROUTES, Route, describe
 from embedserve.batch.http import add_batch_routes
 from embedserve.batch.online import BatchJobs, running
 from embedserve.batch.store import owner_of
-from embedserve.gateway.classify import CLASSIFY_ROUTE, PREDICT_ROUTE
-from embedserve.gateway.cohere_embed import COHERE_EMBED_ROUTE
-from embedserve.gateway.config import TRAFFIC_CLASSES
-from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
-from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.live import Live
 from embedserve.gateway.model_routes import add_model_routes, fleet_facts, served_task
-from embedserve.gateway.pipeline import Answer, GatewayRoute
-from embedserve.gateway.rerank import RERANK_ROUTE
-from embedserve.gateway.score import SCORE_ROUTE
+from embedserve.gateway.pools.config import TRAFFIC_CLASSES
+from embedserve.gateway.routes.classify import CLASSIFY_ROUTE, PREDICT_ROUTE
+from embedserve.gateway.routes.cohere_embed import COHERE_EMBED_ROUTE
+from embedserve.gateway.routes.embeddings import EMBEDDINGS_ROUTE
+from embedserve.gateway.routes.pipeline import Answer, GatewayRoute
+from embedserve.gateway.routes.rerank import RERANK_ROUTE
+from embedserve.gateway.routes.score import SCORE_ROUTE
+from embedserve.gateway.routes.tei import SIMILARITY_ROUTE, TEI_EMBED_ROUTE, TEI_EMBED_SPARSE_ROUTE
+from embedserve.gateway.routes.token_routes import EMBED_ALL_ROUTE, POOLING_ROUTE
+from embedserve.gateway.routes.tokenize import DECODE_ROUTE, DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.tei import SIMILARITY_ROUTE, TEI_EMBED_ROUTE, TEI_EMBED_SPARSE_ROUTE
-from embedserve.gateway.tenants import Tenants
-from embedserve.gateway.token_routes import EMBED_ALL_ROUTE, POOLING_ROUTE
-from embedserve.gateway.tokenize import DECODE_ROUTE, DETOKENIZE_ROUTE, TOKENIZE_ROUTE
 
 log = logging.getLogger(__name__)
 
 Started = tuple[GatewayService, str, Awaitable[Answer]]
-# Each declared route bound to its Job (one module per route), all run on gateway/pipeline.py.
+# Each declared route bound to its Job (one module per route), all run on gateway/routes/pipeline.py.
 _BOUND: dict[str, GatewayRoute[Any]] = {
     b.route.name: b
     for b in (
@@ -83,20 +81,15 @@ ROUTES_TEXT = (
 
 
 def create_app(
-    served: GatewayService | Fleet | Live,
+    state: Live,
     api_keys: tuple[str, ...] = (),
     batch: tuple[BatchJobs, int] | None = None,
-    tenants: Tenants | None = None,
 ) -> FastAPI:
-    """`served`: one model's service, or many (gateway/fleet.py: each request's `model` picks
-    one), or what a reloading gateway serves now (gateway/live.py: read at every request);
-    `batch`: the online batch API's jobs and upload limit (`--batch-dir`), else its routes 404;
-    the jobs run while the app's lifespan does; `tenants`: their keys are accepted too, and each
-    request runs under its tenant's permissions and quotas (gateway/tenants.py)."""
-    if isinstance(served, Live):
-        state = served
-    else:
-        state = Live(served if isinstance(served, Fleet) else Fleet([served]), tenants)
+    """`state`: what the gateway serves, read at every request (gateway/live.py: its models'
+    services, gateway/fleet.py: each request's `model` picks one, and its tenants, whose keys are
+    accepted too, each request running under its tenant's permissions and quotas:
+    gateway/tenancy/tenants.py; a reload swaps both); `batch`: the online batch API's jobs and
+    upload limit (`--batch-dir`), else its routes 404; the jobs run while the app's lifespan does."""
     service = state.fleet.default  # settings every model shares (limits, body size) for the docs
     jobs, max_file = batch if batch is not None else (None, 0)
 

@@ -22,19 +22,17 @@ from embedserve.batch.store import BatchStore
 from embedserve.gateway.app import handler_for
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.live import Live
-from embedserve.gateway.pipeline import Answer, GatewayRoute
+from embedserve.gateway.routes.pipeline import Answer, GatewayRoute
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.tenants import Tenant
+from embedserve.gateway.tenancy.tenants import Tenant
 
 LINE_RETRIES = 1_000_000  # as the server's: the batch's completion window or a cancel ends the wait
 WINDOW = 8  # lines in flight: the batch pools' own admission and queues do the rest
 
 
 class GatewayLines:
-    def __init__(self, models: GatewayService | Fleet | Live, retries: int = LINE_RETRIES) -> None:
-        if not isinstance(models, Live):
-            models = Live(models if isinstance(models, Fleet) else Fleet([models]))
-        self.live = models  # read at every line: a reload's models serve the lines after it
+    def __init__(self, live: Live, retries: int = LINE_RETRIES) -> None:
+        self.live = live  # read at every line: a reload's models serve the lines after it
         self.retries = retries
 
     @property
@@ -105,8 +103,8 @@ class GatewayLines:
             return None
 
 
-def gateway_batch_jobs(settings: BatchSettings, models: GatewayService | Fleet | Live) -> BatchJobs:
-    lines = GatewayLines(models)
+def gateway_batch_jobs(settings: BatchSettings, live: Live) -> BatchJobs:
+    lines = GatewayLines(live)
 
     async def ready() -> None:
         """Every model's batch route has a pool that can take work."""

@@ -16,7 +16,7 @@ from embedserve.api.protocol import ApiError, clip
 from embedserve.gateway.service import GatewayService
 
 R = TypeVar("R")
-# A tenant's permission (gateway/tenants.py Tenant.may_use): names it may see in an error
+# A tenant's permission (gateway/tenancy/tenants.py Tenant.may_use): names it may see in an error
 MayUse = Callable[[Iterable[str | None]], bool]
 
 

@@ -18,7 +18,7 @@ models:
     routes: [{class: online, order: [all]}, {class: batch, order: [all]}]
     adapters: [legal, medical]   # LoRA adapters its pools serve (--lora-modules): served names too
 aliases: {embed-latest: qwen3-embedding-v1}
-# the other top-level keys of gateway/config.py (balance, timeouts, limits, keys) apply to all
+# the other top-level keys of gateway/pools/config.py (balance, timeouts, limits, keys) apply to all
 ```
 
 The single-model form (`pools:` and `routes:` at the top) stays valid: one entry, named as its
@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_config, read_config
-from embedserve.gateway.tenant_config import TenantConfig, parse_tenants
+from embedserve.gateway.pools.config import GatewayConfig, GatewayConfigError, parse_config, read_config
+from embedserve.gateway.tenancy.tenant_config import TenantConfig, parse_tenants
 
 # What a `models:` entry may set; every other gateway key is set once, at the top.
 _MODEL_KEYS = ("model", "pools", "routes", "adapters")

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from embedserve.gateway.counting import TokenCounter
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.fleet_config import FleetConfig, load_fleet
-from embedserve.gateway.forward import Forwarder
-from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.forward import Forwarder
+from embedserve.gateway.pools.metrics import GatewayMetrics
+from embedserve.gateway.pools.upstreams import UpstreamSet
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.tenants import Tenant, TenantMetrics, Tenants
-from embedserve.gateway.upstreams import UpstreamSet
+from embedserve.gateway.tenancy.tenants import Tenant, TenantMetrics, Tenants
 
 if TYPE_CHECKING:
     from embedserve.tracing.otel import Tracing
@@ -47,6 +47,11 @@ class Live:
     def __init__(self, fleet: Fleet, tenants: Tenants | None = None) -> None:
         self.fleet = fleet
         self.tenants = tenants
+
+    @classmethod
+    def of(cls, served: GatewayService | Fleet, tenants: Tenants | None = None) -> Live:
+        """What a gateway of one model's service, or of a fleet of them, serves."""
+        return cls(served if isinstance(served, Fleet) else Fleet([served]), tenants)
 
     def keys(self, own: tuple[str, ...]) -> tuple[str, ...]:
         """Every key a client may send: the gateway's own and the tenants'."""

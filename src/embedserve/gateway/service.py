@@ -1,15 +1,15 @@
-"""The gateway's service: the route template (gateway/pipeline.py) over its pools (HTTP
+"""The gateway's service: the route template (gateway/routes/pipeline.py) over its pools (HTTP
 upstreams, or Ray Serve deployments: scale/ingress.py), with `/v1/embeddings` by name for
 in-process callers. The app (gateway/app.py) runs every declared route through `serve`."""
 
 from __future__ import annotations
 
 from embedserve.api.protocol import EmbeddingRequest
-from embedserve.gateway.embeddings import EMBEDDINGS_ROUTE
-from embedserve.gateway.pipeline import POOLS_HEADER as POOLS_HEADER
-from embedserve.gateway.pipeline import Answer, Pipeline
-from embedserve.gateway.pipeline import PartRunner as PartRunner
-from embedserve.gateway.pipeline import PoolDirectory as PoolDirectory
+from embedserve.gateway.routes.embeddings import EMBEDDINGS_ROUTE
+from embedserve.gateway.routes.pipeline import POOLS_HEADER as POOLS_HEADER
+from embedserve.gateway.routes.pipeline import Answer, Pipeline
+from embedserve.gateway.routes.pipeline import PartRunner as PartRunner
+from embedserve.gateway.routes.pipeline import PoolDirectory as PoolDirectory
 
 
 class GatewayService(Pipeline):

@@ -64,7 +64,7 @@ def _check_keys(config: Any) -> None:
     """The keys the ingress will read, read here first: a missing variable or a key two tenants
     share is this command's error, not a replica that Serve retries. (On `--address` of a remote
     cluster the ingress reads its own workers' environment: set the variables there too.)"""
-    from embedserve.gateway.tenants import Tenants
+    from embedserve.gateway.tenancy.tenants import Tenants
     from embedserve.scale.ingress_app import own_keys
 
     own_keys(config)

@@ -1,6 +1,6 @@
 """pools.yaml for `embedserve serve-cluster` in every form the gateway reads: one model (top-level
 `pools:`, scale/config.py), or a `models:` map with `aliases:`, and optionally `tenants:`, as
-`embedserve gateway` reads them (gateway/fleet_config.py, gateway/tenant_config.py), where each
+`embedserve gateway` reads them (gateway/fleet_config.py, gateway/tenancy/tenant_config.py), where each
 model's pools give the serving keys of scale/config.py instead of upstream URLs:
 
 ```yaml
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedserve.gateway.config import GatewayConfigError, read_config
 from embedserve.gateway.fleet_config import parse_fleet
-from embedserve.gateway.tenant_config import TenantConfig
+from embedserve.gateway.pools.config import GatewayConfigError, read_config
+from embedserve.gateway.tenancy.tenant_config import TenantConfig
 from embedserve.scale.config import ScaleConfig, ServePool, attach, split_pools
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from embedserve.engine.options import OPTION_NAMES, EngineOptions, OptionError
-from embedserve.gateway.config import GatewayConfig, GatewayConfigError, parse_config, read_config
+from embedserve.gateway.pools.config import GatewayConfig, GatewayConfigError, parse_config, read_config
 
 # Every engine option is a pool key (engine/options.py); the few a pool refuses say why there.
 _SERVING_KEYS = {"model", "replicas", "resources", "warmup_lengths", "max_queued_tokens", *OPTION_NAMES}
@@ -148,7 +148,7 @@ def attach(
     )
     models = {p.model for p in pools}
     if len(models) > 1:
-        # One token counter and one embedding schema per model (embedserve.gateway.guard).
+        # One token counter and one embedding schema per model (embedserve.gateway.pools.guard).
         raise GatewayConfigError(
             f"{where}: pools name different models {sorted(models)}: a served model is one model"
         )

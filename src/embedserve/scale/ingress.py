@@ -7,13 +7,13 @@ this module only supplies what differs from HTTP upstreams:
 - ServePools (a PoolDirectory): which pools can take work, polled from each deployment's
   replica cards and judged by the gateway's guard (one "upstream" per pool: its deployment).
 - ServeRunner (a PartRunner): a part (`/v1/embeddings` and `/v2/embed` split per pool,
-  `/v1/rerank` whole: gateway/pipeline.py) goes to its pool's
+  `/v1/rerank` whole: gateway/routes/pipeline.py) goes to its pool's
   deployment handle, which runs the server's handler for that route (scale/replica.py). If
   the replica dies under it, the part is retried once (Serve routes the retry to another
   replica), then the next candidate pool; if none can take it the client gets 503 (a pool's
   Retry-After relayed at most 60 s, as the gateway relays it). Never a silent loss.
 
-Deadlines as in gateway/forward.py: every call carries the time left of the request's deadline
+Deadlines as in gateway/pools/forward.py: every call carries the time left of the request's deadline
 (the replica's X-Request-Timeout); a part whose deadline has passed is not sent, nor retried on
 another replica or pool (504 `deadline_exceeded`), and a replica's deadline 503 is answered 504
 at once.
@@ -29,9 +29,9 @@ from typing import Any
 
 from embedserve.api.deadline import is_deadline_error
 from embedserve.api.protocol import ApiError
-from embedserve.gateway.config import GatewayConfigError
-from embedserve.gateway.fair import FairGate, allowance
-from embedserve.gateway.forward import (
+from embedserve.gateway.pools.config import GatewayConfigError
+from embedserve.gateway.pools.fair import FairGate, allowance
+from embedserve.gateway.pools.forward import (
     Part,
     PartResult,
     Refusal,
@@ -41,8 +41,8 @@ from embedserve.gateway.forward import (
     retry_after,
     time_to_tell,
 )
-from embedserve.gateway.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
-from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.pools.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
+from embedserve.gateway.pools.metrics import GatewayMetrics
 from embedserve.scale.config import ScaleConfig
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class ServePools:
         self.reports: dict[str, UpstreamReport] = {}
         self.reasons: dict[str, str | None] = {p.name: "not polled yet" for p in self.config.pools}
         self.schema: str | None = None
-        # Tokens in flight to a pool with max_inflight_tokens; more wait, fairly (gateway/fair.py).
+        # Tokens in flight to a pool with max_inflight_tokens; more wait, fairly (gateway/pools/fair.py).
         self.gates = {
             p.name: FairGate(p.max_inflight_tokens) for p in self.config.pools if p.max_inflight_tokens
         }

@@ -1,6 +1,6 @@
 """The ingress deployment (wrapped by app.py): `embedserve gateway`'s app over every model's pool
 deployments (scale/ingress.py), with the same models, aliases and tenants (gateway/fleet.py,
-gateway/tenants.py): routing by each request's `model`, per-tenant keys, quotas and fair share
+gateway/tenancy/tenants.py): routing by each request's `model`, per-tenant keys, quotas and fair share
 by tokens at each pool's `max_inflight_tokens`.
 
 A Serve application changes by being deployed again (`serve deploy`, or a new RayService
@@ -15,12 +15,12 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from embedserve.gateway.counting import TokenCounter
 from embedserve.gateway.fleet import Fleet
 from embedserve.gateway.live import Live
-from embedserve.gateway.metrics import GatewayMetrics
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.metrics import GatewayMetrics
 from embedserve.gateway.service import GatewayService
-from embedserve.gateway.tenants import Tenants
+from embedserve.gateway.tenancy.tenants import Tenants
 from embedserve.scale.cluster_config import ClusterConfig
 from embedserve.scale.config import ScaleConfig, resolve_model
 from embedserve.scale.ingress import ServePools, ServeRunner

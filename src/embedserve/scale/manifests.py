@@ -9,7 +9,7 @@ from typing import Any
 import ray
 import yaml
 
-from embedserve.gateway.config import GatewayConfigError
+from embedserve.gateway.pools.config import GatewayConfigError
 from embedserve.scale.app import serve_config
 from embedserve.scale.cluster_config import ClusterConfig
 from embedserve.scale.config import ScaleConfig

@@ -1,8 +1,8 @@
 """`POST /v1/rerank` (also `/rerank`, `/v2/rerank`) through the gateway: placed whole
-(gateway/pipeline.py), each request to one pool.
+(gateway/routes/pipeline.py), each request to one pool.
 
 Policy: the request's longest (query, document) pair, counted as the reranker reads it
-(gateway/counting.py), chooses the pool as one `/v1/embeddings` input would: the smallest pool
+(gateway/pools/counting.py), chooses the pool as one `/v1/embeddings` input would: the smallest pool
 of the route that fits it, then the route's other pools that fit as fallbacks, the same over-
 long policy (truncate), the same retries on 429 / 503 / connection errors, the same end-to-end
 deadline. The pool's answer comes back as it is (ranked results), with the gateway's timing and
@@ -18,9 +18,9 @@ from typing import Any
 from embedserve.api.rerank import RerankRequest
 from embedserve.api.routes import RERANK
 from embedserve.api.tei import tei_rerank_body
-from embedserve.gateway.forward import PartResult
-from embedserve.gateway.jobs import WholeJob
-from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+from embedserve.gateway.pools.forward import PartResult
+from embedserve.gateway.routes.jobs import WholeJob
+from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 
 
 class PairsJob(WholeJob[RerankRequest]):

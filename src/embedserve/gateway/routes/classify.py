@@ -1,13 +1,13 @@
 """`POST /classify` and TEI's `POST /predict` through the gateway: placed whole
-(gateway/pipeline.py) on the pools of the longest input, counted as the classifier reads it (a
+(gateway/routes/pipeline.py) on the pools of the longest input, counted as the classifier reads it (a
 text alone, a pair with the tokenizer's pair template); the pool's answer comes back as it is."""
 
 from __future__ import annotations
 
 from embedserve.api.classify import ClassifyRequest, PredictRequest
 from embedserve.api.routes import CLASSIFY, PREDICT
-from embedserve.gateway.jobs import WholeJob
-from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+from embedserve.gateway.routes.jobs import WholeJob
+from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 
 
 class ClassifyJob(WholeJob[ClassifyRequest | PredictRequest]):

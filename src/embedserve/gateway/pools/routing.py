@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from embedserve.errors import EmbedServeError, InputTooLongError
-from embedserve.gateway.config import RouteConfig
+from embedserve.gateway.pools.config import RouteConfig
 
 
 class NoPoolAvailable(EmbedServeError):

@@ -29,12 +29,12 @@ from embedserve.api.protocol import ApiError
 from embedserve.api.refusals import model_not_found, too_many_inputs
 from embedserve.api.routes import Req, Route
 from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.gateway.config import GatewayConfig, RouteConfig
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.forward import Part, PartResult
-from embedserve.gateway.jobs import Job, WholeJob
-from embedserve.gateway.metrics import GatewayMetrics
-from embedserve.gateway.routing import NoPoolAvailable, Placement, group_placements, place_inputs
+from embedserve.gateway.pools.config import GatewayConfig, RouteConfig
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.forward import Part, PartResult
+from embedserve.gateway.pools.metrics import GatewayMetrics
+from embedserve.gateway.pools.routing import NoPoolAvailable, Placement, group_placements, place_inputs
+from embedserve.gateway.routes.jobs import Job, WholeJob
 
 if TYPE_CHECKING:
     from embedserve.tracing.otel import RequestSpan, Tracing
@@ -137,7 +137,7 @@ class Pipeline:
         """One parsed request of a route, as the gateway answers it; `timeout_s`: the client's
         X-Request-Timeout (it shortens the gateway's deadline); `headers`: the client's (its
         traceparent, when tracing is on); `charge(tokens)`: called once its tokens are counted,
-        before any pool sees it (a tenant's quota: gateway/tenants.py), may refuse it."""
+        before any pool sees it (a tenant's quota: gateway/tenancy/tenants.py), may refuse it."""
         if self.tracing is None:
             return await self._serve(bound, req, traffic_class, timeout_s, None, charge)
         # The request's span, current while it runs: each upstream call's span is its child.

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedserve.gateway.config import TRAFFIC_CLASSES, GatewayConfigError
+from embedserve.gateway.pools.config import TRAFFIC_CLASSES, GatewayConfigError
 
 _KEYS = {
     "api_keys_env",

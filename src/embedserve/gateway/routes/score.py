@@ -1,4 +1,4 @@
-"""`POST /v1/score` (also `/score`) through the gateway: placed whole (gateway/pipeline.py), on
+"""`POST /v1/score` (also `/score`) through the gateway: placed whole (gateway/routes/pipeline.py), on
 the pools of its longest pair. A pair is counted as the pool's model reads it: a reranker's
 (text_1, text_2) pair as one sequence, an embedding model's pair by its longer text (each text
 is its own sequence there); the pool's answer comes back as it is."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from embedserve.api.routes import SCORE
 from embedserve.api.score import ScoreRequest
-from embedserve.gateway.jobs import WholeJob
-from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+from embedserve.gateway.routes.jobs import WholeJob
+from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 
 
 class ScoreJob(WholeJob[ScoreRequest]):

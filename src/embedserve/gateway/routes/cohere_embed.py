@@ -1,5 +1,5 @@
 """`POST /v2/embed` (Cohere) through the gateway: split per text by token count, as
-`/v1/embeddings` is (gateway/pipeline.py, embeddings.py).
+`/v1/embeddings` is (gateway/routes/pipeline.py, embeddings.py).
 
     texts [q0, d1, q2]  --count-->  [20, 9000, 31]  --place-->  short: texts [q0, q2]   long: [d1]
     each pool answers its texts in every embedding type asked; the vectors of each type go back
@@ -23,9 +23,9 @@ from embedserve.api.cohere import CohereEmbedRequest
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import COHERE_EMBED
 from embedserve.errors import COHERE_REMEDY
-from embedserve.gateway.forward import PartResult
-from embedserve.gateway.jobs import Job
-from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+from embedserve.gateway.pools.forward import PartResult
+from embedserve.gateway.routes.jobs import Job
+from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 
 _METADATA = ("model_version", "dtype", "backend_profile")
 _SCHEMAS = ("embedding_schema", "embedding_schemas")

@@ -12,10 +12,10 @@ from embedserve.api.routes import EMBEDDINGS, SIMILARITY, TEI_EMBED, TEI_EMBED_S
 from embedserve.api.tei import TeiEmbedRequest, TeiEmbedSparseRequest, embed_vectors, policy, sparse_vectors
 from embedserve.api.tei_similarity import SimilarityRequest
 from embedserve.errors import TEI_REMEDY
-from embedserve.gateway.embeddings import EmbeddingsJob
-from embedserve.gateway.forward import PartResult
-from embedserve.gateway.jobs import TextsJob
-from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+from embedserve.gateway.pools.forward import PartResult
+from embedserve.gateway.routes.embeddings import EmbeddingsJob
+from embedserve.gateway.routes.jobs import TextsJob
+from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 
 
 class TeiJob(EmbeddingsJob):

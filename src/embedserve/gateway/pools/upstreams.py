@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 
-from embedserve.gateway.config import GatewayConfig, GatewayConfigError, PoolConfig
-from embedserve.gateway.fair import FairGate
-from embedserve.gateway.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
+from embedserve.gateway.pools.config import GatewayConfig, GatewayConfigError, PoolConfig
+from embedserve.gateway.pools.fair import FairGate
+from embedserve.gateway.pools.guard import UpstreamReport, choose_schema, exclusion, startup_conflict
 
 log = logging.getLogger(__name__)
 

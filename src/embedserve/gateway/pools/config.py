@@ -8,7 +8,7 @@ pools:
   batch-long: {max_tokens: 16384, upstreams: ["http://127.0.0.1:8003"], classes: [batch],
                schema: es1-0123456789abcdef}  # optional pin; else the first upstream's schema
 # a pool's optional max_inflight_tokens: tokens in flight to it at most; more wait, shared fairly
-# by tenants' weights (gateway/fair.py)
+# by tenants' weights (gateway/pools/fair.py)
 routes:
   - {class: online, order: [short, long]}
   - {class: batch,  order: [batch-long, long]}
@@ -66,7 +66,7 @@ class PoolConfig:
     upstreams: tuple[str, ...]  # base URLs without a trailing "/" or "/v1"
     classes: frozenset[str]
     schema: str | None = None  # pinned embedding_schema
-    # Tokens the gateway keeps in flight to the pool; more wait, in fair order (gateway/fair.py).
+    # Tokens the gateway keeps in flight to the pool; more wait, in fair order (gateway/pools/fair.py).
     max_inflight_tokens: int | None = None
 
 

@@ -12,8 +12,8 @@ from embedserve.api.multimodal import to_json
 from embedserve.api.routes import DECODE, DETOKENIZE, TOKENIZE
 from embedserve.api.tei_similarity import DecodeRequest
 from embedserve.api.tokenize import DetokenizeRequest, TokenizeRequest
-from embedserve.gateway.jobs import WholeJob
-from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+from embedserve.gateway.routes.jobs import WholeJob
+from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 
 
 class TokenizeJob(WholeJob[TokenizeRequest]):

@@ -1,4 +1,4 @@
-"""A tenant quota's token bucket (gateway/tenants.py): refilled continuously, a minute's worth at
+"""A tenant quota's token bucket (gateway/tenancy/tenants.py): refilled continuously, a minute's worth at
 most, a take larger than that waiting for a full bucket and leaving it in debt."""
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ from embedserve.api.deadline import DEADLINE_EXCEEDED, TIMEOUT_HEADER, is_deadli
 from embedserve.api.keepalive import MAX_RETRY_AFTER_S
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import EMBEDDINGS_PATH, route_at
-from embedserve.gateway.fair import allowance
-from embedserve.gateway.metrics import GatewayMetrics
-from embedserve.gateway.upstreams import Pool, Upstream, UpstreamSet
+from embedserve.gateway.pools.fair import allowance
+from embedserve.gateway.pools.metrics import GatewayMetrics
+from embedserve.gateway.pools.upstreams import Pool, Upstream, UpstreamSet
 
 if TYPE_CHECKING:
     from embedserve.tracing.otel import Tracing

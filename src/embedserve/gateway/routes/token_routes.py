@@ -7,8 +7,8 @@ from __future__ import annotations
 from embedserve.api.routes import EMBED_ALL, POOLING
 from embedserve.api.token_outputs import EmbedAllRequest, PoolingRequest
 from embedserve.errors import TEI_REMEDY
-from embedserve.gateway.jobs import TextsJob
-from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+from embedserve.gateway.routes.jobs import TextsJob
+from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 
 
 class EmbedAllJob(TextsJob[EmbedAllRequest]):

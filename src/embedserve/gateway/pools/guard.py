@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from embedserve.gateway.config import PoolConfig
+from embedserve.gateway.pools.config import PoolConfig
 
 
 @dataclass(frozen=True)

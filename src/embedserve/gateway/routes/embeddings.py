@@ -1,4 +1,4 @@
-"""`POST /v1/embeddings` through the gateway (gateway/pipeline.py, split per input): each input
+"""`POST /v1/embeddings` through the gateway (gateway/routes/pipeline.py, split per input): each input
 counted with its prompt, parts sent with the client's options, vectors back at their input's
 position, usage summed, metadata joined; parts of different embedding schemas refused (502)."""
 
@@ -11,9 +11,9 @@ from typing import Any
 from embedserve.api.multimodal import to_json
 from embedserve.api.protocol import ApiError, EmbeddingRequest
 from embedserve.api.routes import EMBEDDINGS
-from embedserve.gateway.forward import PartResult
-from embedserve.gateway.jobs import Job
-from embedserve.gateway.pipeline import GatewayRoute, Pipeline
+from embedserve.gateway.pools.forward import PartResult
+from embedserve.gateway.routes.jobs import Job
+from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 from embedserve.models.router import QUERY_PROMPT_NAME
 
 log = logging.getLogger(__name__)

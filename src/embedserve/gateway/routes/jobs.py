@@ -1,4 +1,4 @@
-"""What a route's request brings to the gateway's template (gateway/pipeline.py): a `Job`, made
+"""What a route's request brings to the gateway's template (gateway/routes/pipeline.py): a `Job`, made
 per request by the route's module (embeddings.py, cohere_embed.py, rerank.py).
 
 A job says only what differs between routes: how its inputs are counted (texts with a prompt,
@@ -15,8 +15,8 @@ from typing import Any, Generic
 
 from embedserve.api.routes import Req
 from embedserve.errors import API_REMEDY
-from embedserve.gateway.counting import TokenCounter
-from embedserve.gateway.forward import PartResult
+from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.gateway.pools.forward import PartResult
 
 
 class Job(ABC, Generic[Req]):

@@ -1,4 +1,4 @@
-"""The gateway's tenants (gateway/tenant_config.py) at run time: who a request's key belongs to,
+"""The gateway's tenants (gateway/tenancy/tenant_config.py) at run time: who a request's key belongs to,
 what it may use, and its quotas.
 
 - the key: compared in constant time against every tenant's keys (never logged); none or an
@@ -25,11 +25,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from embedserve.api.auth import unauthorized
 from embedserve.api.protocol import ApiError, clip
 from embedserve.batch.store import owner_of
-from embedserve.gateway.config import GatewayConfigError
-from embedserve.gateway.fair import CURRENT_TENANT, QUEUE_OBSERVER
-from embedserve.gateway.metrics import TIME_BUCKETS
-from embedserve.gateway.quota import Bucket, Clock, quota_bucket
-from embedserve.gateway.tenant_config import TenantConfig
+from embedserve.gateway.pools.config import GatewayConfigError
+from embedserve.gateway.pools.fair import CURRENT_TENANT, QUEUE_OBSERVER
+from embedserve.gateway.pools.metrics import TIME_BUCKETS
+from embedserve.gateway.tenancy.quota import Bucket, Clock, quota_bucket
+from embedserve.gateway.tenancy.tenant_config import TenantConfig
 
 TENANT_OWNER = "tenant:"  # a tenant's batches' owner: this and its name (batch/store.py `_owner`)
 T = TypeVar("T")

@@ -29,11 +29,11 @@ from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-# The tenant a request runs for (name, weight), set by gateway/tenants.py for its parts.
+# The tenant a request runs for (name, weight), set by gateway/tenancy/tenants.py for its parts.
 CURRENT_TENANT: ContextVar[tuple[str, float] | None] = ContextVar("embedserve_tenant", default=None)
 _NO_TENANT = ("", 1.0)
 # Where a request's parts report the seconds they waited at a pool's gate (online: 0), set by
-# gateway/tenants.py: the tenant's queue-time histogram.
+# gateway/tenancy/tenants.py: the tenant's queue-time histogram.
 QUEUE_OBSERVER: ContextVar[Callable[[float], None] | None] = ContextVar("embedserve_queue", default=None)
 
 

@@ -1,0 +1,1 @@
+"""The gateway's tenants: their configuration, keys, quotas and concurrency caps."""
