@@ -79,6 +79,7 @@ class Request:
         late: LateChunks | None = None,
         attend_keys: int | None = None,
         adapter: LoraAdapter | None = None,
+        state: PoolingState | None = None,
     ) -> None:
         self.request_id = request_id
         self.token_ids = token_ids
@@ -97,12 +98,15 @@ class Request:
         self.num_preemptions = 0
         self.num_steps = 0  # steps that ran a chunk of it; lane slices that ran it (tracing reads them)
         self.num_lane_slices = 0
-        # Late chunking: one vector per chunk span of the prompt (pooling/spans.py).
-        self.pooling = (
-            PoolingState(pooling, len(token_ids), excluded_prefix, deterministic_chunk, sparse_head)
-            if late is None
-            else SpanPoolingState(late, len(token_ids), deterministic_chunk)
-        )
+        # How its rows fold into its answer: `state` where the caller chose one (a multi-vector
+        # or lexical request's); late chunking: one vector per chunk span (pooling/spans.py).
+        if state is None:
+            state = (
+                PoolingState(pooling, len(token_ids), excluded_prefix, deterministic_chunk, sparse_head)
+                if late is None
+                else SpanPoolingState(late, len(token_ids), deterministic_chunk)
+            )
+        self.pooling = state
         # The hash chain of its full blocks (kv_cache/manager.py), set by a scheduler that caches
         # prefixes; None: it neither looks up nor registers blocks.
         self.block_hashes: list[bytes] | None = None

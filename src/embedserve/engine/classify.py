@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
+from embedserve.engine.base import EngineBase
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import gather_all, wait_all
 from embedserve.engine.outputs import timings
-from embedserve.engine.rerank import HeadMixin
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.models.registry import CLASSIFIER
 from embedserve.models.score_head import ScoreHead
@@ -39,7 +39,7 @@ class ClassifyResult:
     num_preemptions: int = 0
 
 
-class ClassifyMixin(HeadMixin):
+class ClassifyMixin(EngineBase):
     def classifier(self) -> ScoreHead:
         """The model's classifier head; InvalidInputError for a model that cannot classify."""
         head = self.score_head

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from embedserve.config import PoolingMethod
+from embedserve.engine.base import EngineBase
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import gather_all, wait_all
 from embedserve.engine.outputs import output_of
-from embedserve.engine.rerank import HeadMixin
 from embedserve.errors import InvalidInputError
 from embedserve.late_chunking import check_char_spans, join_chunks, late_sequence
 from embedserve.late_long import LongPlan, plan_windows
-from embedserve.pooling.dense import DenseHead
 from embedserve.pooling.spans import ChunkSpan, SpanPooling
 from embedserve.tokenizer import Tokenized, Truncate
 
@@ -35,19 +34,8 @@ class LateChunkOutput:
     overlap: int = 0  # content tokens consecutive windows shared
 
 
-class LateChunkingMixin(HeadMixin):
-    """What late chunking takes from Engine beyond HeadMixin's (config, tokenizer, submission):
-    its name, prompts and dimension check."""
-
-    multimodal: bool
-    name: str
-    dense_head: DenseHead | None
-
-    def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
-        raise NotImplementedError  # Engine's
-
-    def check_dimensions(self, dimensions: int | None) -> None:
-        raise NotImplementedError  # Engine's
+class LateChunkingMixin(EngineBase):
+    """Late chunking: one vector per chunk of a document that ran whole (or as long windows)."""
 
     def tokenize_late(
         self,

@@ -18,6 +18,7 @@ from embedserve.engine.multivector import MultiVectorMixin
 from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, wait_outputs
 from embedserve.errors import InternalEngineError, InvalidInputError
 from embedserve.models.lexical_head import LexicalHead
+from embedserve.models.multivector import MultiVectorHead
 from embedserve.pooling.head import apply_head
 from embedserve.pooling.multivector import MultiVectorState
 from embedserve.pooling.state import PoolingState
@@ -68,11 +69,6 @@ class LexicalMixin(MultiVectorMixin):
     """BGE-M3's lexical weights (what Engine it takes: MultiVectorMixin's; its one pass includes
     the token vectors)."""
 
-    lexical_head: LexicalHead | None
-
-    def check_dimensions(self, dimensions: int | None) -> None:
-        raise NotImplementedError  # Engine's
-
     def submit_lexical(
         self, tokenized: list[Tokenized], priority: str = "online", normalize: bool | None = None
     ) -> list[Future[Finished]]:
@@ -94,13 +90,21 @@ class LexicalMixin(MultiVectorMixin):
         normalize: bool,
         priority: str,
         state: type[PoolingState],
+        tokens: MultiVectorHead | None = None,
+        dimensions: int | None = None,
     ) -> list[Request]:
-        requests = self._requests(tokenized, None, normalize, priority)
+        """Every row folds through the lexical head, keyed by its token id; with `tokens`
+        (a DenseAndLexical `state`) the document side's token vectors too."""
         chunk = self.config.scheduler.deterministic_chunk
-        for req in requests:  # every row folds through the head, keyed by its token id
-            ids = req.token_ids
-            req.pooling = state(PoolingMethod.SPLADE, len(ids), 0, chunk, head, ids)
-        return requests
+        states = []
+        for t in tokenized:
+            ids = t.token_ids
+            states.append(state(PoolingMethod.SPLADE, len(ids), 0, chunk, head, ids))
+            if tokens is not None:
+                assert isinstance(states[-1], DenseAndLexical)
+                keep = tokens.keeps(ids, "document")
+                states[-1].multivector = MultiVectorState(tokens, keep, chunk, dimensions, tokens.normalize)
+        return self._requests(tokenized, None, normalize, priority, states)
 
     async def embed_dense_and_lexical_async(
         self,
@@ -124,14 +128,10 @@ class LexicalMixin(MultiVectorMixin):
         ):
             raise InvalidInputError(f"model {self.name} does not give BGE-M3's vectors from one pass")
         self.check_dimensions(dimensions)
-        requests = self._lexical_requests(tokenized, head, False, priority, DenseAndLexical)
-        chunk = self.config.scheduler.deterministic_chunk
         if tokens is not None:
             self.check_vector_dimensions(dimensions)
-            for req in requests:
-                keep = tokens.keeps(req.token_ids, "document")
-                state = MultiVectorState(tokens, keep, chunk, dimensions, tokens.normalize)
-                req.pooling.multivector = state  # type: ignore[attr-defined]  # a DenseAndLexical
+        state = DenseAndLexical
+        requests = self._lexical_requests(tokenized, head, False, priority, state, tokens, dimensions)
         outputs = await gather_outputs(self._loop.submit(requests), tokenized)
         hidden, vocab = self.config.model.hidden_size, self.config.model.vocab_size
         norm = self.config.pooling.normalize if normalize is None else normalize

@@ -15,18 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from embedserve.engine.base import EngineBase
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import wait_all
 from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, output_of
-from embedserve.engine.rerank import HeadMixin
 from embedserve.errors import InvalidInputError
 from embedserve.pooling.multivector import MultiVectorState
 from embedserve.tokenizer import Tokenized
 
 if TYPE_CHECKING:
-    from embedserve.engine.loop import EngineLoop
     from embedserve.models.multivector import MultiVectorHead
-    from embedserve.request import Request
 
 SIDES = ("query", "document")
 
@@ -52,37 +50,11 @@ def maxsim(query: np.ndarray, document: np.ndarray) -> float:
     return float((query.astype(np.float64) @ document.astype(np.float64).T).max(axis=1).sum())
 
 
-class MultiVectorMixin(HeadMixin):
-    name: str
-    multimodal: bool
-    _loop: EngineLoop
-
-    def _requests(
-        self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str
-    ) -> list[Request]:
-        raise NotImplementedError  # Engine's
-
-    def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
-        raise NotImplementedError  # Engine's
-
-    def tokenize(
-        self, inputs: Any, prompt: str = "", truncate: str = "error", max_len: int | None = None
-    ) -> list[Tokenized]:
-        raise NotImplementedError  # Engine's
-
+class MultiVectorMixin(EngineBase):
     @property
     def multivector_head(self) -> MultiVectorHead | None:
         """The token head of a multi-vector model (ColBERT, BGE-M3's colbert_linear); None otherwise."""
         return self._loop.parts.multivector_head
-
-    def check_single_vectors(self) -> None:
-        """Refuse one vector per input of a model that answers multi-vectors only (ColBERT)."""
-        head = self.multivector_head
-        if head is not None and head.only:
-            raise InvalidInputError(
-                f"model {self.name} is a multi-vector (late-interaction) model: it answers a vector per "
-                "token (embed_multivector; over HTTP embedding_type 'multivector'), not one per input"
-            )
 
     def _mv_head(self) -> MultiVectorHead:
         head = self.multivector_head
@@ -158,12 +130,10 @@ class MultiVectorMixin(HeadMixin):
         self.check_vector_dimensions(dimensions)
         # sliced vectors are normalized, as sentence-transformers' truncate_dim does, unless asked not to
         norm = (head.normalize or dimensions is not None) if normalize is None else normalize
-        requests = self._requests([i.tokenized for i in items], None, False, priority)
         chunk = self.config.scheduler.deterministic_chunk
-        for req, item in zip(requests, items, strict=True):
-            req.pooling = MultiVectorState(head, item.keep, chunk, dimensions, norm)
-            req.attend_keys = item.attend_keys
-        return self._loop.submit(requests)
+        states = [MultiVectorState(head, item.keep, chunk, dimensions, norm) for item in items]
+        tokenized, attend = [i.tokenized for i in items], [i.attend_keys for i in items]
+        return self._loop.submit(self._requests(tokenized, None, False, priority, states, attend))
 
     def embed_multivector(
         self,

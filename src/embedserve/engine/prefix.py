@@ -6,29 +6,13 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from embedserve.config import EngineConfig
+from embedserve.engine.base import EngineBase
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import EngineLoop, gather_all, wait_all
-from embedserve.request import Request
-from embedserve.tokenizer import Tokenized, Tokenizer
+from embedserve.engine.loop import gather_all, wait_all
 
 
-class PromptCacheMixin:
-    """What it takes from Engine: its config, tokenizer, loop, tokenization and requests."""
-
-    config: EngineConfig
-    tokenizer: Tokenizer
-    _loop: EngineLoop
-
-    def tokenize(
-        self, inputs: list[str], prompt: str = "", truncate: str = "error", max_len: int | None = None
-    ) -> list[Tokenized]:
-        raise NotImplementedError  # Engine's
-
-    def _requests(
-        self, tokenized: list[Tokenized], dimensions: int | None, normalize: bool | None, priority: str
-    ) -> list[Request]:
-        raise NotImplementedError  # Engine's
+class PromptCacheMixin(EngineBase):
+    """Prompts kept in the prefix cache for good."""
 
     def cache_prompt(self, prompt: str) -> int:
         """Keep `prompt`'s K/V in the prefix cache for good (its full blocks and its tail), so

@@ -7,19 +7,18 @@ token budget, chunking and preemption); their pooled rows go through the model's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
 
-from embedserve.config import EngineConfig
+from embedserve.engine.base import EngineBase
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import gather_all, wait_all
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.models.registry import CLASSIFIER
 from embedserve.models.score_head import ScoreHead
 from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
-from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
+from embedserve.tokenizer import Tokenized, Truncate
 
 
 @dataclass(frozen=True)
@@ -30,26 +29,7 @@ class RerankResult:
     truncated: bool
 
 
-class HeadMixin:
-    """What the rerank and classify mixins take from Engine: its config, tokenizer, score head
-    (models/score_head.py) and `submit_tokenized`."""
-
-    config: EngineConfig
-    tokenizer: Tokenizer
-    score_head: ScoreHead | None
-
-    def submit_tokenized(
-        self,
-        tokenized: list[Tokenized],
-        *,
-        dimensions: int | None = None,
-        normalize: bool | None = None,
-        priority: str = "online",
-    ) -> list[Future[Finished]]:
-        raise NotImplementedError  # Engine's
-
-
-class RerankMixin(HeadMixin):
+class RerankMixin(EngineBase):
     def _head(self) -> ScoreHead:
         if self.score_head is None:
             raise InvalidInputError("this model is an embedding model: it cannot rerank")
