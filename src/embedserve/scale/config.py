@@ -25,39 +25,39 @@ gateway's own parser; this module only takes out the serving keys first. A pool'
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from embedserve.engine.options import OPTION_NAMES, EngineOptions, OptionError
 from embedserve.gateway.pools.config import GatewayConfig, GatewayConfigError, parse_config, read_config
+from embedserve.gateway.pools.fields import Key, key, key_names, read_fields, section
 
 # Every engine option is a pool key (engine/options.py); the few a pool refuses say why there.
 _SERVING_KEYS = {"model", "replicas", "resources", "warmup_lengths", "max_queued_tokens", *OPTION_NAMES}
-_REPLICA_KEYS = {
-    "min",
-    "max",
-    "target_queued_tokens",
-    "upscale_delay_s",
-    "downscale_delay_s",
-    "metrics_interval_s",
-    "look_back_period_s",
-}
-_RESOURCE_KEYS = {"num_cpus", "num_gpus"}
 # The gateway's parser wants upstream URLs; a Serve pool's single "upstream" is its deployment.
 _PLACEHOLDER = "http://serve.invalid"
 
 
 @dataclass(frozen=True)
 class Scaling:
-    min_replicas: int = 1
-    max_replicas: int = 1
-    target_queued_tokens: int = 8192  # per replica: more queued than this adds replicas
-    upscale_delay_s: float = 5.0
-    downscale_delay_s: float = 30.0
-    metrics_interval_s: float = 1.0  # how often replicas report their queued tokens
-    look_back_period_s: float = 5.0  # the window those reports are averaged over
+    """A pool's `replicas:` keys, each read by its declaration (gateway/pools/fields.py)."""
+
+    min_replicas: int = key(1, "count", name="min")
+    max_replicas: int = key(1, "positive_int", name="max")  # absent: at least min
+    target_queued_tokens: int = key(8192, "positive_int")  # per replica: more queued adds replicas
+    upscale_delay_s: float = key(5.0, "non_negative")
+    downscale_delay_s: float = key(30.0, "non_negative")
+    metrics_interval_s: float = key(1.0, "number")  # how often replicas report their queued tokens
+    look_back_period_s: float = key(5.0, "number")  # the window those reports are averaged over
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A pool's `resources:` keys: what Ray reserves per replica."""
+
+    num_cpus: float = key(1.0, "non_negative")
+    num_gpus: float = key(0.0, "non_negative")
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,9 @@ def _pool(
             "the replicas would refuse inputs routed to them"
         )
     scaling = _scaling(body.get("replicas", {}), f"{where}.replicas")
-    resources = _section(body.get("resources", {}), f"{where}.resources", _RESOURCE_KEYS)
+    within_resources = f"{where}.resources"
+    raw_resources = section(body.get("resources", {}), within_resources, key_names(Resources))
+    resources = Resources(**read_fields(Resources, raw_resources, within_resources))
     warmup = body.get("warmup_lengths")
     if warmup is not None and (
         not isinstance(warmup, list) or not all(isinstance(n, int) and n > 0 for n in warmup)
@@ -208,65 +210,17 @@ def _pool(
         model=model,
         engine=engine,
         scaling=scaling,
-        num_cpus=_number(resources.get("num_cpus", 1.0), f"{where}.resources.num_cpus", zero=True),
-        num_gpus=_number(resources.get("num_gpus", 0.0), f"{where}.resources.num_gpus", zero=True),
+        num_cpus=resources.num_cpus,
+        num_gpus=resources.num_gpus,
         warmup_lengths=tuple(warmup) if warmup is not None else None,
-        max_queued_tokens=None if queued is None else _typed(queued, f"{where}.max_queued_tokens", int),
+        max_queued_tokens=Key("positive_int", optional=True).read(queued, f"{where}.max_queued_tokens"),
     )
 
 
 def _scaling(raw: object, where: str) -> Scaling:
-    body = _section(raw, where, _REPLICA_KEYS)
-    d = Scaling()
-    lo = _typed(body.get("min", d.min_replicas), f"{where}.min", int)
-    hi = _typed(body.get("max", max(lo, d.max_replicas)), f"{where}.max", int)
+    values = read_fields(Scaling, section(raw, where, key_names(Scaling)), where)
+    lo = values.get("min_replicas", Scaling.min_replicas)
+    hi = values.setdefault("max_replicas", max(lo, Scaling.max_replicas))
     if hi < lo:
         raise GatewayConfigError(f"{where}: max ({hi}) is below min ({lo})")
-    return Scaling(
-        min_replicas=lo,
-        max_replicas=hi,
-        target_queued_tokens=_typed(
-            body.get("target_queued_tokens", d.target_queued_tokens), f"{where}.target_queued_tokens", int
-        ),
-        upscale_delay_s=_number(
-            body.get("upscale_delay_s", d.upscale_delay_s), f"{where}.upscale_delay_s", zero=True
-        ),
-        downscale_delay_s=_number(
-            body.get("downscale_delay_s", d.downscale_delay_s), f"{where}.downscale_delay_s", zero=True
-        ),
-        metrics_interval_s=_number(
-            body.get("metrics_interval_s", d.metrics_interval_s), f"{where}.metrics_interval_s"
-        ),
-        look_back_period_s=_number(
-            body.get("look_back_period_s", d.look_back_period_s), f"{where}.look_back_period_s"
-        ),
-    )
-
-
-def _section(raw: object, where: str, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise GatewayConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
-    unknown = sorted(str(k) for k in raw if k not in allowed)
-    if unknown:
-        raise GatewayConfigError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
-    return raw
-
-
-def _typed(value: object, where: str, kind: type) -> Any:
-    if kind is str:
-        if not isinstance(value, str) or not value:
-            raise GatewayConfigError(f"{where}: expected a non-empty string, got {value!r}")
-        return value
-    if kind is float:
-        return _number(value, where)
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if where.endswith(".min") else 1):
-        raise GatewayConfigError(f"{where}: expected a positive integer, got {value!r}")
-    return value
-
-
-def _number(value: object, where: str, zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise GatewayConfigError(f"{where}: expected a number, got {value!r}")
-    if value < 0 or (value == 0 and not zero):
-        raise GatewayConfigError(f"{where}: expected a {'non-negative' if zero else 'positive'} number")
-    return float(value)
+    return Scaling(**values)

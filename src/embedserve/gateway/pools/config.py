@@ -22,41 +22,22 @@ routes:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import yaml
 
-from embedserve.errors import EmbedServeError
+from embedserve.gateway.pools.fields import GatewayConfigError as GatewayConfigError  # every parser's
+from embedserve.gateway.pools.fields import Key, key, key_names, read_fields, section
 
 T = TypeVar("T")
 TRAFFIC_CLASSES = ("online", "batch")
 BALANCE_POLICIES = ("least_tokens", "round_robin")
 
-_TOP_KEYS = {
-    "model",
-    "served_model_name",
-    "pools",
-    "routes",
-    "balance",
-    "health_interval_s",
-    "timeout_s",
-    "request_timeout_s",
-    "api_keys_env",
-    "max_inputs_per_request",
-    "max_body_bytes",
-    "upstream_api_key_env",
-}
-_POOL_KEYS = {"max_tokens", "upstreams", "classes", "schema", "max_inflight_tokens"}
 _ROUTE_KEYS = {"class", "order"}
-
-
-class GatewayConfigError(EmbedServeError):
-    """The gateway cannot run with this configuration (the message names the key and why)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +48,7 @@ class PoolConfig:
     classes: frozenset[str]
     schema: str | None = None  # pinned embedding_schema
     # Tokens the gateway keeps in flight to the pool; more wait, in fair order (gateway/pools/fair.py).
-    max_inflight_tokens: int | None = None
+    max_inflight_tokens: int | None = key(None, "positive_int", optional=True)
 
 
 @dataclass(frozen=True)
@@ -80,16 +61,17 @@ class RouteConfig:
 class GatewayConfig:
     pools: tuple[PoolConfig, ...]
     routes: tuple[RouteConfig, ...]
-    model: str | None = None
-    served_model_name: str | None = None
-    balance: str = "least_tokens"
-    health_interval_s: float = 2.0
-    timeout_s: float = 600.0
-    max_inputs_per_request: int = 2048
-    max_body_bytes: int = 32 << 20
-    upstream_api_key_env: str | None = None
-    request_timeout_s: float | None = None  # None: timeout_s
-    api_keys_env: str | None = None
+    # The top-level keys, each read by its declaration (gateway/pools/fields.py):
+    model: str | None = key(None, "text", optional=True)
+    served_model_name: str | None = key(None, "text", optional=True)
+    balance: str = key("least_tokens", "choice", choices=BALANCE_POLICIES)
+    health_interval_s: float = key(2.0, "seconds")
+    timeout_s: float = key(600.0, "seconds")
+    max_inputs_per_request: int = key(2048, "positive_int")
+    max_body_bytes: int = key(32 << 20, "positive_int")
+    upstream_api_key_env: str | None = key(None, "text", optional=True)
+    request_timeout_s: float | None = key(None, "seconds", optional=True)  # None: timeout_s
+    api_keys_env: str | None = key(None, "text", optional=True)
     adapter: str | None = None  # a LoRA adapter the pools serve on `model` (its card's id, its `model`)
 
     @property
@@ -126,10 +108,10 @@ def read_config(path: str | Path, parse: Callable[[object], T]) -> T:
 
 
 def parse_config(raw: object) -> GatewayConfig:
-    top = _mapping(raw, "the config", _TOP_KEYS)
+    top = section(raw, "the config", {"pools", "routes", *key_names(GatewayConfig)})
     if "pools" not in top or "routes" not in top:
         raise GatewayConfigError("the config needs both 'pools' and 'routes'")
-    pools = tuple(_pool(str(name), body) for name, body in _mapping(top["pools"], "pools", None).items())
+    pools = tuple(_pool(str(name), body) for name, body in section(top["pools"], "pools", None).items())
     if not pools:
         raise GatewayConfigError("pools: define at least one pool")
     if not isinstance(top["routes"], list) or not top["routes"]:
@@ -137,46 +119,22 @@ def parse_config(raw: object) -> GatewayConfig:
     known = {p.name: p for p in pools}
     routes = tuple(_route(i, r, known) for i, r in enumerate(top["routes"]))
     _check_routes(routes, pools)
-    defaults = GatewayConfig(pools=(), routes=())
-    return GatewayConfig(
-        pools=pools,
-        routes=routes,
-        model=_opt_str(top, "model"),
-        served_model_name=_opt_str(top, "served_model_name"),
-        balance=_choice(top.get("balance", defaults.balance), "balance", BALANCE_POLICIES),
-        health_interval_s=_positive_float(
-            top.get("health_interval_s", defaults.health_interval_s), "health_interval_s"
-        ),
-        timeout_s=_positive_float(top.get("timeout_s", defaults.timeout_s), "timeout_s"),
-        max_inputs_per_request=_positive_int(
-            top.get("max_inputs_per_request", defaults.max_inputs_per_request), "max_inputs_per_request"
-        ),
-        max_body_bytes=_positive_int(top.get("max_body_bytes", defaults.max_body_bytes), "max_body_bytes"),
-        upstream_api_key_env=_opt_str(top, "upstream_api_key_env"),
-        request_timeout_s=_request_timeout(top),
-        api_keys_env=_opt_str(top, "api_keys_env"),
-    )
-
-
-def _request_timeout(top: dict[str, Any]) -> float | None:
-    if top.get("request_timeout_s") is None:
-        return None
-    value = _positive_float(top["request_timeout_s"], "request_timeout_s")
-    timeout = _positive_float(top.get("timeout_s", GatewayConfig.timeout_s), "timeout_s")
-    if value > timeout:
+    config = GatewayConfig(pools, routes, **read_fields(GatewayConfig, top, ""))
+    value, timeout = config.request_timeout_s, config.timeout_s
+    if value is not None and value > timeout:
         raise GatewayConfigError(
             f"request_timeout_s: {value:g} s is over timeout_s ({timeout:g} s, one upstream call): "
             "the end-to-end deadline must be at most that"
         )
-    return value
+    return config
 
 
 def _pool(name: str, raw: object) -> PoolConfig:
     where = f"pools.{name}"
-    body = _mapping(raw, where, _POOL_KEYS)
-    for key in ("max_tokens", "upstreams"):
-        if key not in body:
-            raise GatewayConfigError(f"{where}: missing '{key}'")
+    body = section(raw, where, {"max_tokens", "upstreams", "classes", "schema", *key_names(PoolConfig)})
+    for required in ("max_tokens", "upstreams"):
+        if required not in body:
+            raise GatewayConfigError(f"{where}: missing '{required}'")
     ups = body["upstreams"]
     if not isinstance(ups, list) or not ups:
         raise GatewayConfigError(f"{where}.upstreams: expected a non-empty list of http:// URLs")
@@ -188,28 +146,21 @@ def _pool(name: str, raw: object) -> PoolConfig:
     if not isinstance(classes, list) or not classes:
         raise GatewayConfigError(f"{where}.classes: expected a non-empty list out of {list(TRAFFIC_CLASSES)}")
     for c in classes:
-        _choice(c, f"{where}.classes", TRAFFIC_CLASSES)
+        Key("choice", choices=TRAFFIC_CLASSES).read(c, f"{where}.classes")
     schema = body.get("schema")
     if schema is not None and (not isinstance(schema, str) or not schema):
         raise GatewayConfigError(f"{where}.schema: expected an embedding_schema string such as es1-...")
-    return PoolConfig(
-        name=name,
-        max_tokens=_positive_int(body["max_tokens"], f"{where}.max_tokens"),
-        upstreams=urls,
-        classes=frozenset(classes),
-        schema=schema,
-        max_inflight_tokens=None
-        if body.get("max_inflight_tokens") is None
-        else _positive_int(body["max_inflight_tokens"], f"{where}.max_inflight_tokens"),
-    )
+    max_tokens = Key("positive_int").read(body["max_tokens"], f"{where}.max_tokens")
+    declared = read_fields(PoolConfig, body, where)
+    return PoolConfig(name, max_tokens, urls, frozenset(classes), schema, **declared)
 
 
 def _route(i: int, raw: object, pools: Mapping[str, PoolConfig]) -> RouteConfig:
     where = f"routes[{i}]"
-    body = _mapping(raw, where, _ROUTE_KEYS)
+    body = section(raw, where, _ROUTE_KEYS)
     if "class" not in body or "order" not in body:
         raise GatewayConfigError(f"{where}: needs 'class' and 'order'")
-    cls = _choice(body["class"], f"{where}.class", TRAFFIC_CLASSES)
+    cls = Key("choice", choices=TRAFFIC_CLASSES).read(body["class"], f"{where}.class")
     order = body["order"]
     if not isinstance(order, list) or not order or not all(isinstance(n, str) for n in order):
         raise GatewayConfigError(f"{where}.order: expected a non-empty list of pool names")
@@ -251,43 +202,3 @@ def normalize_url(raw: object, where: str) -> str:
         raise GatewayConfigError(f"{where}: a base URL takes no query or fragment, got {raw!r}")
     # Accept "http://h:p", "http://h:p/" and "http://h:p/v1": the gateway appends /v1/... itself.
     return raw.rstrip("/").removesuffix("/v1")
-
-
-def _mapping(raw: object, where: str, allowed: set[str] | None) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise GatewayConfigError(f"{where}: expected a mapping, got {type(raw).__name__}")
-    if allowed is not None:
-        # A typo ("max_token") must not silently fall back to a default.
-        unknown = sorted(str(k) for k in raw if k not in allowed)
-        if unknown:
-            raise GatewayConfigError(f"{where}: unknown keys {unknown}; allowed: {sorted(allowed)}")
-    return raw
-
-
-def _choice(value: object, where: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise GatewayConfigError(f"{where}: expected one of {list(choices)}, got {value!r}")
-    return str(value)
-
-
-def _positive_int(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise GatewayConfigError(f"{where}: expected a positive integer, got {value!r}")
-    return value
-
-
-def _positive_float(value: object, where: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (math.isfinite(value) and value > 0)
-    ):
-        raise GatewayConfigError(f"{where}: expected a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _opt_str(top: dict[str, Any], key: str) -> str | None:
-    value = top.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise GatewayConfigError(f"{key}: expected a non-empty string, got {value!r}")
-    return value

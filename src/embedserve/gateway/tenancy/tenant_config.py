@@ -17,24 +17,13 @@ tenants:
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from embedserve.gateway.pools.config import TRAFFIC_CLASSES, GatewayConfigError
-
-_KEYS = {
-    "api_keys_env",
-    "api_keys_file",
-    "models",
-    "classes",
-    "tokens_per_minute",
-    "requests_per_minute",
-    "max_concurrent_requests",
-    "weight",
-}
+from embedserve.gateway.pools.fields import Key, key, key_names, read_fields, section
 
 
 @dataclass(frozen=True)
@@ -43,10 +32,11 @@ class TenantConfig:
     api_keys_env: str | None
     models: frozenset[str] | None = None  # None: every model
     classes: frozenset[str] = frozenset(TRAFFIC_CLASSES)
-    tokens_per_minute: int | None = None
-    requests_per_minute: int | None = None
-    max_concurrent_requests: int | None = None
-    weight: float = 1.0
+    # quotas and share, each read by its declaration (gateway/pools/fields.py)
+    tokens_per_minute: int | None = key(None, "positive_int", optional=True)
+    requests_per_minute: int | None = key(None, "positive_int", optional=True)
+    max_concurrent_requests: int | None = key(None, "positive_int", optional=True)
+    weight: float = key(1.0, "weight")
     api_keys_file: str | None = None
 
     def api_keys(self) -> tuple[str, ...]:
@@ -76,17 +66,16 @@ def parse_tenants(raw: object, models: set[str]) -> tuple[TenantConfig, ...]:
 
 def _tenant(name: str, raw: object, models: set[str]) -> TenantConfig:
     where = f"tenants.{name}"
+    allowed = {"api_keys_env", "api_keys_file", "models", "classes", *key_names(TenantConfig)}
     if not isinstance(raw, dict):
-        raise GatewayConfigError(f"{where}: expected a mapping with keys {sorted(_KEYS)}")
-    unknown = sorted(str(k) for k in raw if k not in _KEYS)
-    if unknown:
-        raise GatewayConfigError(f"{where}: unknown keys {unknown}; allowed: {sorted(_KEYS)}")
+        raise GatewayConfigError(f"{where}: expected a mapping with keys {sorted(allowed)}")
+    section(raw, where, allowed)
     env, file = raw.get("api_keys_env"), raw.get("api_keys_file")
     if (env is None) == (file is None):
         raise GatewayConfigError(f"{where}: give its keys' api_keys_env (a variable) or api_keys_file")
-    for key, value in (("api_keys_env", env), ("api_keys_file", file)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise GatewayConfigError(f"{where}.{key}: expected a non-empty string, got {value!r}")
+    text = Key("text", optional=True)
+    for name_of, value in (("api_keys_env", env), ("api_keys_file", file)):
+        text.read(value, f"{where}.{name_of}")
     return TenantConfig(
         name=name,
         api_keys_env=env,
@@ -95,10 +84,7 @@ def _tenant(name: str, raw: object, models: set[str]) -> TenantConfig:
         classes=_names(raw, "classes", where, set(TRAFFIC_CLASSES))
         if "classes" in raw
         else frozenset(TRAFFIC_CLASSES),
-        tokens_per_minute=_count(raw, "tokens_per_minute", where),
-        requests_per_minute=_count(raw, "requests_per_minute", where),
-        max_concurrent_requests=_count(raw, "max_concurrent_requests", where),
-        weight=_weight(raw.get("weight", 1.0), where),
+        **read_fields(TenantConfig, raw, where),
     )
 
 
@@ -110,18 +96,3 @@ def _names(raw: dict[str, Any], key: str, where: str, allowed: set[str]) -> froz
     if unknown:
         raise GatewayConfigError(f"{where}.{key}: unknown {unknown}; known: {sorted(allowed)}")
     return frozenset(value)
-
-
-def _count(raw: dict[str, Any], key: str, where: str) -> int | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise GatewayConfigError(f"{where}.{key}: expected a positive integer, got {value!r}")
-    return value
-
-
-def _weight(value: object, where: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return float(value)
-    raise GatewayConfigError(f"{where}.weight: expected a positive number, got {value!r}")
