@@ -105,16 +105,25 @@ def build_engine(
         raise ModelLoadError("Dense modules after pooling apply to single dense vectors only")
     if loaded.adapters is not None:
         loaded.adapters.load_initial()
-    classifies = score is not None and score.kind == CLASSIFIER
-    outputs = supported_outputs(
-        sparse=sparse is not None, lexical=lexical is not None,
-        multivector_only=None if multivector is None else multivector.only,
-        scores=score is not None and (not classifies or score.num_labels == 1), labels=classifies,
-    )  # fmt: skip
     return EngineParts(
         config, core, tokenizer, score, sparse, loaded.workers, prompter,
         static_queries=static, lexical_head=lexical, multivector_head=multivector, dense_head=dense,
-        adapters=loaded.adapters, outputs=outputs,
+        adapters=loaded.adapters, outputs=_outputs(score, sparse, lexical, multivector),
+    )  # fmt: skip
+
+
+def _outputs(
+    score: ScoreHead | None,
+    sparse: SparseHead | None,
+    lexical: LexicalHead | None,
+    tokens: MultiVectorHead | None,
+) -> frozenset[Output]:
+    """What the model emits, from the heads it loaded (pooling/outputs.py)."""
+    classifies = score is not None and score.kind == CLASSIFIER
+    return supported_outputs(
+        sparse=sparse is not None, lexical=lexical is not None,
+        multivector_only=None if tokens is None else tokens.only,
+        scores=score is not None and (not classifies or score.num_labels == 1), labels=classifies,
     )  # fmt: skip
 
 
