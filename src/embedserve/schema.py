@@ -15,15 +15,17 @@ import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from embedserve.config import EngineConfig
 from embedserve.errors import ModelLoadError
 
+if TYPE_CHECKING:  # dtypes and devices are named, not made: the gateway reads schemas without torch
+    import torch
+
 _CHUNK_BYTES = 1 << 20
 
-_DTYPE_SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # by dtype_name
 
 
 def fingerprint_model_dir(path: str | Path) -> str:
@@ -62,7 +64,7 @@ def backend_profile(
     """e.g. `cpu-fp32`, `cuda-bf16`; `-det` in deterministic mode (same vector space, so the
     embedding_schema does not change, but every vector is reproducible bit for bit); `-tp2`
     split across 2 ranks (same space; sums in another order, so not the same bits)."""
-    profile = f"{device.type}-{_DTYPE_SHORT.get(dtype, dtype_name(dtype))}"
+    profile = f"{device.type}-{_DTYPE_SHORT.get(dtype_name(dtype), dtype_name(dtype))}"
     if tensor_parallel_size > 1:
         profile += f"-tp{tensor_parallel_size}"
     return f"{profile}-det" if deterministic else profile

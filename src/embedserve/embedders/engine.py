@@ -25,6 +25,7 @@ from embedserve.embedders.spec import Spec
 from embedserve.engine.engine import Engine
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.outputs import EmbeddingOutput, wait_outputs
+from embedserve.models.router import QUERY_PROMPT_NAME
 from embedserve.pooling.outputs import Output
 from embedserve.schema import ModelMetadata
 
@@ -45,7 +46,8 @@ class EngineSource(VectorSource):
         self.model_dir = Path(engine.config.model_path)
         self.max_length = engine.config.scheduler.max_model_len
         self.sparse = Output.SPARSE in engine.outputs
-        self.sided = engine.static_queries is not None  # inference-free SPLADE (engine/static.py)
+        # inference-free SPLADE: its queries skip the model (engine/static.py)
+        self.sided = engine.routes_statically(QUERY_PROMPT_NAME)
         self.lexical = False  # `?output=lexical`: BGE-M3's lexical weights (`open`)
         self.num_preemptions = 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from embedserve.engine.options import add_engine_options, positive_int
@@ -137,9 +138,19 @@ def _add_chunking(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(sub: Any) -> None:
-    from embedserve.index import commands
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    """index/commands.py's `name`, imported when it runs: building `embedserve`'s parser stays
+    light (a gateway's process loads no torch)."""
 
+    def run(args: argparse.Namespace) -> int:
+        from embedserve.index import commands
+
+        return int(getattr(commands, name)(args))
+
+    return run
+
+
+def register(sub: Any) -> None:
     p = sub.add_parser("index", help="chunk, embed and store documents in a vector database")
     p.add_argument(
         "--hybrid",
@@ -150,7 +161,7 @@ def register(sub: Any) -> None:
     _add_store(p)
     _add_embedder(p)
     _add_engine(p)
-    p.set_defaults(func=commands.cmd_index, role=LIVE)
+    p.set_defaults(func=_command("cmd_index"), role=LIVE)
 
     p = sub.add_parser("search", help="search the live index (schema-checked)")
     p.add_argument("query")
@@ -189,7 +200,7 @@ def register(sub: Any) -> None:
     _add_store(p)
     _add_embedder(p)
     _add_engine(p)
-    p.set_defaults(func=commands.cmd_search)
+    p.set_defaults(func=_command("cmd_search"))
 
     m = sub.add_parser("migrate", help="model upgrades: build a shadow index, compare, cut over, roll back")
     msub = m.add_subparsers(dest="migrate_command", required=True)
@@ -203,7 +214,7 @@ def register(sub: Any) -> None:
     _add_store(p)
     _add_embedder(p, who="new model")
     _add_engine(p)
-    p.set_defaults(func=commands.cmd_index, role=SHADOW)
+    p.set_defaults(func=_command("cmd_index"), role=SHADOW)
 
     p = msub.add_parser("shadow", help="run a query set against live (old model) and shadow (new model)")
     p.add_argument("--queries", required=True, help=".jsonl with id and text per line")
@@ -215,7 +226,7 @@ def register(sub: Any) -> None:
     _add_embedder(p, who="new model")
     _add_embedder(p, prefix="live-", who="live model")
     _add_engine(p)
-    p.set_defaults(func=commands.cmd_shadow)
+    p.set_defaults(func=_command("cmd_shadow"))
 
     for name, text in (
         ("cutover", "point live at the shadow index (atomic alias move); the old one stays as previous"),
@@ -224,4 +235,4 @@ def register(sub: Any) -> None:
     ):
         p = msub.add_parser(name, help=text)
         _add_store(p)
-        p.set_defaults(func=commands.cmd_aliases, action=name)
+        p.set_defaults(func=_command("cmd_aliases"), action=name)
