@@ -110,12 +110,12 @@ class EngineBase(StaticQueryMixin):
         priority: str = "online",
     ) -> list[Future[Finished]]:
         """Queue inputs `tokenize()` already produced (a server counts tokens first); options as `submit`."""
-        self.check_single_vectors()  # a ColBERT model has no single vector (engine/multivector.py)
+        self._check_single_vectors()  # a ColBERT model has no single vector (engine/multivector.py)
         if any(t.static for t in tokenized):  # inference-free queries: answered without the model
-            return self.static_results(tokenized, normalize)
+            return self._static_results(tokenized, normalize)
         return self._loop.submit(self._requests(tokenized, dimensions, normalize, priority))
 
-    def check_single_vectors(self) -> None:
+    def _check_single_vectors(self) -> None:
         """Refuse one vector per input of a model that answers multi-vectors only (ColBERT)."""
         if multivectors_only(self.outputs):
             raise InvalidInputError(

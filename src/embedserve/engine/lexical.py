@@ -69,7 +69,7 @@ class LexicalMixin(MultiVectorMixin):
     """BGE-M3's lexical weights (what Engine it takes: MultiVectorMixin's; its one pass includes
     the token vectors)."""
 
-    def submit_lexical(
+    def _submit_lexical(
         self, tokenized: list[Tokenized], priority: str = "online", normalize: bool | None = None
     ) -> list[Future[Finished]]:
         """Queue tokenized inputs for their lexical weights ([vocab] vectors; L2-normalized only
@@ -149,7 +149,7 @@ class LexicalMixin(MultiVectorMixin):
     async def embed_lexical_tokenized_async(
         self, tokenized: list[Tokenized], *, priority: str = "online", normalize: bool | None = None
     ) -> list[EmbeddingOutput]:
-        futures = self.submit_lexical(tokenized, priority, normalize)
+        futures = self._submit_lexical(tokenized, priority, normalize)
         return await gather_outputs(futures, tokenized)
 
     def embed_lexical(
@@ -164,5 +164,5 @@ class LexicalMixin(MultiVectorMixin):
         """BGE-M3's lexical weights per input: float32 [n, vocab], the largest weight per token id
         (special tokens left out); options as `Engine.submit`."""
         tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
-        futures = self.submit_lexical(tokenized, priority)
+        futures = self._submit_lexical(tokenized, priority)
         return np.stack([o.embedding for o in wait_outputs(futures, tokenized)])

@@ -57,7 +57,7 @@ class StaticQueryMixin:
             out.append(Tokenized(token_ids=cut, truncated=len(cut) < len(ids), static=True))
         return out
 
-    def static_results(self, tokenized: list[Tokenized], normalize: bool | None) -> list[Future[Finished]]:
+    def _static_results(self, tokenized: list[Tokenized], normalize: bool | None) -> list[Future[Finished]]:
         """Each query's vector (L2-normalized if asked; None: the model's default), already
         answered: no engine step."""
         static = self.static_queries
