@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,27 +20,9 @@ from tests.helpers.tiny_multivector import build_colbert
 from tests.helpers.tiny_sparse import build_bge_m3, build_inference_free, build_splade
 
 # Any import of torch raises, so a lazy one on the counting path fails the child, naming itself.
-_CHILD = """
-import json, sys
-class NoTorch:
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch imported by the gateway: " + name)
-sys.meta_path.insert(0, NoTorch())
-from embedserve.gateway.pools.counting import TokenCounter
-texts = json.loads(sys.argv[2])
-counter = TokenCounter(sys.argv[1])
-out = {"plain": counter.count(texts, counter.resolve_prompt(None, None))}
-if counter.multivector is not None:
-    out["query"] = counter.count_multivector(texts, "query", None, None)
-    out["document"] = counter.count_multivector(texts, "document", None, None)
-if counter.static is not None:
-    out["static"] = counter.count_static(texts, "")
-print(json.dumps(out))
-"""
-
-
-def _counts(counter: TokenCounter, texts: list[str]) -> dict[str, list[int]]:
+# What is counted, in the test's process and in the child's (one text, run by both).
+_COUNTS = """
+def counts(counter, texts):
     out = {"plain": counter.count(texts, counter.resolve_prompt(None, None))}
     if counter.multivector is not None:
         out["query"] = counter.count_multivector(texts, "query", None, None)
@@ -47,6 +30,28 @@ def _counts(counter: TokenCounter, texts: list[str]) -> dict[str, list[int]]:
     if counter.static is not None:
         out["static"] = counter.count_static(texts, "")
     return out
+"""
+_CHILD = (
+    """
+import json, sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch imported by the gateway: " + name)
+sys.meta_path.insert(0, NoTorch())
+from embedserve.gateway.pools.counting import TokenCounter
+"""
+    + _COUNTS
+    + """
+print(json.dumps(counts(TokenCounter(sys.argv[1]), json.loads(sys.argv[2]))))
+"""
+)
+_SCOPE: dict[str, Any] = {}
+exec(_COUNTS, _SCOPE)
+
+
+def _counts(counter: TokenCounter, texts: list[str]) -> dict[str, list[int]]:
+    return dict(_SCOPE["counts"](counter, texts))
 
 
 @pytest.mark.parametrize(
