@@ -33,7 +33,7 @@ def build_mid(dst: Path) -> Path:
 
     import transformers
 
-    from tests.helpers.tiny_models import _scale_weights, write_qwen_tokenizer
+    from tests.helpers.tiny_models import scale_weights, write_qwen_tokenizer
     from tests.helpers.tiny_vl import PREPROCESSOR
 
     cfg = transformers.Qwen3VLConfig(
@@ -68,7 +68,7 @@ def build_mid(dst: Path) -> Path:
     )
     cfg.architectures = ["Qwen3VLModel"]
     model = transformers.Qwen3VLModel(cfg)
-    _scale_weights(model, 0.05, 0)
+    scale_weights(model, 0.05, 0)
     model.save_pretrained(dst)
     write_qwen_tokenizer(dst, append_eos=False)
     pre = dict(PREPROCESSOR, size={"shortest_edge": 65536, "longest_edge": 16777216})

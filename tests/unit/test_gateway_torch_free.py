@@ -5,14 +5,21 @@ does beside torch, in a process where importing torch raises."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from tokenizers import Tokenizer
 
+from embedserve.errors import ModelLoadError
 from embedserve.gateway.pools.counting import TokenCounter
+from embedserve.models.multivector import load_multivector_head
+from embedserve.models.static_queries import StaticQueries
 from tests.helpers.real_text import documents
 from tests.helpers.tiny_gguf import build_gguf_pair, train_tokenizer
 from tests.helpers.tiny_models import build_decoder
@@ -94,3 +101,37 @@ def test_the_counter_counts_without_torch(models: dict[str, Path], kind: str) ->
     done = subprocess.run(child, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == expected
+
+
+def _refusal(make: Callable[[], object]) -> str:
+    with pytest.raises(ModelLoadError) as e:
+        make()
+    return str(e.value)
+
+
+def test_the_counter_refuses_broken_heads_as_the_pools_do(models: dict[str, Path], tmp_path: Path) -> None:
+    """What reads without torch is checked at the gateway's start, in the pools' words: a ColBERT
+    Dense module's config and weight shape, inference-free SPLADE's query weights."""
+    from safetensors.torch import save_file
+
+    colbert = tmp_path / "colbert"
+    shutil.copytree(models["colbert"], colbert)
+    dense = colbert / "1_Dense"
+    config = json.loads((dense / "config.json").read_text())
+    (dense / "config.json").write_text(json.dumps({**config, "in_features": 999}))
+    said = _refusal(lambda: TokenCounter(colbert))
+    assert "Dense in_features 999 != hidden size" in said
+    tokenizer = Tokenizer.from_file(str(colbert / "tokenizer.json"))
+    assert said == _refusal(lambda: load_multivector_head(colbert, 384, tokenizer))  # the pools' words
+    (dense / "config.json").write_text(json.dumps(config))
+    save_file({"linear.weight": torch.zeros(3, 384)}, str(dense / "model.safetensors"))
+    said = _refusal(lambda: TokenCounter(colbert))
+    assert said.endswith(f"expected linear.weight [{config['out_features']}, 384]")
+
+    free = tmp_path / "free"
+    shutil.copytree(models["inference_free"], free)
+    query = next(p for p in free.iterdir() if p.name.startswith("query_"))
+    save_file({"weight": torch.ones(7)}, str(query / "model.safetensors"))
+    said = _refusal(lambda: TokenCounter(free))
+    assert said.endswith("values (one per vocabulary id), got (7,)")
+    assert said == _refusal(lambda: StaticQueries(query, 30522))

@@ -20,11 +20,12 @@ from embedserve.models.dense_files import dense_state
 from embedserve.models.multivector_rules import (
     BGE_M3_FILE,
     TokenVectors,
+    check_dense,
+    check_dense_weight,
     dense_folder,
     is_bge_m3,
     read_token_vectors,
 )
-from embedserve.models.st_dense import read_json
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,16 +67,11 @@ def _bge_m3(path: Path, hidden: int) -> tuple[torch.Tensor, torch.Tensor | None]
 
 
 def _dense(folder: Path, hidden: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    cfg = read_json(folder / "config.json")
-    activation = str(cfg.get("activation_function", "torch.nn.modules.linear.Identity"))
-    if not activation.endswith("Identity"):
-        raise ModelLoadError(f"{folder}: Dense activation {activation} is not supported (Identity only)")
-    if cfg.get("in_features") != hidden:
-        raise ModelLoadError(f"{folder}: Dense in_features {cfg.get('in_features')} != hidden size {hidden}")
+    cfg = check_dense(folder, hidden)
     state = dense_state(folder)
     weight = state.get("linear.weight")
-    if weight is None or tuple(weight.shape) != (cfg.get("out_features"), hidden):
-        raise ModelLoadError(f"{folder}: expected linear.weight [{cfg.get('out_features')}, {hidden}]")
+    check_dense_weight(folder, cfg, hidden, None if weight is None else tuple(weight.shape))
+    assert weight is not None
     bias = state.get("linear.bias")
     return weight.float(), None if bias is None else bias.float()
 

@@ -27,6 +27,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import ModelLoadError
 from embedserve.models.st_dense import TOKENS, input_name, module_config, read_json
+from embedserve.models.tensor_header import tensor_shape
 
 BGE_M3_FILE = "colbert_linear.pt"
 MULTIVECTOR_MODULES = ("Dense", "MultiVectorMask")
@@ -149,6 +150,34 @@ def dense_folder(root: Path) -> Path:
     if "Dense" not in kinds:
         raise ModelLoadError(f"{root}: a multi-vector model needs a Dense module (modules.json)")
     return root / str(kinds["Dense"].get("path", "1_Dense"))
+
+
+def check_dense(folder: Path, hidden: int) -> dict[str, Any]:
+    """A ColBERT Dense module's config, checked against the model: Identity, in_features."""
+    cfg = read_json(folder / "config.json")
+    activation = str(cfg.get("activation_function", "torch.nn.modules.linear.Identity"))
+    if not activation.endswith("Identity"):
+        raise ModelLoadError(f"{folder}: Dense activation {activation} is not supported (Identity only)")
+    if cfg.get("in_features") != hidden:
+        raise ModelLoadError(f"{folder}: Dense in_features {cfg.get('in_features')} != hidden size {hidden}")
+    return cfg
+
+
+def check_dense_weight(folder: Path, cfg: dict[str, Any], hidden: int, shape: tuple[int, ...] | None) -> None:
+    if shape != (cfg.get("out_features"), hidden):
+        raise ModelLoadError(f"{folder}: expected linear.weight [{cfg.get('out_features')}, {hidden}]")
+
+
+def check_dense_files(root: Path, hidden: int) -> None:
+    """What the gateway checks of a multi-vector model's projection without torch: a ColBERT
+    Dense module's config and its model.safetensors' shape (a pytorch_model.bin and BGE-M3's
+    colbert_linear.pt are checked where they are loaded, by the pools)."""
+    if is_bge_m3(root):
+        return
+    folder = dense_folder(root)
+    cfg = check_dense(folder, hidden)
+    if (folder / "model.safetensors").is_file():
+        check_dense_weight(folder, cfg, hidden, tensor_shape(folder / "model.safetensors", "linear.weight"))
 
 
 def read_token_vectors(root: Path, tokenizer: HFTokenizer) -> TokenVectors:

@@ -22,6 +22,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 
 from embedserve.errors import InvalidInputError, ModelLoadError
+from embedserve.models.tensor_header import tensor_shape
 
 QUERY_PROMPT_NAME = "query"  # the route a request asks for with prompt_name / input_type
 
@@ -58,7 +59,12 @@ class StaticQueryTokens:
     """How inference-free queries are tokenized (the static module's own tokenizer, if saved);
     no weights, no torch: the gateway counts with it (models/static_queries.py adds the weights)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, vocab_size: int | None = None) -> None:
+        """`vocab_size`: check the weights' shape from their file's header (the gateway's check;
+        StaticQueries reads the weights themselves)."""
+        if vocab_size is not None:
+            shape = tensor_shape(folder / "model.safetensors", "weight")
+            check_static_weight(folder, vocab_size, shape)
         tokenizer_file = folder / "tokenizer.json"
         self.tokenizer = HFTokenizer.from_file(str(tokenizer_file)) if tokenizer_file.exists() else None
         if self.tokenizer is not None:  # a saved tokenizer may pad to a length: ids of [PAD] would count
@@ -75,3 +81,11 @@ class StaticQueryTokens:
         if not isinstance(text, str) or text == "":
             raise InvalidInputError("a query is a non-empty string")
         return list((self.tokenizer or fallback).encode(prompt + text, add_special_tokens=False).ids)
+
+
+def check_static_weight(folder: Path, vocab_size: int, shape: tuple[int, ...] | None) -> None:
+    """One weight per vocabulary id, or a ModelLoadError naming what the file holds."""
+    if shape is None or len(shape) != 1 or shape[0] != vocab_size:
+        raise ModelLoadError(
+            f"{folder}: expected a `weight` of {vocab_size} values (one per vocabulary id), got {shape}"
+        )

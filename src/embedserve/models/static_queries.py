@@ -10,8 +10,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from embedserve.errors import ModelLoadError
-from embedserve.models.router import StaticQueryTokens
+from embedserve.models.router import StaticQueryTokens, check_static_weight
 
 
 class StaticQueries(StaticQueryTokens):
@@ -20,11 +19,8 @@ class StaticQueries(StaticQueryTokens):
     def __init__(self, folder: Path, vocab_size: int) -> None:
         weights = load_file(str(folder / "model.safetensors"))
         weight = weights.get("weight")
-        if weight is None or weight.dim() != 1 or weight.shape[0] != vocab_size:
-            raise ModelLoadError(
-                f"{folder}: expected a `weight` of {vocab_size} values (one per vocabulary id), got "
-                f"{None if weight is None else tuple(weight.shape)}"
-            )
+        check_static_weight(folder, vocab_size, None if weight is None else tuple(weight.shape))
+        assert weight is not None
         self.weight = weight.detach().float().numpy()
         super().__init__(folder)
 

@@ -20,8 +20,6 @@ Format: an 8-byte little-endian header length, a JSON header (`{name: {"dtype", 
 
 from __future__ import annotations
 
-import json
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -30,6 +28,7 @@ import numpy as np
 import torch
 
 from embedserve.errors import ModelLoadError
+from embedserve.models.tensor_header import read_header
 
 # safetensors dtype -> (numpy dtype to read the bytes as, torch dtype to view them as)
 _DTYPES: dict[str, tuple[type, torch.dtype]] = {
@@ -46,28 +45,8 @@ _DTYPES: dict[str, tuple[type, torch.dtype]] = {
     "F8_E4M3": (np.uint8, torch.float8_e4m3fn),
     "F8_E5M2": (np.uint8, torch.float8_e5m2),
 }
-_MAX_HEADER = 100 << 20
 MAPPED = ("embed_tokens.weight", "word_embeddings.weight")  # name suffixes of token tables
 _MAP_MIN_BYTES = 64 << 20
-
-
-def read_header(path: Path) -> tuple[dict[str, dict[str, object]], int]:
-    """(tensor entries by name, the byte offset where the data starts)."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) != 8:
-                raise ValueError("shorter than its header length")
-            (n,) = struct.unpack("<Q", head)
-            if n > _MAX_HEADER:
-                raise ValueError(f"header length {n} is not plausible")
-            header = json.loads(f.read(n))
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot read weights from {path}: {e}") from e
-    if not isinstance(header, dict):
-        raise ModelLoadError(f"cannot read weights from {path}: its header is not a JSON object")
-    header.pop("__metadata__", None)
-    return header, 8 + n
 
 
 def read_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:

@@ -19,7 +19,7 @@ from embedserve.api.multimodal import ImageURL, image_size
 from embedserve.api.routes import wrong_task
 from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter, text_items
 from embedserve.errors import InvalidInputError
-from embedserve.models.multivector_rules import read_token_vectors
+from embedserve.models.multivector_rules import check_dense_files, read_token_vectors
 from embedserve.models.open import open_model
 from embedserve.models.registry import YES_NO, rerank_kind
 from embedserve.models.router import StaticQueryTokens
@@ -47,9 +47,11 @@ class TokenCounter:
         self.prompter = None if source.multimodal is None else multimodal_prompter(source, None, None)
         # Inference-free SPLADE: its queries are counted as its static module reads them.
         queries = source.query_encoder
-        self.static = None if queries is None else StaticQueryTokens(queries)
+        self.static = None if queries is None else StaticQueryTokens(queries, source.model.vocab_size)
         # A multi-vector model: each side's prompt and a query's expansion (models/multivector_rules.py).
         mv = source.multivector
+        if mv is not None:  # its projection's files, as far as they read without torch
+            check_dense_files(mv, source.model.hidden_size)
         self.multivector = None if mv is None else read_token_vectors(mv, self.tokenizer.backend)
 
     def count_multivector(
