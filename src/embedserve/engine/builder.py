@@ -133,13 +133,11 @@ def pick_runner(loaded: Loaded) -> ModelRunner:
     config, model = loaded.config, loaded.model
     if loaded.workers is not None:
         return loaded.workers
-    cache, chunk = config.cache, config.scheduler.deterministic_chunk
-    geometry = (model, cache.num_blocks, cache.block_size, config.dtype, config.device)
     if config.multimodal:
-        return MultimodalRunner(*geometry, chunk)
+        return MultimodalRunner.for_config(model, config)
     if config.token_buckets is not None:
-        return BucketedModelRunner(*geometry, config.token_buckets, config.compile_backend, chunk)
-    return ModelRunner(*geometry, chunk)
+        return BucketedModelRunner.for_config(model, config)
+    return ModelRunner.for_config(model, config)
 
 
 def _lane(loaded: Loaded) -> LaneRunner | None:

@@ -10,10 +10,11 @@ Attention stays eager (the CUDA routes are graph breaks).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 import torch
 
+from embedserve.config import EngineConfig
 from embedserve.models.build import EmbeddingModel
 from embedserve.worker.buckets import bucket_for, pad_step_inputs
 from embedserve.worker.input_batch import StepInputs
@@ -21,6 +22,16 @@ from embedserve.worker.model_runner import ModelRunner
 
 
 class BucketedModelRunner(ModelRunner):
+    @classmethod
+    def for_config(cls, model: EmbeddingModel, config: EngineConfig) -> Self:
+        """ModelRunner's, with the config's token buckets and compile backend."""
+        cache, buckets = config.cache, config.token_buckets
+        assert buckets is not None
+        return cls(
+            model, cache.num_blocks, cache.block_size, config.dtype, config.device, buckets,
+            config.compile_backend, config.scheduler.deterministic_chunk,
+        )  # fmt: skip
+
     def __init__(
         self,
         model: EmbeddingModel,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Self
 
 import torch
 
-from embedserve.config import ModelConfig
+from embedserve.config import EngineConfig, ModelConfig
 from embedserve.kv_cache.manager import Copy
 from embedserve.lora.rows import running, step_rows
 from embedserve.models.build import EmbeddingModel
@@ -32,6 +33,16 @@ def kv_bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) ->
 
 
 class ModelRunner:
+    @classmethod
+    def for_config(cls, model: EmbeddingModel, config: EngineConfig) -> Self:
+        """The runner an engine's config describes: its KV cache's blocks, dtype, device and
+        deterministic chunk."""
+        cache = config.cache
+        return cls(
+            model, cache.num_blocks, cache.block_size, config.dtype, config.device,
+            config.scheduler.deterministic_chunk,
+        )  # fmt: skip
+
     def __init__(
         self,
         model: EmbeddingModel,
