@@ -130,8 +130,9 @@ class LexicalMixin(MultiVectorMixin):
         self.check_dimensions(dimensions)
         if tokens is not None:
             self.check_vector_dimensions(dimensions)
-        state = DenseAndLexical
-        requests = self._lexical_requests(tokenized, head, False, priority, state, tokens, dimensions)
+        requests = self._lexical_requests(
+            tokenized, head, False, priority, DenseAndLexical, tokens, dimensions
+        )
         outputs = await gather_outputs(self._loop.submit(requests), tokenized)
         hidden, vocab = self.config.model.hidden_size, self.config.model.vocab_size
         norm = self.config.pooling.normalize if normalize is None else normalize

@@ -144,9 +144,10 @@ BGE_M3 = TokenVectors(
 )  # fmt: skip
 
 
-def dense_folder(root: Path) -> Path:
-    """The folder of a sentence-transformers layout's Dense module (modules.json)."""
-    kinds = _modules(root)
+def dense_folder(root: Path, kinds: dict[str, dict[str, Any]] | None = None) -> Path:
+    """The folder of a sentence-transformers layout's Dense module (`kinds`: modules.json's
+    entries by type, read here when not given)."""
+    kinds = _modules(root) if kinds is None else kinds
     if "Dense" not in kinds:
         raise ModelLoadError(f"{root}: a multi-vector model needs a Dense module (modules.json)")
     return root / str(kinds["Dense"].get("path", "1_Dense"))
@@ -183,9 +184,9 @@ def check_dense_files(root: Path, hidden: int) -> None:
 def read_token_vectors(root: Path, tokenizer: HFTokenizer) -> TokenVectors:
     if is_bge_m3(root):
         return BGE_M3
-    dense_folder(root)  # refused here already when missing
-    st = _st_config(root)
     kinds = _modules(root)
+    dense_folder(root, kinds)  # a layout without a Dense module is refused here already
+    st = _st_config(root)
     pylate = st.get("model_type") == "ColBERT"
     if pylate:
         mask: dict[str, Any] = {"skiplist_words": st.get("skiplist_words", list(string.punctuation))}

@@ -38,6 +38,7 @@ TRAFFIC_CLASSES = ("online", "batch")
 BALANCE_POLICIES = ("least_tokens", "round_robin")
 
 _ROUTE_KEYS = {"class", "order"}
+_CLASS = Key("choice", choices=TRAFFIC_CLASSES)  # a traffic class, in a pool's classes or a route
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def _pool(name: str, raw: object) -> PoolConfig:
     if not isinstance(classes, list) or not classes:
         raise GatewayConfigError(f"{where}.classes: expected a non-empty list out of {list(TRAFFIC_CLASSES)}")
     for c in classes:
-        Key("choice", choices=TRAFFIC_CLASSES).read(c, f"{where}.classes")
+        _CLASS.read(c, f"{where}.classes")
     schema = body.get("schema")
     if schema is not None and (not isinstance(schema, str) or not schema):
         raise GatewayConfigError(f"{where}.schema: expected an embedding_schema string such as es1-...")
@@ -160,7 +161,7 @@ def _route(i: int, raw: object, pools: Mapping[str, PoolConfig]) -> RouteConfig:
     body = section(raw, where, _ROUTE_KEYS)
     if "class" not in body or "order" not in body:
         raise GatewayConfigError(f"{where}: needs 'class' and 'order'")
-    cls = Key("choice", choices=TRAFFIC_CLASSES).read(body["class"], f"{where}.class")
+    cls = _CLASS.read(body["class"], f"{where}.class")
     order = body["order"]
     if not isinstance(order, list) or not order or not all(isinstance(n, str) for n in order):
         raise GatewayConfigError(f"{where}.order: expected a non-empty list of pool names")
