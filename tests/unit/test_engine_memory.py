@@ -15,7 +15,8 @@ import torch
 
 from embedserve import Engine
 from embedserve.models import linear
-from embedserve.models.linear import PAD_ABOVE, Linear, SiluGateUp, padded_rows
+from embedserve.models.linear import Linear, SiluGateUp
+from embedserve.models.row_padding import PAD_ABOVE, padded_rows
 from tests.helpers.reference import random_ids
 from tests.helpers.tiny_bert import build_encoder
 

@@ -74,5 +74,3 @@ def _dense(folder: Path, hidden: int) -> tuple[torch.Tensor, torch.Tensor | None
     assert weight is not None
     bias = state.get("linear.bias")
     return weight.float(), None if bias is None else bias.float()
-
-

@@ -92,9 +92,7 @@ def key_names(cls: type) -> set[str]:
     return {k.name or name for name, k in declared(cls).items()}
 
 
-def read_fields(
-    cls: type, body: Mapping[str, Any], where: str
-) -> dict[str, Any]:
+def read_fields(cls: type, body: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Every declared key of `cls` that `body` holds, checked, by field name (absent ones keep
     their defaults); `where`: the section's path ("" at the top level)."""
     out = {}
