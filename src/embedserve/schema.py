@@ -59,12 +59,19 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def backend_profile(
-    device: torch.device, dtype: torch.dtype, deterministic: bool = False, tensor_parallel_size: int = 1
+    device: torch.device,
+    dtype: torch.dtype,
+    deterministic: bool = False,
+    tensor_parallel_size: int = 1,
+    quantization: str | None = None,
 ) -> str:
     """e.g. `cpu-fp32`, `cuda-bf16`; `-det` in deterministic mode (same vector space, so the
     embedding_schema does not change, but every vector is reproducible bit for bit); `-tp2`
-    split across 2 ranks (same space; sums in another order, so not the same bits)."""
+    split across 2 ranks (same space; sums in another order, so not the same bits); `-int8`
+    int8 projections (another space: the schema changes too)."""
     profile = f"{device.type}-{_DTYPE_SHORT.get(dtype_name(dtype), dtype_name(dtype))}"
+    if quantization is not None:
+        profile += f"-{quantization}"
     if tensor_parallel_size > 1:
         profile += f"-tp{tensor_parallel_size}"
     return f"{profile}-det" if deterministic else profile
@@ -102,6 +109,7 @@ class ModelMetadata:
                     if pool.dense
                     else {}
                 ),
+                **({"quantization": config.quantization} if config.quantization else {}),
                 "prompts": config.prompts,
                 "default_prompt": config.default_prompt_name,
             },
@@ -112,7 +120,11 @@ class ModelMetadata:
             model_version=version,
             dtype=dtype_name(config.dtype),
             backend_profile=backend_profile(
-                config.device, config.dtype, config.deterministic, config.tensor_parallel_size
+                config.device,
+                config.dtype,
+                config.deterministic,
+                config.tensor_parallel_size,
+                config.quantization,
             ),
             # A SPLADE vector has a weight per vocabulary id (its indices are the tokenizer's ids,
             # whose file the fingerprint covers).

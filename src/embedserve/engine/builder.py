@@ -14,6 +14,7 @@ from embedserve.engine.core import EngineCore
 from embedserve.engine.load import Loaded, load
 from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter
 from embedserve.engine.options import EngineOptions
+from embedserve.engine.quantize import Prober, quantize_engine
 from embedserve.engine.resolve import resolve
 from embedserve.errors import ModelLoadError
 from embedserve.kv_cache.manager import KVCacheManager
@@ -105,11 +106,14 @@ def build_engine(
         raise ModelLoadError("Dense modules after pooling apply to single dense vectors only")
     if loaded.adapters is not None:
         loaded.adapters.load_initial()
-    return EngineParts(
+    parts = EngineParts(
         config, core, tokenizer, score, sparse, loaded.workers, prompter,
         static_queries=static, lexical_head=lexical, multivector_head=multivector, dense_head=dense,
         adapters=loaded.adapters, outputs=_outputs(score, sparse, lexical, multivector),
     )  # fmt: skip
+    if config.quantization is not None:
+        quantize_engine(loaded.model, parts.outputs, Prober(config, core, tokenizer, dense))
+    return parts
 
 
 def _outputs(

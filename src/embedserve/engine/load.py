@@ -84,7 +84,7 @@ def prepare_cpu_weights(model: EmbeddingModel, config: EngineConfig) -> None:
     log.info("CPU kernels for %s%s", ran, f" (EMBEDSERVE_CPU_ISA={cap})" if cap else "")
     if config.compile_backend not in (None, "eager"):
         for_codegen(model)
-    elif settings().prepack:
+    elif settings().prepack and config.quantization is None:  # int8: plain until quantized
         # weights packed once for oneDNN's matmuls (and the short-rows kernels')
         short_rows = settings().short_rows and not config.deterministic
         prepack(model, release_free_heap, short_rows=short_rows)

@@ -26,11 +26,13 @@ from embedserve.models.default import DEFAULT_MODEL_NAME, model_argument
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 POOLING_NAMES = ("lasttoken", "mean", "cls")
 TASK_NAMES = ("auto", "embed", "rerank", "classify")
+QUANTIZATION_NAMES = ("int8",)
 __all__ = [
     "DTYPE_NAMES",
     "NOT_OFFERED",
     "OPTION_NAMES",
     "POOLING_NAMES",
+    "QUANTIZATION_NAMES",
     "TASK_NAMES",
     "EngineOptions",
     "OptionError",
@@ -133,6 +135,13 @@ class EngineOptions:
     )
     max_images_per_input: int | None = _option(
         None, "multimodal models: refuse (400) an input holding more images (default 16)", minimum=1
+    )
+    quantization: str | None = _option(
+        None,
+        "int8: the CPU projections run int8 (weights per channel, activations per token, outlier "
+        "channels in float32), calibrated and checked against float32 at load: the server refuses to "
+        "start below cosine 0.995; embedding_schema and backend_profile say int8 (docs/quantization.md)",
+        choices=QUANTIZATION_NAMES,
     )
     enable_lora: bool = _option(
         False,

@@ -25,6 +25,7 @@ from embedserve.config import (
 )
 from embedserve.engine.lora_options import lora_settings
 from embedserve.engine.options import TASK_NAMES, EngineOptions
+from embedserve.engine.quantize import resolve_quantization
 from embedserve.errors import ModelLoadError
 from embedserve.kernels.isa import cpu_dtype, parse_dtype
 from embedserve.kv_cache.manager import blocks_for
@@ -180,6 +181,7 @@ def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn |
         max_image_pixels=options.max_image_pixels,  # None: the prompter's defaults (engine/multimodal.py)
         max_images_per_input=options.max_images_per_input,
         lora=lora_settings(options, files),
+        quantization=resolve_quantization(options, files),
     )
 
 

@@ -32,6 +32,8 @@ from torch import nn
 from torch.nn import functional
 
 from embedserve.kernels import isa, short_linear
+from embedserve.models.int8_linear import Int8Weight, quantize
+from embedserve.models.row_padding import rows_padded
 
 _POINTWISE = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _BINARY = getattr(_POINTWISE, "binary", None)  # (x W^T + b) <op> other, fused
@@ -40,32 +42,6 @@ _DTYPES = (torch.float32, torch.bfloat16)
 # The row count oneDNN chooses the packed layout for. Layouts chosen for other counts ran no
 # step size faster (docs/performance.md, 'Weights packed once'), so one hint serves all steps.
 PACK_ROWS = 512
-# Row counts up to this run oneDNN as they are; above it, padded (`padded_rows`).
-PAD_ABOVE = 32
-
-
-def padded_rows(rows: int) -> int:
-    """The row count oneDNN is called with for `rows`: above `PAD_ABOVE`, rounded up to a
-    multiple of 1/16 to 1/32 of it (a power of two: 16 per octave). oneDNN builds a primitive
-    for each row count it meets and keeps the last 1,024 (and ideep as many), about 0.4 MB each
-    whatever the shape; batched steps of ever-different sizes built new ones at every step (a few
-    ms each) and their churn among the activations fragmented the heap without end."""
-    if rows <= PAD_ABOVE:
-        return rows
-    granule = 1 << (rows.bit_length() - 5)
-    return -(-rows // granule) * granule
-
-
-def _rows_padded(x: torch.Tensor, minimum: int = 0) -> torch.Tensor:
-    """x with zero rows appended up to `padded_rows` (at least `minimum`; a copy), or x itself."""
-    rows = x.shape[0] if x.dim() == 2 else 0
-    target = max(padded_rows(rows), minimum if rows else 0)
-    if target == rows:
-        return x
-    out = x.new_empty(target, x.shape[1])
-    out[:rows] = x
-    out[rows:].zero_()
-    return out
 
 
 def _onednn_linear(
@@ -74,7 +50,7 @@ def _onednn_linear(
     """oneDNN's linear at a padded row count (`padded_rows`: rows are computed independently,
     so the real rows' bits are those of an exact call); `keep_padding`: the padding rows left on."""
     assert _POINTWISE is not None
-    out = _POINTWISE(_rows_padded(x), weight, bias, "none", [], "")
+    out = _POINTWISE(rows_padded(x), weight, bias, "none", [], "")
     return out if keep_padding else out[: x.shape[0]]
 
 
@@ -97,7 +73,7 @@ def _bf16_via_float32(
     takes a single row on another kernel over a plain weight, whose sums differ in the last bit
     from the same row's in a larger call, and deterministic mode must not see that."""
     rows, b = x.shape[0], None if bias is None else bias.float()
-    out = _onednn_linear(_rows_padded(x.float(), minimum=2), weight.float(), b, keep_padding=True)
+    out = _onednn_linear(rows_padded(x.float(), minimum=2), weight.float(), b, keep_padding=True)
     return (out if keep_padding else out[:rows]).to(torch.bfloat16)
 
 
@@ -148,7 +124,7 @@ def onednn_gated_available(dtype: torch.dtype) -> bool:
 
 def _silu_gate_up(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     assert _POINTWISE is not None and _BINARY is not None
-    rows, x = x.shape[0], _rows_padded(x)  # as `_onednn_linear`
+    rows, x = x.shape[0], rows_padded(x)  # as `_onednn_linear`
     return _BINARY(x, _POINTWISE(x, gate, None, "swish", [], ""), up, None, "mul")[:rows]
 
 
@@ -171,6 +147,8 @@ class Linear(nn.Linear):
     # where the short-rows kernel reads the packed weight(s) (`prepack(short_rows=True)`); used
     # only while they are still the module's parameters
     short: list[short_linear.Packed] | None = None
+    int8: Int8Weight | None = None  # `to_int8`: the int8 form that runs instead of the weight
+    observe: Callable[[torch.Tensor], None] | None = None  # calibration: sees every input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x, keep_padding=False)
@@ -182,6 +160,10 @@ class Linear(nn.Linear):
         return self._run(x, keep_padding=True)
 
     def _run(self, x: torch.Tensor, keep_padding: bool) -> torch.Tensor:
+        if self.observe is not None:
+            self.observe(x)
+        if self.int8 is not None:
+            return self._run_int8(x, keep_padding)
         if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN (or a short-rows kernel) reads it
             if self.short is not None and self.short[0].tensor is self.weight and _few_rows(x):
                 return short_linear.linear(x, self.short[0], self.bias)
@@ -195,11 +177,28 @@ class Linear(nn.Linear):
                 return _bf16_via_float32(x, self.weight, self.bias, keep_padding)
         return functional.linear(x, self.weight, self.bias)
 
+    def _run_int8(self, x: torch.Tensor, keep_padding: bool) -> torch.Tensor:
+        """The int8 matmul at a padded row count, like oneDNN's float one (`padded_rows`)."""
+        assert self.int8 is not None
+        rows = x.reshape(-1, x.shape[-1])
+        out = self.int8.run(rows_padded(rows))
+        if not keep_padding:
+            out = out[: rows.shape[0]]
+        return out.reshape(*x.shape[:-1], -1) if x.dim() != 2 else out
+
+    def to_int8(self, magnitude: torch.Tensor) -> None:
+        """Run as int8 from now on (models/int8_linear.py); `magnitude`: each input channel's
+        largest calibrated |x|. The float weight is freed; what stays is a zero-stride view of
+        its shape, so code that reads the shape (layer_flops) still can."""
+        w = self.weight.detach()
+        self.int8 = quantize(w, self.bias, magnitude)
+        self.weight = nn.Parameter(w.new_zeros(()).expand(w.shape), requires_grad=False)
+
     def packable(self) -> bool:
         """A plain CPU float32 / bfloat16 weight whose dtype passed oneDNN's self-check (bf16:
         on a CPU with bf16 dot products, `bf16_matmuls`)."""
         w = self.weight
-        if w.is_mkldnn or w.device.type != "cpu" or w.dtype not in _DTYPES:
+        if self.int8 is not None or w.is_mkldnn or w.device.type != "cpu" or w.dtype not in _DTYPES:
             return False
         return bf16_matmuls() if w.dtype == torch.bfloat16 else onednn_available(w.dtype)
 

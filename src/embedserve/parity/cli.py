@@ -45,7 +45,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--scenario-length", type=int, default=15_500, help="long input of the scenario (tokens)")
     p.add_argument("--scenario-seed", type=int, default=0)
     p.add_argument("--gate", default=None, help="gate YAML (default thresholds when omitted)")
-    p.add_argument("--gate-profile", default=None, help="gate profile, e.g. multimodal")
+    p.add_argument(
+        "--gate-profile",
+        default=None,
+        help="gate profile: multimodal, int8 (an int8 candidate), or one of --gate's",
+    )
     p.add_argument("--out", required=True, type=Path, help="folder for report.json and report.md")
     p.add_argument(
         "--data-dir",

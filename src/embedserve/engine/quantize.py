@@ -1,0 +1,158 @@
+"""`quantization="int8"`: the engine's projections run int8 (models/int8_linear.py), calibrated
+and gated at load, before the engine serves a request.
+
+1. The probe texts below run in float32 while every projection records the largest |x| of each
+   of its input channels (which channels are outliers is a property of the weights: a few
+   sentences find them).
+2. Every projection turns int8, its outlier channels from those magnitudes.
+3. The probe texts run again: each int8 vector's cosine to its float32 vector must reach
+   `MIN_COSINE`, else ModelLoadError naming the figure. An engine never serves vectors that
+   drifted from what its float32 weights give, whatever the model.
+
+Where int8 does not apply the option is refused by name; where this PyTorch has no working
+oneDNN int8 matmul, the engine says so and runs float32 (its schema and profile then say so too).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from embedserve.errors import ModelLoadError
+from embedserve.models.int8_linear import int8_available, int8_isa
+from embedserve.models.linear import Linear
+from embedserve.pooling.outputs import Output
+from embedserve.request import EmbedParams, Request
+from embedserve.tokenizer import Truncate
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from embedserve.config import EngineConfig
+    from embedserve.engine.core import EngineCore
+    from embedserve.engine.options import EngineOptions
+    from embedserve.models.source import ModelSource
+    from embedserve.pooling.dense import DenseHead
+    from embedserve.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+MIN_COSINE = 0.995  # the lowest cosine of an int8 probe vector to its float32 one
+
+_SENTENCES = (
+    "What is the capital of France?",
+    "The boundary layer separates from the wing surface at high angles of attack.",
+    "def embed(texts): return model.encode(texts, normalize_embeddings=True)",
+    "Quarterly revenue rose 12% to $4.2 billion, beating analysts' estimates.",
+    "Die Katze sitzt auf der Matte und schaut aus dem Fenster.",
+    "A patient presented with acute chest pain radiating to the left arm.",
+    "SELECT name, COUNT(*) FROM orders GROUP BY name HAVING COUNT(*) > 10;",
+    "how do i reset my password",
+    "Photosynthesis converts light energy into chemical energy stored in glucose.",
+    "The committee adjourned without reaching a decision on the budget proposal.",
+    "Error: connection refused (ECONNREFUSED) while contacting 127.0.0.1:8080",
+    "Los precios de la vivienda subieron un 5 por ciento el año pasado.",
+    "Heat transfer to a flat plate in supersonic flow was measured at Mach 3.",
+    "She walked along the beach at sunset, listening to the waves.",
+    "1. Preheat the oven. 2. Mix flour and eggs. 3. Bake for 20 minutes.",
+    "Neural retrieval models map queries and documents into one vector space.",
+)
+PROBES = (*_SENTENCES, " ".join(_SENTENCES), " ".join(reversed(_SENTENCES)) * 2)
+
+
+def resolve_quantization(options: EngineOptions, files: ModelSource) -> str | None:
+    """The quantization the engine runs: None, or "int8" (ModelLoadError naming what it does not
+    combine with; None with a warning where this PyTorch cannot run it)."""
+    if options.quantization is None:
+        return None
+    refusal = next((why for when, why in _refusals(options, files) if when), None)
+    if refusal is not None:
+        raise ModelLoadError(f"quantization='int8' {refusal}")
+    missing = int8_available()
+    if missing is not None:
+        log.warning("quantization='int8' falls back to float32: %s", missing)
+        return None
+    return options.quantization
+
+
+def _refusals(options: EngineOptions, files: ModelSource) -> list[tuple[bool, str]]:
+    return [
+        (options.device != "cpu", "runs on the CPU (oneDNN's int8 matmul): device must be cpu"),
+        (options.dtype != "float32", "keeps float32 between its int8 matmuls: dtype must be float32"),
+        (options.tensor_parallel_size > 1, "is not available with tensor_parallel_size > 1"),
+        (options.enable_lora or bool(options.lora_modules), "does not combine with LoRA adapters"),
+        (options.compile_backend is not None, "does not combine with compile_backend"),
+        (files.multimodal is not None, "is not available for multimodal models"),
+    ]
+
+
+@dataclass(frozen=True)
+class Prober:
+    """What runs the probe texts: the engine's core before it serves, and how it tokenizes."""
+
+    config: EngineConfig
+    core: EngineCore
+    tokenizer: Tokenizer
+    dense_head: DenseHead | None
+
+    def vectors(self) -> np.ndarray:
+        """The probe texts' unit vectors, run synchronously through the core."""
+        finished = []
+        with self.core.scheduler.kv.uncached():  # probe K/V is never served to a later request
+            for i, text in enumerate(PROBES):
+                tokens = self.tokenizer.encode(text, self.config.scheduler.max_model_len, Truncate.END)
+                params = EmbedParams(normalize=True, dense=self.dense_head)
+                self.core.add(Request(i, tokens.token_ids, params, self.config.pooling.method))
+            while self.core.has_work:
+                finished += self.core.step()
+        vectors = []
+        for f in sorted(finished, key=lambda f: f.request.request_id):
+            if f.vector is None:
+                raise ModelLoadError(f"quantization='int8': a probe text failed to embed: {f.error}")
+            vectors.append(f.vector.float().numpy())
+        return np.stack(vectors)
+
+
+def quantize_engine(model: torch.nn.Module, outputs: frozenset[Output], prober: Prober) -> None:
+    """Calibrate, turn every projection int8, then gate the probe vectors (module docstring)."""
+    if outputs != {Output.DENSE}:
+        emits = ", ".join(sorted(o.value for o in outputs))
+        raise ModelLoadError(f"quantization='int8' serves dense embedding models; this model emits {emits}")
+    started = time.perf_counter()
+    projections = [m for m in model.modules() if isinstance(m, Linear)]
+    magnitudes: dict[Linear, torch.Tensor] = {}
+    for m in projections:
+        m.observe = _recorder(magnitudes, m)
+    try:
+        reference = prober.vectors()
+    finally:
+        for m in projections:
+            m.observe = None
+    for m in projections:
+        m.to_int8(magnitudes[m])
+    cosines = np.sum(prober.vectors() * reference, axis=1)
+    low, mid = float(cosines.min()), float(np.median(cosines))
+    if low < MIN_COSINE:
+        raise ModelLoadError(
+            f"quantization='int8' drifts too far from float32 for this model: the lowest cosine of "
+            f"{len(cosines)} probe vectors is {low:.5f} (median {mid:.5f}), below the gate {MIN_COSINE}; "
+            "serve it in float32 or bfloat16"
+        )
+    log.info(
+        "int8: %d projections on %s; probe cosine to float32 min %.5f, median %.5f (gate %s), %.1f s",
+        len(projections), int8_isa(), low, mid, MIN_COSINE, time.perf_counter() - started,
+    )  # fmt: skip
+
+
+def _recorder(magnitudes: dict[Linear, torch.Tensor], m: Linear) -> Callable[[torch.Tensor], None]:
+    def observe(x: torch.Tensor) -> None:
+        seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
+        before = magnitudes.get(m)
+        magnitudes[m] = seen if before is None else torch.maximum(before, seen)
+
+    return observe
