@@ -25,6 +25,9 @@ if TYPE_CHECKING:  # dtypes and devices are named, not made: the gateway reads s
 
 _CHUNK_BYTES = 1 << 20
 
+# A quantization's arithmetic and calibration, in the vector space's key: change the entry when
+# models/int8_linear.py or engine/quantize.py change what a vector is (bits, outlier share, probes).
+_SCHEMES = {"int8": "int8:w8-per-channel,a7-per-token,float32-outliers=1/16,probes=18x512"}
 _DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # by dtype_name
 
 
@@ -109,7 +112,7 @@ class ModelMetadata:
                     if pool.dense
                     else {}
                 ),
-                **({"quantization": config.quantization} if config.quantization else {}),
+                **({"quantization": _SCHEMES[config.quantization]} if config.quantization else {}),
                 "prompts": config.prompts,
                 "default_prompt": config.default_prompt_name,
             },

@@ -3,6 +3,7 @@ engine/resolve.py), load the model (engine/load.py), then pick the runner and as
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -72,15 +73,7 @@ def build_engine(
         files = open_model(path, pooling=options.pooling, normalize=options.normalize)
     loaded = load(resolve(options, files, attention), files, attention)
     config = loaded.config
-    core = EngineCore(
-        Scheduler(
-            config.scheduler,
-            KVCacheManager(config.cache.num_blocks, config.cache.block_size, config.cache.max_cached_blocks),
-            config.model.num_hidden_layers,
-        ),
-        pick_runner(loaded),
-        _lane(loaded),
-    )  # fmt: skip
+    core = new_core(config, pick_runner(loaded), _lane(loaded))
     tokenizer = Tokenizer(files.tokenizer(), config.model.vocab_size)
     prompter = None
     if config.multimodal:
@@ -112,7 +105,8 @@ def build_engine(
         adapters=loaded.adapters, outputs=_outputs(score, sparse, lexical, multivector),
     )  # fmt: skip
     if config.quantization is not None:
-        quantize_engine(loaded.model, parts.outputs, Prober(config, core, tokenizer, dense))
+        fresh = functools.partial(new_core, config, core.runner, core.lane, cached=False)
+        quantize_engine(loaded.model, parts.outputs, Prober(config, fresh, tokenizer, dense))
     return parts
 
 
@@ -129,6 +123,16 @@ def _outputs(
         multivector_only=None if tokens is None else tokens.only,
         scores=score is not None and (not classifies or score.num_labels == 1), labels=classifies,
     )  # fmt: skip
+
+
+def new_core(
+    config: EngineConfig, runner: ModelRunner, lane: LaneRunner | None, cached: bool = True
+) -> EngineCore:
+    """A core over `runner` with a scheduler and KV block manager of its own (`cached`: with the
+    prefix cache the config sizes; a load-time probe runs on one without)."""
+    cache = config.cache
+    kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.max_cached_blocks if cached else 0)
+    return EngineCore(Scheduler(config.scheduler, kv, config.model.num_hidden_layers), runner, lane)
 
 
 def pick_runner(loaded: Loaded) -> ModelRunner:

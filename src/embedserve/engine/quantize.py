@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MIN_COSINE = 0.995  # the lowest cosine of an int8 probe vector to its float32 one
+PROBE_TOKENS = 512  # probe texts are cut here (the longest two run past it on most tokenizers)
 
 _SENTENCES = (
     "What is the capital of France?",
@@ -93,23 +94,25 @@ def _refusals(options: EngineOptions, files: ModelSource) -> list[tuple[bool, st
 
 @dataclass(frozen=True)
 class Prober:
-    """What runs the probe texts: the engine's core before it serves, and how it tokenizes."""
+    """What runs the probe texts: a core of their own over the engine's runner (its scheduler,
+    KV block manager without a prefix cache, counters and timings never those that serve)."""
 
     config: EngineConfig
-    core: EngineCore
+    new_core: Callable[[], EngineCore]
     tokenizer: Tokenizer
     dense_head: DenseHead | None
 
     def vectors(self) -> np.ndarray:
-        """The probe texts' unit vectors, run synchronously through the core."""
-        finished = []
-        with self.core.scheduler.kv.uncached():  # probe K/V is never served to a later request
-            for i, text in enumerate(PROBES):
-                tokens = self.tokenizer.encode(text, self.config.scheduler.max_model_len, Truncate.END)
-                params = EmbedParams(normalize=True, dense=self.dense_head)
-                self.core.add(Request(i, tokens.token_ids, params, self.config.pooling.method))
-            while self.core.has_work:
-                finished += self.core.step()
+        """The probe texts' unit vectors, run synchronously, each cut at `PROBE_TOKENS` tokens
+        (the same calibration whatever the engine's max_model_len)."""
+        core, finished = self.new_core(), []
+        limit = min(PROBE_TOKENS, self.config.scheduler.max_model_len)
+        for i, text in enumerate(PROBES):
+            tokens = self.tokenizer.encode(text, limit, Truncate.END)
+            params = EmbedParams(normalize=True, dense=self.dense_head)
+            core.add(Request(i, tokens.token_ids, params, self.config.pooling.method))
+        while core.has_work:
+            finished += core.step()
         vectors = []
         for f in sorted(finished, key=lambda f: f.request.request_id):
             if f.vector is None:
@@ -151,6 +154,8 @@ def quantize_engine(model: torch.nn.Module, outputs: frozenset[Output], prober: 
 
 def _recorder(magnitudes: dict[Linear, torch.Tensor], m: Linear) -> Callable[[torch.Tensor], None]:
     def observe(x: torch.Tensor) -> None:
+        if x.numel() == 0:  # a step whose chunks pool no row here (a decoder's last layer)
+            return
         seen = x.detach().reshape(-1, x.shape[-1]).abs().amax(dim=0).float()
         before = magnitudes.get(m)
         magnitudes[m] = seen if before is None else torch.maximum(before, seen)

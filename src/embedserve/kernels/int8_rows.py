@@ -92,9 +92,12 @@ def _finish_native(
 def _finish_torch(
     sums: torch.Tensor, rows: Rows, fix: torch.Tensor, bias: torch.Tensor, w_out: torch.Tensor
 ) -> torch.Tensor:
-    y = torch.addmm(bias, rows.outliers, w_out)
-    y.addcmul_(sums, rows.scale[:, None])
-    return y.addr_(rows.zero * rows.scale, fix, alpha=-1)
+    # elementwise, one outlier channel at a time: each row's result whatever the row count
+    # (a matmul over the rows may pick another kernel, and sum order, by their number)
+    y = sums.mul_(rows.scale[:, None]).sub_((rows.zero * rows.scale)[:, None] * fix).add_(bias)
+    for j in range(w_out.shape[0]):
+        y.add_(rows.outliers[:, j : j + 1] * w_out[j])
+    return y
 
 
 def _quantize_torch(x: torch.Tensor, mask: torch.Tensor, outliers: torch.Tensor) -> Rows:

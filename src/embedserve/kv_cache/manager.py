@@ -17,9 +17,8 @@ depends only on the tokens up to it, so the rows of any common prefix of the tai
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,16 +66,6 @@ class KVCacheManager:
     @property
     def prefix_caching(self) -> bool:
         return self.pool.max_cached > 0
-
-    @contextlib.contextmanager
-    def uncached(self) -> Iterator[None]:
-        """Requests added meanwhile neither look up nor register prefix blocks (a load-time probe
-        whose K/V must not be served to later requests)."""
-        kept, self.pool.max_cached = self.pool.max_cached, 0
-        try:
-            yield
-        finally:
-            self.pool.max_cached = kept
 
     @property
     def num_blocks(self) -> int:

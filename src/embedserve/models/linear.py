@@ -180,11 +180,10 @@ class Linear(nn.Linear):
     def _run_int8(self, x: torch.Tensor, keep_padding: bool) -> torch.Tensor:
         """The int8 matmul at a padded row count, like oneDNN's float one (`padded_rows`)."""
         assert self.int8 is not None
-        rows = x.reshape(-1, x.shape[-1])
-        out = self.int8.run(rows_padded(rows))
-        if not keep_padding:
-            out = out[: rows.shape[0]]
-        return out.reshape(*x.shape[:-1], -1) if x.dim() != 2 else out
+        if x.dim() != 2:
+            return self.int8.run(x.reshape(-1, x.shape[-1]).contiguous()).reshape(*x.shape[:-1], -1)
+        out = self.int8.run(rows_padded(x))
+        return out if keep_padding else out[: x.shape[0]]
 
     def to_int8(self, magnitude: torch.Tensor) -> None:
         """Run as int8 from now on (models/int8_linear.py); `magnitude`: each input channel's
