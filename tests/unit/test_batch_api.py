@@ -209,8 +209,10 @@ def test_cancel_mid_run_keeps_what_was_answered_each_line_once(
 def test_a_batch_past_its_window_expires_with_its_partial_output(
     qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(online.COMPLETION_WINDOWS, "24h", 2)  # a two-second window
-    n = 2000  # at most 64 lines a step (batch/share.py), 0.2 s a step: over 6 s
+    # a five-second window: under CI's parallel load the job's first step once finished after a
+    # two-second one had closed (0 lines completed)
+    monkeypatch.setitem(online.COMPLETION_WINDOWS, "24h", 5)
+    n = 4000  # at most 64 lines a step (batch/share.py), 0.2 s a step: over 12 s
     lines = [_line(f"r{i}", {"input": f"text {i}"}) for i in range(n)]
     with server_client(qwen3_dir, batch=BatchSettings(tmp_path / "b")) as c, slow_steps(c, monkeypatch, 0.2):
         got = _poll(c, _create(c, _upload(c, lines)))
