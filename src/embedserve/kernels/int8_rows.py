@@ -1,6 +1,6 @@
 """The per-token steps around the int8 matmul (models/int8_linear.py), in one pass per row on
 the native kernel (int8_rows.cpp) where it built and matched the PyTorch ops on a check
-(`native()`), else as those PyTorch ops: both give the same bytes for the quantized rows.
+(`native_ok()`), else as those PyTorch ops: both give the same bytes for the quantized rows.
 
 - `quantize_rows(x, mask, outliers)`: each row's inlier channels (mask 0) onto 0..127 with its
   own scale and zero point; the outlier channels' values copied out.
@@ -42,10 +42,15 @@ def _kernels() -> tuple[Kernel, Kernel] | None:
     return quantize, finish
 
 
+def _checked() -> tuple[Kernel, Kernel] | None:
+    """The native kernels where they built and passed `native_ok`, else None."""
+    return _kernels() if native_ok() else None
+
+
 def quantize_rows(x: torch.Tensor, mask: torch.Tensor, outliers: torch.Tensor) -> Rows:
     """x [T, K] float32 (dense), mask [K] uint8 (1: an outlier channel), outliers [k] long."""
-    kernels = _kernels()
-    if kernels is None or not native_ok():
+    kernels = _checked()
+    if kernels is None:
         return _quantize_torch(x, mask, outliers)
     return _quantize_native(kernels[0], x, mask, outliers)
 
@@ -55,8 +60,8 @@ def finish_rows(
 ) -> torch.Tensor:
     """sums [T, N] (oneDNN's sum of q Wq times w_scale) -> sums * s - (z s) fix + bias +
     outliers @ w_out, in place where it can; w_out [k, N]."""
-    kernels = _kernels()
-    if kernels is None or not native_ok():
+    kernels = _checked()
+    if kernels is None:
         return _finish_torch(sums, rows, fix, bias, w_out)
     return _finish_native(kernels[1], sums, rows, fix, bias, w_out)
 

@@ -47,23 +47,23 @@ class Int8Weight:
     zero_fix: torch.Tensor  # [N] colsum(Wq) * w_scale: what a zero point of 1 adds to a row
     outliers: torch.Tensor  # [k] long: the input channels kept in float32
     mask: torch.Tensor  # [K] uint8: 1 at those channels
-    w_out: torch.Tensor  # [k, N] float32: their weight rows, transposed for addmm
+    w_out: torch.Tensor  # [k, N] float32: their weight columns, one row per channel
     bias: torch.Tensor  # [N] float32 (zeros where the projection has none)
+    w_zero: torch.Tensor  # [N] long zeros: the weight's zero points, as oneDNN takes them
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, K] float32 -> [T, N] float32."""
         if x.shape[0] == 0:  # a step whose chunks pool no row (a decoder's last layer)
             return x.new_empty(0, self.w_scale.shape[0])
         rows = quantize_rows(x.contiguous(), self.mask, self.outliers)
-        sums = _sums(rows.q, self.packed, self.w_scale)
+        sums = _sums(rows.q, self.packed, self.w_scale, self.w_zero)
         return finish_rows(sums, rows, self.zero_fix, self.bias, self.w_out)
 
 
-def _sums(q: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+def _sums(q: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor) -> torch.Tensor:
     """oneDNN's int8 matmul: [T, N] float32 sums of q[t, k] Wq[n, k] times w_scale[n]."""
     assert _QLINEAR is not None
-    zero_points = torch.zeros(w_scale.shape[0], dtype=torch.long)
-    return _QLINEAR(q, 1.0, 0, packed, w_scale, zero_points, None, 1.0, 0, torch.float32, "none", [], "")
+    return _QLINEAR(q, 1.0, 0, packed, w_scale, w_zero, None, 1.0, 0, torch.float32, "none", [], "")
 
 
 def quantize(weight: torch.Tensor, bias: torch.Tensor | None, magnitude: torch.Tensor) -> Int8Weight:
@@ -81,7 +81,8 @@ def quantize(weight: torch.Tensor, bias: torch.Tensor | None, magnitude: torch.T
     b = torch.zeros(n) if bias is None else bias.detach().float().clone()
     packed = _PREPACK(wq, None)
     mask = torch.zeros(k, dtype=torch.uint8).index_fill_(0, outliers, 1)
-    return Int8Weight(packed, w_scale.contiguous(), zero_fix, outliers, mask, w_out, b)
+    w_zero = torch.zeros(n, dtype=torch.long)
+    return Int8Weight(packed, w_scale.contiguous(), zero_fix, outliers, mask, w_out, b, w_zero)
 
 
 def outlier_count(k: int) -> int:
@@ -100,7 +101,7 @@ def int8_available() -> str | None:
     w[0], x = 127, torch.randint(0, LEVELS + 1, (7, 96), generator=gen, dtype=torch.uint8)
     x[0] = LEVELS
     try:
-        got = _sums(x, _PREPACK(w, None), torch.ones(64))
+        got = _sums(x, _PREPACK(w, None), torch.ones(64), torch.zeros(64, dtype=torch.long))
     except RuntimeError as e:
         return f"oneDNN's int8 linear failed its check: {e}"
     if not torch.equal(got.double(), x.double() @ w.double().t()):

@@ -181,7 +181,7 @@ class Linear(nn.Linear):
         """The int8 matmul at a padded row count, like oneDNN's float one (`padded_rows`)."""
         assert self.int8 is not None
         if x.dim() != 2:
-            return self.int8.run(x.reshape(-1, x.shape[-1]).contiguous()).reshape(*x.shape[:-1], -1)
+            return self.int8.run(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
         out = self.int8.run(rows_padded(x))
         return out if keep_padding else out[: x.shape[0]]
 
