@@ -43,12 +43,42 @@ out = {}
 def run(name, options=None):
     return Engine.from_pretrained(models[name], dtype=dtype, **(options or {}))
 
+if hasattr(Engine, "prepare"):  # one path: an Ask per output (engine/ask.py)
+    import asyncio
+    from embedserve.engine.ask import Ask, LateChunking, Prepared
+    from embedserve.pooling.outputs import Output
+
+    def embed_late(e, doc, **late):
+        return e.run(doc, Ask(Output.SPANS, late=LateChunking(**late)))[0].embeddings
+    def embed_lexical(e, texts):
+        return np.stack([o.embedding for o in e.run(texts, Ask(Output.LEXICAL))])
+    def embed_multivector(e, texts, input_type="document", truncate="error"):
+        ask = Ask(Output.MULTIVECTOR, side=input_type, truncate=truncate)
+        return [o.embedding for o in e.run(texts, ask)]
+    def one_pass(e, texts, dimensions):
+        ask = Ask(dimensions=dimensions, extras=frozenset({Output.LEXICAL, Output.MULTIVECTOR}))
+        done = asyncio.run(e.run_async(Prepared(ask, e.renderer.text(texts))))
+        return [p.dense for p in done], [p.lexical for p in done], [p.multivector for p in done]
+else:  # a method per output
+    import asyncio
+
+    def embed_late(e, doc, **late):
+        return e.embed_late(doc, **late).embeddings
+    def embed_lexical(e, texts):
+        return e.embed_lexical(texts)
+    def embed_multivector(e, texts, input_type="document", truncate="error"):
+        return e.embed_multivector(texts, input_type=input_type, truncate=truncate)
+    def one_pass(e, texts, dimensions):
+        coro = e.embed_dense_and_lexical_async(e.tokenize(texts), dimensions=dimensions, multivector=True)
+        one = asyncio.run(coro)
+        return list(one.dense), list(one.sparse), list(one.multivector)
+
 for name in ("decoder", "encoder", "gguf"):
     with run(name) as e:
         out[f"{name}.dense"] = e.embed(texts)
-        out[f"{name}.late_spans"] = e.embed_late(texts[0], chunk_size=16).embeddings
+        out[f"{name}.late_spans"] = embed_late(e, texts[0], chunk_size=16)
 with run("decoder", {"max_model_len": 128}) as e:  # a document over the limit, as windows
-    out["decoder.late_long"] = e.embed_late(long_doc, chunk_size=32, long=True, overlap=32).embeddings
+    out["decoder.late_long"] = embed_late(e, long_doc, chunk_size=32, long=True, overlap=32)
 with run("splade") as e:
     out["splade.sparse"] = e.embed(texts)
 with run("inference_free") as e:
@@ -56,12 +86,15 @@ with run("inference_free") as e:
     out["inference_free.queries"] = e.embed(texts, prompt_name="query")
 with run("bge_m3") as e:
     out["bge_m3.dense"] = e.embed(texts)
-    out["bge_m3.lexical"] = e.embed_lexical(texts)
-    for i, v in enumerate(e.embed_multivector(texts)):
+    out["bge_m3.lexical"] = embed_lexical(e, texts)
+    for i, v in enumerate(embed_multivector(e, texts)):
         out[f"bge_m3.tokens.{i}"] = v
+    for i, parts in enumerate(zip(*one_pass(e, texts, 16))):
+        for part, v in zip(("dense", "lexical", "tokens"), parts):
+            out[f"bge_m3.one_pass.{part}.{i}"] = v
 with run("colbert") as e:
     for side in ("query", "document"):
-        for i, v in enumerate(e.embed_multivector(texts, input_type=side, truncate="end")):
+        for i, v in enumerate(embed_multivector(e, texts, input_type=side, truncate="end")):
             out[f"colbert.{side}.{i}"] = v
 with run("cross_encoder", {"task": "rerank"}) as e:
     out["cross_encoder.rerank"] = np.array([r.relevance_score for r in e.rerank(texts[0], texts[1:])])

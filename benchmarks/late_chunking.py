@@ -28,18 +28,20 @@ from pathlib import Path
 import numpy as np
 
 from embedserve import Engine
+from embedserve.engine.ask import Ask
 from embedserve.engine.multivector import maxsim
 from embedserve.index.chunking import Chunk, Chunker
 from embedserve.index.engine_embedder import EngineEmbedder
 from embedserve.index.late import Window, late_windows
 from embedserve.models.default import default_model_path
 from embedserve.parity.datasets.pydocs import topic_pairs
+from embedserve.pooling.outputs import Output
 
 
 def embed_independent(engine: Engine, docs: list[list[Chunk]]) -> tuple[list[np.ndarray], int]:
     out, tokens = [], 0
     for chunks in docs:
-        res = engine.embed_outputs([c.text for c in chunks])
+        res = engine.run([c.text for c in chunks])
         out.append(np.stack([r.embedding for r in res]))
         tokens += sum(r.num_tokens for r in res)
     return out, tokens
@@ -61,10 +63,10 @@ def embed_multivector(engine: Engine, docs: list[list[Chunk]]) -> tuple[list[np.
     """Each document as all its chunks' token vectors (document side), chunks embedded alone."""
     out, tokens = [], 0
     for chunks in docs:
-        items = engine.tokenize_multivector([c.text for c in chunks], "document", truncate="end")
-        futures = engine.submit_multivector(items)
+        prepared = engine.prepare([c.text for c in chunks], Ask(Output.MULTIVECTOR, truncate="end"))
+        futures = engine.submit(prepared)
         out.append(np.concatenate([f.result().vector.numpy() for f in futures]))
-        tokens += sum(len(i.tokenized.token_ids) for i in items)
+        tokens += sum(len(t.token_ids) for t in prepared.tokenized)
     return out, tokens
 
 

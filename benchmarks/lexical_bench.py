@@ -62,12 +62,14 @@ def run_arm(arm: str, path: Path, tokens: int, n: int, out: Path) -> None:
     seqs = inputs(tokens, n)
     if arm == "engine":
         from embedserve import Engine
+        from embedserve.engine.ask import Ask
+        from embedserve.pooling.outputs import Output
 
         with Engine.from_pretrained(path, max_model_len=8192, max_num_batched_tokens=8192) as engine:
-            engine.embed_lexical([[101, 1005, 1006, 102]])  # warm-up
+            engine.run([[101, 1005, 1006, 102]], Ask(Output.LEXICAL))  # warm-up
             loaded_mb = _rss_mb()
             start = time.perf_counter()
-            rows = engine.embed_lexical(seqs)
+            rows = np.stack([o.embedding for o in engine.run(seqs, Ask(Output.LEXICAL))])
             took = time.perf_counter() - start
     else:
         from transformers import AutoModel

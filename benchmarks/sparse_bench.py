@@ -95,7 +95,7 @@ def main() -> None:
     ref_model = SparseEncoder(a.dir, device="cpu")
     rates: dict[str, list[float]] = {"SparseEncoder": [], "embedserve": []}
     with Engine.from_pretrained(a.dir, max_num_batched_tokens=max(2048, a.tokens)) as engine:
-        n_tokens = sum(len(t.token_ids) for t in engine.tokenize(items))
+        n_tokens = sum(len(t.token_ids) for t in engine.renderer.text(items))
         engine.embed(items[:2])  # warm
         for _ in range(a.rounds):
             t = time.perf_counter()

@@ -114,7 +114,7 @@ def main() -> None:
             hf_tower = time.perf_counter() - t
         engine.embed(inputs[:1])
         t = time.perf_counter()
-        outs = engine.embed_outputs(inputs)
+        outs = engine.run(inputs)
         ours_e2e = time.perf_counter() - t
     tokens = sum(o.num_tokens for o in outs)
     hf_embed_one = hf_vl_embed

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from models import Shape, build_hf_model
 
+from embedserve.engine.ask import Ask
 from embedserve.engine.engine import Engine
 
 MAX_ID = 151643  # ordinary-token ids only (specials start here in the Qwen vocabulary)
@@ -141,7 +142,7 @@ def engine_throughput(
     n = int(min(max_requests, max(4, 0.8 * left * rate / length)))
     inputs = random_inputs(n, length, shape.vocab, seed)
     reset_peak(device)
-    futures, _ = engine.submit(inputs, priority="batch")
+    futures = engine.submit(engine.prepare(inputs, Ask(priority="batch")))
     # Hard stop near the phase budget even if calibration was far off: unfinished requests
     # are cancelled (the engine aborts them) and the phase reports what completed.
     timeout = max(1.2 * left, 10.0)

@@ -57,7 +57,7 @@ def test_openai_client_vectors_equal_engine(
     resp = _client(api_server).embeddings.create(model=MODEL_NAME, input=TEXTS, **fmt)
     _assert_same(_vectors(resp), ref_engine.embed(TEXTS))
     assert resp.model == MODEL_NAME
-    assert resp.usage.prompt_tokens == sum(len(t.token_ids) for t in ref_engine.tokenize(TEXTS))
+    assert resp.usage.prompt_tokens == sum(len(t.token_ids) for t in ref_engine.renderer.text(TEXTS))
     extra = resp.model_extra or {}
     assert extra["backend_profile"] == "cpu-fp32" and extra["dtype"] == "float32"
     assert extra["model_version"] and extra["embedding_schema"].startswith("es1-")
@@ -67,7 +67,7 @@ def test_openai_client_token_ids_dimensions_and_prompt_name(
     api_server: ServerProcess, ref_engine: Engine
 ) -> None:
     client = _client(api_server)
-    ids = [t.token_ids for t in ref_engine.tokenize(TEXTS[:2])]
+    ids = [t.token_ids for t in ref_engine.renderer.text(TEXTS[:2])]
     one = client.embeddings.create(model=MODEL_NAME, input=ids[0], encoding_format="float")
     _assert_same(_vectors(one), ref_engine.embed([ids[0]]))
     many = client.embeddings.create(model=MODEL_NAME, input=ids, dimensions=16, encoding_format="float")

@@ -11,6 +11,7 @@ import pytest
 from embedserve import Engine
 from embedserve.config import PoolingMethod
 from embedserve.errors import InputTooLongError, ModelLoadError
+from tests.helpers.engine_calls import embed_outputs
 from tests.helpers.reference import cosine, st_embed
 from tests.helpers.tiny_bert import build_encoder
 
@@ -42,7 +43,7 @@ def test_bert_matches_sentence_transformers(bert_dir: Path, budget: int) -> None
     ref = st_embed(bert_dir, batch, batch_size=5)
     with Engine.from_pretrained(bert_dir, max_num_batched_tokens=budget) as engine:
         assert engine.config.scheduler.max_model_len == 128 and not engine.config.model.is_causal
-        outs = engine.embed_outputs(batch, truncate="end")
+        outs = embed_outputs(engine, batch, truncate="end")
         steps = engine.stats()["steps"]
     got = np.stack([o.embedding for o in outs])
     assert cosine(got, ref).min() >= FP32_MIN_COSINE
@@ -68,7 +69,7 @@ def test_over_long_input_is_refused_with_the_limit(bert_dir: Path) -> None:
     with Engine.from_pretrained(bert_dir) as engine:
         with pytest.raises(InputTooLongError, match="input 1: 202 tokens exceed the limit of 128 tokens"):
             engine.embed(texts([3, 188]), truncate="error")
-        cut = engine.tokenize(texts([200]), truncate="end")[0].token_ids
+        cut = engine.renderer.text(texts([200]), truncate="end")[0].token_ids
         assert len(cut) == 128 and (cut[0], cut[-1]) == (101, 102)  # [CLS] ... [SEP] kept
     with (
         Engine.from_pretrained(bert_dir, max_model_len=512) as engine,  # the position table's limit

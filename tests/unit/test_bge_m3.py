@@ -6,12 +6,17 @@ batches; through /v1/embeddings, /embed_sparse and /v2/embed."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from embedserve import Engine
+from embedserve.engine.ask import Ask, Prepared, answers_as
+from embedserve.engine.lexical import OnePassOutput
+from embedserve.pooling.outputs import Output
+from tests.helpers.engine_calls import embed_lexical, embed_multivector
 from tests.helpers.inprocess import server_client
 from tests.helpers.real_text import topic
 from tests.helpers.reference import hf_model
@@ -49,10 +54,10 @@ def _reference(path: Path, ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray
 
 def test_dense_and_lexical_weights_equal_the_reference(m3: Path) -> None:
     with Engine.from_pretrained(m3, max_num_batched_tokens=1024) as engine:
-        ids = [t.token_ids for t in engine.tokenize(TEXTS)]
+        ids = [t.token_ids for t in engine.renderer.text(TEXTS)]
         dense = engine.embed(TEXTS)
-        sparse = engine.embed_lexical(TEXTS)
-        alone = np.stack([engine.embed_lexical([t])[0] for t in TEXTS])
+        sparse = embed_lexical(engine, TEXTS)
+        alone = np.stack([embed_lexical(engine, [t])[0] for t in TEXTS])
     want_dense, want_sparse = _reference(m3, ids)
     np.testing.assert_allclose(dense, want_dense, atol=1e-5)
     assert [np.flatnonzero(s).tolist() for s in sparse] == [np.flatnonzero(w).tolist() for w in want_sparse]
@@ -65,10 +70,17 @@ def test_one_pass_gives_both_as_the_reference(m3: Path) -> None:
     import asyncio
 
     with Engine.from_pretrained(m3) as engine:
-        tokenized = engine.tokenize(TEXTS)
-        one = asyncio.run(engine.embed_dense_and_lexical_async(tokenized, dimensions=32, multivector=True))
+        tokenized = engine.renderer.text(TEXTS)
+        ask = Ask(dimensions=32, extras=frozenset({Output.LEXICAL, Output.MULTIVECTOR}))
+        passes = answers_as(asyncio.run(engine.run_async(Prepared(ask, tokenized))), OnePassOutput)
+        one = SimpleNamespace(
+            dense=np.stack([p.dense for p in passes]),
+            sparse=np.stack([p.lexical for p in passes]),
+            multivector=[p.multivector for p in passes],
+            outputs=[p.output for p in passes],
+        )
         steps = engine.stats()["steps"]
-        tokens = engine.embed_multivector(TEXTS, dimensions=32)  # a pass of their own
+        tokens = embed_multivector(engine, TEXTS, dimensions=32)  # a pass of their own
     want_dense, want_sparse = _reference(m3, [t.token_ids for t in tokenized])
     want_dense = torch.nn.functional.normalize(torch.from_numpy(want_dense[:, :32]), dim=-1).numpy()
     np.testing.assert_allclose(one.dense, want_dense, atol=1e-5)  # Matryoshka 32, normalized after slicing

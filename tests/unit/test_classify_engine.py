@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from embedserve import Engine
+from embedserve.engine.ask import Ask, answers_as
 from embedserve.engine.classify import ClassifyResult
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.resolve import resolve
@@ -20,6 +21,7 @@ from embedserve.errors import InputTooLongError, InvalidInputError, ModelLoadErr
 from embedserve.models.open import open_model
 from embedserve.models.registry import CLASSIFIER, model_config_from_hf
 from embedserve.models.score_head import load_score_head
+from embedserve.pooling.outputs import Output
 from tests.helpers.real_text import documents
 from tests.helpers.tiny_bert import build_encoder
 from tests.helpers.tiny_rerankers import build_cross_encoder
@@ -107,10 +109,12 @@ def test_async_and_tokenized_paths_equal_the_sync_one(clf_engine: Engine) -> Non
     sync = clf_engine.classify(TEXTS[:6])
 
     async def both() -> tuple[list[ClassifyResult], list[ClassifyResult]]:
-        tokenized = clf_engine.tokenize_classify(TEXTS[:6])
+        prepared = clf_engine.prepare(TEXTS[:6], Ask(Output.LABELS))
         return (
-            await clf_engine.classify_async(TEXTS[:6], priority="batch"),
-            await clf_engine.classify_tokenized_async(tokenized),
+            answers_as(
+                await clf_engine.run_async(TEXTS[:6], Ask(Output.LABELS, priority="batch")), ClassifyResult
+            ),
+            answers_as(await clf_engine.run_async(prepared), ClassifyResult),
         )
 
     for other in asyncio.run(both()):
@@ -135,7 +139,7 @@ def test_truncation_as_asked(clf_dir: Path) -> None:
         for how in ("end", "start"):
             (res,) = e.classify([long_text], truncate=how)
             assert res.truncated and res.num_tokens == 64
-        (tok,) = e.tokenize_classify([("a question", long_text)], truncate="end")
+        (tok,) = e.renderer.classify([("a question", long_text)], truncate="end")
         assert tok.truncated and len(tok.token_ids) == 64
 
 

@@ -1,9 +1,11 @@
-"""The public API shows its options: every `embed*` method declares `submit`'s keyword-only
-options (help() lists them), refuses unknown ones, and passes each through to the request."""
+"""The public API shows its options: `Ask` declares every option once (help() lists them),
+`embed` / `embed_async` declare the same keyword-only options with the same defaults, unknown
+ones are refused, and each reaches the request."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,16 +15,18 @@ import numpy as np
 import pytest
 
 from embedserve import Engine
+from embedserve.engine.ask import Ask
+from tests.helpers.engine_calls import embed_outputs, embed_outputs_async, embed_tokenized_async
 from tests.helpers.reference import random_ids
 
 OPTIONS = ("prompt_name", "prompt", "dimensions", "normalize", "priority", "truncate")
-EMBED_METHODS = ("embed", "embed_outputs", "embed_async", "embed_outputs_async")
+EMBED_METHODS = ("embed", "embed_async")
 
 
-def _keyword_options(name: str) -> list[tuple[str, Any, Any]]:
+def _keyword_options(name: str) -> list[tuple[str, Any]]:
     params = inspect.signature(getattr(Engine, name)).parameters.values()
     assert all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params), name
-    return [(p.name, p.default, p.annotation) for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    return [(p.name, p.default) for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
 
 @pytest.fixture(scope="module")
@@ -31,38 +35,45 @@ def engine(qwen3_dir: Path) -> Iterator[Engine]:
         yield e
 
 
-def test_submit_documents_every_option_once() -> None:
-    submit = _keyword_options("submit")
-    assert [name for name, _, _ in submit] == list(OPTIONS)
-    doc = inspect.getdoc(Engine.submit) or ""
+def test_ask_documents_every_option_once() -> None:
+    fields = [f.name for f in dataclasses.fields(Ask)]
+    assert fields[1 : 1 + len(OPTIONS)] == list(OPTIONS)
+    doc = inspect.getdoc(Ask) or ""
     assert all(f"`{name}`" in doc for name in OPTIONS)
-    for name in (*EMBED_METHODS, "submit_tokenized", "embed_tokenized_async"):
-        assert "as `submit`" in (inspect.getdoc(getattr(Engine, name)) or ""), name
+    for name in EMBED_METHODS:
+        assert "as `Ask`'s" in (inspect.getdoc(getattr(Engine, name)) or ""), name
+
+
+def test_the_engine_has_one_path_and_few_public_names() -> None:
+    """Every output goes prepare -> submit -> run with an Ask; what is public stays small (#62)."""
+    public = sorted(n for n in dir(Engine) if not n.startswith("_"))
+    assert len(public) <= 15, public
+    assert {"prepare", "submit", "run", "run_async"} <= set(public)
 
 
 @pytest.mark.parametrize("name", EMBED_METHODS)
-def test_embed_methods_declare_submits_options(name: str) -> None:
-    assert _keyword_options(name) == _keyword_options("submit")
-    assert all(f"{option}:" in str(inspect.signature(getattr(Engine, name))) for option in OPTIONS)
+def test_embed_methods_declare_the_asks_options(name: str) -> None:
+    defaults = {f.name: f.default for f in dataclasses.fields(Ask)}
+    assert _keyword_options(name) == [(o, defaults[o]) for o in OPTIONS]
 
 
-def test_tokenized_methods_declare_the_options_after_tokenizing() -> None:
-    after = [o for o in _keyword_options("submit") if o[0] in ("dimensions", "normalize", "priority")]
-    assert _keyword_options("submit_tokenized") == after
-    assert _keyword_options("embed_tokenized_async") == after
-
-
-@pytest.mark.parametrize("name", (*EMBED_METHODS, "submit"))
+@pytest.mark.parametrize("name", EMBED_METHODS)
 def test_an_unknown_keyword_is_a_type_error(engine: Engine, name: str) -> None:
     with pytest.raises(TypeError, match="dimension"):
         getattr(engine, name)(["a"], dimension=8)  # the coroutine functions raise at the call
     with pytest.raises(TypeError):
         getattr(engine, name)(["a"], "query")  # options are keyword-only
+    with pytest.raises(TypeError, match="dimension"):
+        Ask(dimension=8)  # type: ignore[call-arg]
 
 
-def test_tokenized_async_refuses_text_options(engine: Engine) -> None:
-    with pytest.raises(TypeError, match="truncate"):
-        engine.embed_tokenized_async(engine.tokenize(["a"]), truncate="end")  # type: ignore[call-arg]
+def test_prepared_inputs_run_as_prepared(engine: Engine) -> None:
+    """A Prepared's tokens run as they are: its ask's text options (prompt, truncation) were
+    applied when it was made, not again."""
+    prepared = engine.prepare(["a b c"], Ask(prompt="Query: "))
+    again = engine.run(prepared, Ask(prompt="other: "))  # the prepared ask wins
+    assert again[0].num_tokens == len(prepared.tokenized[0].token_ids)  # type: ignore[union-attr]
+    np.testing.assert_allclose(again[0].embedding, engine.embed(["a b c"], prompt="Query: ")[0], atol=1e-6)  # type: ignore[union-attr]
 
 
 def test_dimensions_and_normalize_reach_the_request(engine: Engine) -> None:
@@ -83,9 +94,9 @@ def test_async_methods_pass_their_options(engine: Engine) -> None:
 
     async def main() -> tuple[np.ndarray, list[Any], list[Any]]:
         short = await engine.embed_async(seqs, dimensions=8, normalize=False, priority="batch")
-        cut = await engine.embed_outputs_async([random_ids(600, seed=2)], truncate="start")
-        tokenized = engine.tokenize(seqs)
-        raw = await engine.embed_tokenized_async(tokenized, normalize=False)
+        cut = await embed_outputs_async(engine, [random_ids(600, seed=2)], truncate="start")
+        tokenized = engine.renderer.text(seqs)
+        raw = await embed_tokenized_async(engine, tokenized, normalize=False)
         return short, cut, raw
 
     short, cut, raw = asyncio.run(main())
@@ -96,9 +107,9 @@ def test_async_methods_pass_their_options(engine: Engine) -> None:
 
 def test_prompts_reach_the_tokenizer(engine: Engine) -> None:
     text = "what is rope?"
-    (plain,) = engine.embed_outputs([text], prompt="")
-    (query,) = engine.embed_outputs([text], prompt_name="query")
-    (literal,) = engine.embed_outputs([text], prompt=engine.config.prompts["query"])
+    (plain,) = embed_outputs(engine, [text], prompt="")
+    (query,) = embed_outputs(engine, [text], prompt_name="query")
+    (literal,) = embed_outputs(engine, [text], prompt=engine.config.prompts["query"])
     assert query.num_tokens > plain.num_tokens
     np.testing.assert_allclose(query.embedding, literal.embedding, atol=1e-6)
     assert float(query.embedding @ plain.embedding) < 0.9999

@@ -9,6 +9,7 @@ import pytest
 
 from embedserve import Engine
 from embedserve.errors import InputTooLongError, InvalidInputError
+from tests.helpers.engine_calls import embed_outputs
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
 
 
@@ -51,15 +52,15 @@ def test_over_long_input_states_count_and_limit(engine: Engine) -> None:
 def test_truncation_keeps_the_end_token_and_says_so(engine: Engine, qwen3_dir: Path) -> None:
     text = "word " * 1000
     end, start = (
-        engine.embed_outputs([text], truncate="end")[0],
-        engine.embed_outputs([text], truncate="start")[0],
+        embed_outputs(engine, [text], truncate="end")[0],
+        embed_outputs(engine, [text], truncate="start")[0],
     )
     assert end.truncated and start.truncated and end.num_tokens == start.num_tokens == 512
     ids = engine.tokenizer.backend.encode(text).ids
     kept = [*ids[:511], 151643]  # content cut, <|endoftext|> kept for last-token pooling
     assert ids[-1] == 151643
     assert cosine(end.embedding[None], hf_embed_ids(qwen3_dir, [kept]))[0] >= 0.99999
-    ids_out = engine.embed_outputs([[7] * 600 + [151643]], truncate="end")[0]
+    ids_out = embed_outputs(engine, [[7] * 600 + [151643]], truncate="end")[0]
     assert ids_out.truncated and ids_out.num_tokens == 512
 
 

@@ -99,7 +99,7 @@ def test_no_request_state_is_kept_after_many_requests(qwen3_dir: Path) -> None:
     prefix = random_ids(48, seed=7)
 
     async def main(engine: Engine) -> None:
-        await engine.cache_prompt_async("Instruct: find the passage\nQuery: ")
+        await asyncio.to_thread(engine.cache_prompt, "Instruct: find the passage\nQuery: ")
         for w in range(8):
             calls = [
                 engine.embed_async([prefix + random_ids(1 + (w * 37 + i) % 90, seed=w * 100 + i)])

@@ -9,6 +9,7 @@ import pytest
 
 from embedserve import Engine
 from embedserve.tokenizer import Truncate
+from tests.helpers.engine_calls import embed_outputs
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids, st_embed
 
 FP32_MIN_COSINE = 0.99999
@@ -73,7 +74,7 @@ def test_text_with_query_prompt_matches_sentence_transformers(qwen3_dir: Path) -
 
 def test_eos_is_appended_once_by_the_tokenizer(qwen3_dir: Path) -> None:
     with Engine.from_pretrained(qwen3_dir) as engine:
-        (out,) = engine.embed_outputs(["hello world"])
+        (out,) = embed_outputs(engine, ["hello world"])
         ids = engine.tokenizer.encode("hello world", 100, Truncate.ERROR).token_ids
     assert ids[-1] == 151643 and ids.count(151643) == 1
     assert out.num_tokens == len(ids) == 3

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from embedserve import Engine
+from tests.helpers.engine_calls import embed_tokenized_async
 from tests.helpers.reference import cosine, st_embed
 
 
@@ -29,8 +30,8 @@ def test_mean_pooling_without_prompt_matches_sentence_transformers(
     with Engine.from_pretrained(d, max_num_batched_tokens=8, layer_major_tokens=layer_major_tokens) as engine:
         got = engine.embed(queries, prompt_name="query")
         # The pre-tokenized path (what the server uses) keeps the prompt length too.
-        tokenized = engine.tokenize(queries, engine.resolve_prompt("query", None))
-        outs = asyncio.run(engine.embed_tokenized_async(tokenized))
+        tokenized = engine.renderer.text(queries, engine.renderer.prompt("query", None))
+        outs = asyncio.run(embed_tokenized_async(engine, tokenized))
     assert cosine(got, ref).min() >= 0.99999
     np.testing.assert_allclose(np.stack([o.embedding for o in outs]), got, rtol=1e-6, atol=1e-7)
     assert cosine(got, with_prompt).max() < 0.9999  # the prompt really was left out

@@ -33,7 +33,8 @@ def test_counts_equal_the_engines(qwen3_dir: Path, tmp_path: Path, default_promp
     with Engine.from_pretrained(model, max_model_len=4096) as engine:
         for prompt_name, prompt in [(None, None), ("query", None), ("document", None), (None, "Represent: ")]:
             want = [
-                len(t.token_ids) for t in engine.tokenize(TEXTS, engine.resolve_prompt(prompt_name, prompt))
+                len(t.token_ids)
+                for t in engine.renderer.text(TEXTS, engine.renderer.prompt(prompt_name, prompt))
             ]
             got = counter.count(TEXTS, counter.resolve_prompt(prompt_name, prompt))
             assert got == want, (prompt_name, prompt)

@@ -14,6 +14,7 @@ import torch
 from embedserve import Engine
 from embedserve.attention.windowed import sequence_attention
 from embedserve.errors import ModelLoadError
+from tests.helpers.engine_calls import embed_late, embed_outputs
 from tests.helpers.reference import cosine, st_embed, st_model
 from tests.helpers.tiny_gemma import build_gemma3
 
@@ -46,7 +47,7 @@ def test_bidirectional_gemma3_matches_sentence_transformers(gemma_dir: Path, pro
     with Engine.from_pretrained(gemma_dir, max_num_batched_tokens=1024) as engine:
         cfg = engine.config.model
         assert cfg.layer_windows == (9, 0, 9, 9) and not cfg.causal_mask and not cfg.is_causal
-        got = np.stack([o.embedding for o in engine.embed_outputs(batch, prompt_name=prompt_name)])
+        got = np.stack([o.embedding for o in embed_outputs(engine, batch, prompt_name=prompt_name)])
         alone = engine.embed(batch[7:8], prompt_name=prompt_name)[0]
     assert got.shape == ref.shape == (len(batch), 96)
     assert cosine(got, ref).min() >= FP32_MIN_COSINE
@@ -188,13 +189,13 @@ def test_late_chunks_of_a_dense_head_model(gemma_dir: Path) -> None:
     """Each chunk's pooled rows pass the Dense modules (96 wide, normalized); a document over one
     window is refused: its windows' rows would pass them before being joined."""
     with Engine.from_pretrained(gemma_dir, max_model_len=128, max_num_batched_tokens=512) as engine:
-        out = engine.embed_late(["alpha beta gamma", "delta epsilon"])
+        out = embed_late(engine, ["alpha beta gamma", "delta epsilon"])
         assert out.embeddings.shape == (2, 96)
         assert np.abs(np.linalg.norm(out.embeddings, axis=1) - 1).max() < 1e-5
         with pytest.raises(
             Exception, match="Dense modules after pooling: late chunking takes documents of one"
         ):
-            engine.embed_late(" ".join(["word"] * 400), chunk_size=50, long=True)
+            embed_late(engine, " ".join(["word"] * 400), chunk_size=50, long=True)
 
 
 def test_a_dense_config_naming_no_activation_is_tanh_as_sentence_transformers(

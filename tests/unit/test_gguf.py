@@ -70,7 +70,7 @@ def test_qwen3_gguf_matches_its_source_directory(gguf_root: Path, tok: HFTokeniz
         assert engine.config.model.head_dim == 32 and engine.config.model.qk_norm
         got = engine.embed(seqs)
         by_text = engine.embed(TEXTS)
-        assert [t.token_ids for t in engine.tokenize(TEXTS)] == [tok.encode(t).ids for t in TEXTS]
+        assert [t.token_ids for t in engine.renderer.text(TEXTS)] == [tok.encode(t).ids for t in TEXTS]
     assert cosine(got, hf_embed_ids(hf_dir, seqs)).min() >= FP32_MIN_COSINE
     assert cosine(by_text, hf_embed_ids(hf_dir, [tok.encode(t).ids for t in TEXTS])).min() >= FP32_MIN_COSINE
     with Engine.from_pretrained(gguf_file, pooling="mean", normalize=False) as engine:
@@ -84,8 +84,8 @@ def test_eos_is_added_when_the_metadata_asks(gguf_root: Path, tok: HFTokenizer) 
     hf_dir, gguf_file = build_gguf_pair(gguf_root / "eos", "qwen2", tok, add_eos=True)
     eos = tok.token_to_id(EOS)
     with Engine.from_pretrained(gguf_file, max_model_len=8) as engine:
-        full = engine.tokenize(["a b"])[0].token_ids
-        cut = engine.tokenize(["the wing and the slipstream and the flap"], truncate="end")[0].token_ids
+        full = engine.renderer.text(["a b"])[0].token_ids
+        cut = engine.renderer.text(["the wing and the slipstream and the flap"], truncate="end")[0].token_ids
         got = engine.embed(["a b"])
     assert full == [*tok.encode("a b").ids, eos]
     assert len(cut) == 8 and cut[-1] == eos  # truncation cuts the text, keeps the EOS

@@ -46,7 +46,7 @@ def test_encoder_gguf_matches_sentence_transformers_on_its_source(
     batch = texts([3, 40, 7, 90, 1, 25])  # past gemma's ±8 window, mixed in one batch
     with Engine.from_pretrained(gguf_file) as engine:
         got = engine.embed(batch)
-        ids = [t.token_ids for t in engine.tokenize(batch)]
+        ids = [t.token_ids for t in engine.renderer.text(batch)]
         pooling = engine.config.pooling
     ref_tok = st_tokenizer(src)
     assert ids == [ref_tok(t) for t in batch]

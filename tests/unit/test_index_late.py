@@ -19,6 +19,7 @@ from embedserve.index.errors import StoreError
 from embedserve.index.late import late_windows
 from embedserve.index.pipeline import index_documents
 from embedserve.index.store import Store, collection_name
+from tests.helpers.engine_calls import embed_late
 from tests.helpers.index_fakes import WordEmbedder
 from tests.helpers.real_text import topic
 from tests.helpers.tiny_models import qwen_tokenizer_dir
@@ -134,7 +135,9 @@ def test_cli_index_and_search_with_late_chunking(
         chunks = chunker.split(text)
         placed = late_windows(text, chunks, chunker.count, 256 - 1)
         for i, (window, pos) in enumerate(placed):
-            want = engine.embed_late(window.text, chunk_spans=[list(s) for s in window.spans]).embeddings[pos]
+            want = embed_late(engine, window.text, chunk_spans=[list(s) for s in window.spans]).embeddings[
+                pos
+            ]
             assert np.allclose(stored[i], want, atol=1e-5)
 
 

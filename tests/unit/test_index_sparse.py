@@ -20,6 +20,7 @@ from embedserve.index.pipeline import index_documents
 from embedserve.index.search import rank_documents, search
 from embedserve.index.sparse import Fusion, HybridEmbedder, SparseEmbedder
 from embedserve.index.store import Store
+from tests.helpers.engine_calls import embed_lexical
 from tests.helpers.real_text import topic
 from tests.helpers.tiny_bert import minilm_dir
 from tests.helpers.tiny_rerankers import build_cross_encoder
@@ -188,8 +189,8 @@ def test_bge_m3_gives_both_sides_of_a_hybrid_index(
             embedder = SparseEmbedder(EngineEmbedder(engine, "m3"))
             chunker = Chunker(engine.tokenizer, 64, 0)
             chunks = [(d.doc_id, i, c.text) for d in DOCS[:4] for i, c in enumerate(chunker.split(d.text))]
-            weights = engine.embed_lexical([t for _, _, t in chunks])
-            query = engine.embed_lexical([QUERY_M3])[0]
+            weights = embed_lexical(engine, [t for _, _, t in chunks])
+            query = embed_lexical(engine, [QUERY_M3])[0]
             collection = store.resolve("live")
             hits = store.search(collection, embedder.embed_queries([QUERY_M3]), 10, field="sparse")[0]
     finally:

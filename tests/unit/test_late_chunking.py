@@ -19,6 +19,8 @@ from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.late_chunking import join_chunks, tokenize_late
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.tokenizer import Tokenizer, Truncate
+from tests.helpers.engine_calls import embed_late, plan_late
+from tests.helpers.engine_calls import tokenize_late as engine_tokenize_late
 from tests.helpers.preemption import preempted_vector
 from tests.helpers.real_text import long_text, topic
 from tests.helpers.reference import hf_model
@@ -187,10 +189,10 @@ def test_parity_with_transformers_across_budgets_and_the_lane(qwen3_dir: Path) -
     ref = None
     for name, options in runs.items():
         with Engine.from_pretrained(qwen3_dir, max_model_len=4096, **options) as engine:
-            out = engine.embed_late(chunks)
+            out = embed_late(engine, chunks)
             if name == "layer-major lane":
                 assert engine.stats()["layer_major_finished"] == 1
-        ids = engine.tokenize_late(chunks).token_ids
+        ids = engine_tokenize_late(engine, chunks).token_ids
         if ref is None:  # the spans by the documented rule, from the tokenizer alone
             assert _ranges(out) == _spans_by_rule(qwen3_dir, chunks)
             ref = _reference(qwen3_dir, ids, _ranges(out))
@@ -201,7 +203,7 @@ def test_parity_with_transformers_across_budgets_and_the_lane(qwen3_dir: Path) -
 def test_late_chunks_carry_the_document_unlike_separate_chunks(qwen3_dir: Path) -> None:
     chunks = _chunks(topic("assert"), 3)
     with Engine.from_pretrained(qwen3_dir, pooling="mean") as engine:
-        late = engine.embed_late(chunks).embeddings
+        late = embed_late(engine, chunks).embeddings
         alone = engine.embed(chunks)
     # causal: chunk 0 sees only itself (alone it also pools its own end token); the others see
     # the text before them
@@ -212,22 +214,22 @@ def test_late_chunks_carry_the_document_unlike_separate_chunks(qwen3_dir: Path) 
 def test_one_chunk_is_the_models_own_mean_and_last_pooling(qwen3_dir: Path) -> None:
     text = topic("assert")
     with Engine.from_pretrained(qwen3_dir, pooling="mean") as engine:
-        assert np.array_equal(engine.embed_late([text]).embeddings[0], engine.embed([text])[0])
+        assert np.array_equal(embed_late(engine, [text]).embeddings[0], engine.embed([text])[0])
     # last-token pooling; no prefix cache (the second request would start from the first's K/V)
     with Engine.from_pretrained(qwen3_dir, enable_prefix_caching=False) as engine:
-        one = engine.embed_late([text], span_pooling="last").embeddings[0]
+        one = embed_late(engine, [text], span_pooling="last").embeddings[0]
         assert np.array_equal(one, engine.embed([text])[0])
     with Engine.from_pretrained(minilm_dir()) as engine:  # real MiniLM weights, MEAN pooling
-        assert np.array_equal(engine.embed_late([text[:900]]).embeddings[0], engine.embed([text[:900]])[0])
+        assert np.array_equal(embed_late(engine, [text[:900]]).embeddings[0], engine.embed([text[:900]])[0])
         with pytest.raises(InvalidInputError, match="bidirectional encoder: use 'mean'"):
-            engine.embed_late([text], span_pooling="last")
+            embed_late(engine, [text], span_pooling="last")
 
 
 def test_span_last_rows_match_transformers(qwen3_dir: Path) -> None:
     chunks = _chunks(topic("assert"), 4)
     with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=64) as engine:
-        out = engine.embed_late(chunks, span_pooling="last", dimensions=48)
-        ids = engine.tokenize_late(chunks).token_ids
+        out = embed_late(engine, chunks, span_pooling="last", dimensions=48)
+        ids = engine_tokenize_late(engine, chunks).token_ids
     with torch.inference_mode():
         hidden = hf_model(str(qwen3_dir))(input_ids=torch.tensor([ids])).last_hidden_state[0].float()
     rows = torch.stack([hidden[b - 1, :48] for _, b in _ranges(out)])  # Matryoshka: slice, then normalize
@@ -241,7 +243,7 @@ def test_deterministic_mode_is_bit_identical_across_budgets(qwen3_dir: Path) -> 
         with Engine.from_pretrained(
             qwen3_dir, deterministic=True, max_num_batched_tokens=budget, layer_major_tokens=lane
         ) as engine:
-            got.append(engine.embed_late(chunks).embeddings)
+            got.append(embed_late(engine, chunks).embeddings)
     assert all(np.array_equal(got[0], g) for g in got[1:])
 
 
@@ -251,8 +253,8 @@ def test_preemption_mid_span_changes_nothing(qwen3_dir: Path) -> None:
         qwen3_dir, max_num_batched_tokens=128, kv_cache_memory=90 * BLOCK_BYTES, layer_major_tokens=0
     ).core
     with Engine.from_pretrained(qwen3_dir) as engine:
-        tok = engine.tokenize_late(chunks)
-        alone = engine.embed_late(chunks).embeddings
+        tok = engine_tokenize_late(engine, chunks)
+        alone = embed_late(engine, chunks).embeddings
     assert tok.late is not None and 1000 < len(tok.token_ids) <= 1440
     doc = Request(
         0, tok.token_ids, EmbedParams(normalize=True), PoolingMethod.LAST, Priority.BATCH, late=tok.late
@@ -263,23 +265,23 @@ def test_preemption_mid_span_changes_nothing(qwen3_dir: Path) -> None:
 def test_refusals_name_the_problem(qwen3_dir: Path) -> None:
     with Engine.from_pretrained(qwen3_dir) as engine:
         with pytest.raises(InvalidInputError, match="overlaps"):
-            engine.embed_late("abcdefghij", chunk_spans=[[0, 5], [4, 8]])
+            embed_late(engine, "abcdefghij", chunk_spans=[[0, 5], [4, 8]])
         with pytest.raises(InvalidInputError, match="outside the document"):
-            engine.embed_late("abcdefghij", chunk_spans=[[0, 11]])
+            embed_late(engine, "abcdefghij", chunk_spans=[[0, 11]])
         with pytest.raises(InvalidInputError, match="chunk_spans or a chunk size"):
-            engine.embed_late("abcdefghij")
+            embed_late(engine, "abcdefghij")
         with pytest.raises(InvalidInputError, match="span_pooling must be"):
-            engine.embed_late(["a b"], span_pooling="max")
+            embed_late(engine, ["a b"], span_pooling="max")
         with pytest.raises(InvalidInputError, match="chunk_size must be a positive"):
-            engine.embed_late("a b c", chunk_size=0)
+            embed_late(engine, "a b c", chunk_size=0)
         with pytest.raises(InvalidInputError, match="span_pooling must be"):
-            engine.embed_late(["a b"], span_pooling="sum")  # internal: a long document's window parts
+            embed_late(engine, ["a b"], span_pooling="sum")  # internal: a long document's window parts
         with pytest.raises(InvalidInputError, match="dimensions must be"):
-            engine.embed_late(["a b"], long=True, dimensions=0)
+            embed_late(engine, ["a b"], long=True, dimensions=0)
         with pytest.raises(InvalidInputError, match="overlap applies to long documents"):
-            engine.embed_late(["a b"], overlap=4)
+            embed_late(engine, ["a b"], overlap=4)
         with pytest.raises(InvalidInputError, match="truncate does not apply"):
-            engine.embed_late(["a b"], long=True, truncate="end")
+            embed_late(engine, ["a b"], long=True, truncate="end")
         assert engine.embed(["still fine"]).shape == (1, 64)
 
 
@@ -318,10 +320,10 @@ def _windowed_rows(
 def test_long_documents_run_as_windows_like_the_reference(qwen3_dir: Path, span_pooling: str) -> None:
     doc = long_text(7000)[:7000]
     with Engine.from_pretrained(qwen3_dir, max_model_len=512, max_num_batched_tokens=256) as engine:
-        out = engine.embed_late(doc, chunk_size=100, span_pooling=span_pooling, long=True, overlap=64)
-        plan = engine.plan_late(doc, chunk_size=100, span_pooling=span_pooling, long=True, overlap=64)
+        out = embed_late(engine, doc, chunk_size=100, span_pooling=span_pooling, long=True, overlap=64)
+        plan = plan_late(engine, doc, chunk_size=100, span_pooling=span_pooling, long=True, overlap=64)
         with pytest.raises(InputTooLongError):
-            engine.embed_late(doc, chunk_size=100)
+            embed_late(engine, doc, chunk_size=100)
     ids = plan.document.token_ids
     assert len(ids) > 1200 and out.windows == len(plan.windows) >= 3 and out.overlap == 64
     assert all(len(w.token_ids) <= 512 for w in plan.windows)
@@ -335,16 +337,16 @@ def test_long_documents_run_as_windows_like_the_reference(qwen3_dir: Path, span_
 def test_long_windows_on_an_encoder_and_a_document_that_fits() -> None:
     doc = topic("assert")
     with Engine.from_pretrained(minilm_dir(), max_model_len=128) as engine:
-        out = engine.embed_late(doc, chunk_size=40, long=True, overlap=16, dimensions=200)
-        ids = engine.plan_late(doc, chunk_size=40, long=True, overlap=16).document.token_ids
-        short = engine.embed_late(doc[:300], chunk_size=20, long=True)
+        out = embed_late(engine, doc, chunk_size=40, long=True, overlap=16, dimensions=200)
+        ids = plan_late(engine, doc, chunk_size=40, long=True, overlap=16).document.token_ids
+        short = embed_late(engine, doc[:300], chunk_size=20, long=True)
         assert short.windows == 1 and np.array_equal(
-            short.embeddings, engine.embed_late(doc[:300], chunk_size=20).embeddings
+            short.embeddings, embed_late(engine, doc[:300], chunk_size=20).embeddings
         )
         with pytest.raises(
             InvalidInputError, match=r"overlap \(63 tokens, late_overlap\) must be under half"
         ):
-            engine.embed_late(doc, chunk_size=40, long=True, overlap=63)
+            embed_late(engine, doc, chunk_size=40, long=True, overlap=63)
     assert out.windows > 1
     rows = _windowed_rows(minilm_dir(), ids, (1, len(ids) - 1), 128, 16)  # [CLS] ... [SEP]
     pooled = torch.stack([rows[a:b].mean(0)[:200] for a, b in (c.tokens for c in out.chunks)])

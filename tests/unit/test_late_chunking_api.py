@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from embedserve import Engine
 from embedserve.engine.options import EngineOptions
+from tests.helpers.engine_calls import embed_late, tokenize_late
 from tests.helpers.fuzz import threaded_server
 from tests.helpers.inprocess import gateway_app, runtime_of, server_client
 from tests.helpers.real_text import long_text, topic
@@ -26,7 +27,7 @@ def test_openai_client_gets_one_vector_per_chunk_equal_to_the_engine(qwen3_dir: 
     with server_client(qwen3_dir) as c, threaded_server(c.app) as base:
         engine = runtime_of(c).engine
         assert engine is not None
-        want = engine.embed_late(CHUNKS)
+        want = embed_late(engine, CHUNKS)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         resp = client.embeddings.create(model="qwen3", input=CHUNKS, extra_body={"late_chunking": True})
         got = np.array([d.embedding for d in resp.data], dtype=np.float32)  # base64 on the wire
@@ -133,8 +134,8 @@ def test_a_16k_document_against_transformers(qwen3_dir: Path, lane: int | None) 
     with Engine.from_pretrained(
         qwen3_dir, max_model_len=16_384, max_num_batched_tokens=2048, layer_major_tokens=lane
     ) as engine:
-        out = engine.embed_late(long_text(90_000), chunk_size=1000, truncate="end")
-        ids = engine.tokenize_late(long_text(90_000), chunk_size=1000, truncate="end").token_ids
+        out = embed_late(engine, long_text(90_000), chunk_size=1000, truncate="end")
+        ids = tokenize_late(engine, long_text(90_000), chunk_size=1000, truncate="end").token_ids
         if lane is None:
             assert engine.stats()["layer_major_finished"] == 1
     assert out.truncated and out.num_tokens == len(ids) == 16_384 and len(out.chunks) == 17
@@ -150,7 +151,7 @@ def test_long_late_chunking_through_the_api(qwen3_dir: Path) -> None:
     with server_client(qwen3_dir, engine=EngineOptions(max_model_len=512)) as c:
         engine = runtime_of(c).engine
         assert engine is not None
-        want = engine.embed_late(doc, chunk_size=100, long=True, overlap=32)
+        want = embed_late(engine, doc, chunk_size=100, long=True, overlap=32)
         got = c.post("/v1/embeddings", json={**body, "late_overlap": 32}).json()
         assert np.array_equal(
             np.array([d["embedding"] for d in got["data"]], dtype=np.float32), want.embeddings

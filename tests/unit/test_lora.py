@@ -19,6 +19,7 @@ from embedserve.errors import ModelLoadError
 from embedserve.lora import rows as lora_rows
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.worker import model_runner
+from tests.helpers.engine_calls import submit
 from tests.helpers.preemption import preempted_vector
 from tests.helpers.reference import cosine, random_ids
 from tests.helpers.tiny_bert import build_encoder
@@ -57,7 +58,7 @@ def _modules(adapters: dict[str, Path]) -> tuple[str, ...]:
 def _mixed(engine: Engine, names: list[str | None], seqs: list[list[int]]) -> dict[str | None, np.ndarray]:
     """Every name's inputs queued before any runs: steps mix the adapters' rows."""
     engines = {n: engine if n is None else view(engine, engine.adapters.get(n)) for n in names}  # type: ignore[union-attr]
-    futures = {n: e.submit(seqs, prompt="")[0] for n, e in engines.items()}
+    futures = {n: submit(e, seqs, prompt="")[0] for n, e in engines.items()}
     return {n: np.stack([f.result().vector.numpy() for f in fs]) for n, fs in futures.items()}
 
 
@@ -172,7 +173,7 @@ def test_adapters_load_and_unload_at_run_time(qwen3_dir: Path, decoder_adapters:
             adapters.load("y", str(decoder_adapters["r16-all"]))
         with pytest.raises(ModelLoadError, match="already loaded"):
             adapters.load("x", str(decoder_adapters["r16-all"]))
-        futures, _ = engine.with_adapter("x").submit(seqs, prompt="")
+        futures, _ = submit(engine.with_adapter("x"), seqs, prompt="")
         adapters.unload("x")  # queued work finishes with the adapter it was queued for
         got = futures[0].result().vector.numpy()  # type: ignore[union-attr]
         with pytest.raises(UnknownAdapterError, match="no LoRA adapter named 'x' is loaded"):

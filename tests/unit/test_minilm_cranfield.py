@@ -16,6 +16,7 @@ from embedserve.errors import InputTooLongError
 from embedserve.models import default_model_path
 from tests.helpers.cranfield import Cranfield
 from tests.helpers.cranfield import load as load_cranfield
+from tests.helpers.engine_calls import embed_outputs
 from tests.helpers.reference import cosine, st_embed
 from tests.helpers.shared_data import needs_shared_data
 
@@ -66,5 +67,5 @@ def test_minilm_input_over_its_limit_is_refused_clearly() -> None:
     with Engine.from_pretrained(default_model_path()) as engine:
         with pytest.raises(InputTooLongError, match="input 0: 302 tokens exceed the limit of 256 tokens"):
             engine.embed([long_text], truncate="error")
-        cut = engine.embed_outputs([long_text], truncate="end")[0]
+        cut = embed_outputs(engine, [long_text], truncate="end")[0]
         assert cut.truncated and cut.num_tokens == 256

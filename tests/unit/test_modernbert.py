@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from embedserve import Engine
+from tests.helpers.engine_calls import embed_multivector
 from tests.helpers.reference import cosine, st_embed
 from tests.helpers.tiny_bert import TOKENIZER_FILES, minilm_dir
 from tests.helpers.tiny_models import scale_weights, write_st_files
@@ -115,7 +116,7 @@ def test_a_modernbert_colbert_with_unattended_query_expansion(modernbert_dir: Pa
     queries, docs = texts([25, 27]), texts([40, 250])  # 27-29 tokens: a few expansion positions
     want = [v.numpy() for v in ref.encode_query(queries)] + [v.numpy() for v in ref.encode_document(docs)]
     with Engine.from_pretrained(tmp_path / "colbert") as engine:
-        got = engine.embed_multivector(queries, input_type="query") + engine.embed_multivector(docs)
+        got = embed_multivector(engine, queries, input_type="query") + embed_multivector(engine, docs)
     assert [g.shape for g in got] == [w.shape for w in want] and got[0].shape[0] == 32
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)

@@ -22,6 +22,7 @@ from embedserve.engine.multivector import maxsim
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.pooling.multivector import MultiVectorState
 from embedserve.request import EmbedParams, Priority, Request
+from tests.helpers.engine_calls import embed_multivector, submit_multivector, tokenize_multivector
 from tests.helpers.preemption import preempted_vector
 from tests.helpers.real_text import long_text, topic
 from tests.helpers.reference import hf_model
@@ -55,13 +56,13 @@ def _reference(path: Path, texts: list[str], side: str) -> list[np.ndarray]:
 def test_colbert_equals_sentence_transformers(tmp_path: Path, attend: bool) -> None:
     path = build_colbert(tmp_path / "c", attend=attend)
     with Engine.from_pretrained(path) as engine:
-        queries = engine.embed_multivector(QUERIES, input_type="query")
-        docs = engine.embed_multivector(DOCS)  # documents by default
-        alone = engine.embed_multivector(DOCS[1])[0]
-        items = engine.tokenize_multivector(DOCS, "document")
+        queries = embed_multivector(engine, QUERIES, input_type="query")
+        docs = embed_multivector(engine, DOCS)  # documents by default
+        alone = embed_multivector(engine, DOCS[1])[0]
+        items = tokenize_multivector(engine, DOCS, "document")
         with pytest.raises(InputTooLongError, match="180"):  # never cut silently
-            engine.embed_multivector(LONG_DOC)
-        cut = engine.embed_multivector(LONG_DOC, truncate="end")  # as sentence-transformers cuts it
+            embed_multivector(engine, LONG_DOC)
+        cut = embed_multivector(engine, LONG_DOC, truncate="end")  # as sentence-transformers cuts it
     got_all = queries + docs + cut
     want_all = _reference(path, QUERIES, "query") + _reference(path, [*DOCS, LONG_DOC], "document")
     for got, want in zip(got_all, want_all, strict=True):
@@ -82,7 +83,7 @@ def test_a_normalize_of_the_pooled_vector_leaves_token_vectors_unnormalized(tmp_
     path = build_colbert(tmp_path / "c")
     (path / "3_Normalize" / "config.json").write_text(json.dumps({"module_input_name": "sentence_embedding"}))
     with Engine.from_pretrained(path) as engine:
-        got = engine.embed_multivector(QUERIES, input_type="query") + engine.embed_multivector(DOCS)
+        got = embed_multivector(engine, QUERIES, input_type="query") + embed_multivector(engine, DOCS)
     want = _reference(path, QUERIES, "query") + _reference(path, DOCS, "document")
     norms = np.concatenate([np.linalg.norm(g, axis=1) for g in got])
     assert np.abs(norms - 1).max() > 0.1  # not normalized, as the reference
@@ -96,8 +97,8 @@ def test_pylate_v3_directory_equals_sentence_transformers(tmp_path: Path) -> Non
     but splits into four pieces as text), the punctuation skiplist and normalization implied."""
     path = build_pylate(tmp_path / "p")
     with Engine.from_pretrained(path) as engine:
-        got = engine.embed_multivector(QUERIES, input_type="query") + engine.embed_multivector(DOCS)
-        ids = engine.tokenize("what", engine.config.prompts["query"])[0].token_ids
+        got = embed_multivector(engine, QUERIES, input_type="query") + embed_multivector(engine, DOCS)
+        ids = engine.renderer.text("what", engine.config.prompts["query"])[0].token_ids
     assert ids[:2] == [101, 1]  # [CLS] [unused0]
     want = _reference(path, QUERIES, "query") + _reference(path, DOCS, "document")
     for a, b in zip(got, want, strict=True):
@@ -109,12 +110,12 @@ def test_attending_to_the_expansion_changes_the_real_rows(colbert: Path, tmp_pat
     """attend false: the expansion positions are never keys (the real tokens' rows are those of
     the query alone); attend true: they are, and every row changes."""
     with Engine.from_pretrained(colbert) as engine:
-        plain = engine.embed_multivector(QUERIES[0], input_type="query")[0]
-        n = len(engine.tokenize(QUERIES[0], "[unused0] ")[0].token_ids)
-        unexpanded = engine.embed_multivector(QUERIES[0], input_type="document", prompt="[unused0] ")[0]
-        keep = engine.tokenize_multivector(QUERIES[0], "document", prompt="[unused0] ")[0].keep
+        plain = embed_multivector(engine, QUERIES[0], input_type="query")[0]
+        n = len(engine.renderer.text(QUERIES[0], "[unused0] ")[0].token_ids)
+        unexpanded = embed_multivector(engine, QUERIES[0], input_type="document", prompt="[unused0] ")[0]
+        keep = tokenize_multivector(engine, QUERIES[0], "document", prompt="[unused0] ")[0].keep
     with Engine.from_pretrained(build_colbert(tmp_path / "a", attend=True)) as engine:
-        attended = engine.embed_multivector(QUERIES[0], input_type="query")[0]
+        attended = embed_multivector(engine, QUERIES[0], input_type="query")[0]
     assert n == len(keep) < 32 and not all(keep)  # "[", "]" and "?" are in the document skiplist
     np.testing.assert_allclose(plain[:n][np.array(keep)], unexpanded, atol=1e-5)
     assert not np.allclose(plain[:n], attended[:n], atol=1e-3)
@@ -124,21 +125,21 @@ def test_query_limits_dimensions_and_refusals(colbert: Path) -> None:
     long_query = " ".join(["word"] * 40)
     with Engine.from_pretrained(colbert) as engine:
         with pytest.raises(InputTooLongError):
-            engine.embed_multivector(long_query, input_type="query")
-        cut = engine.embed_multivector(long_query, input_type="query", truncate="end")[0]
+            embed_multivector(engine, long_query, input_type="query")
+        cut = embed_multivector(engine, long_query, input_type="query", truncate="end")[0]
         assert cut.shape == (32, 128)
-        small = engine.embed_multivector(DOCS[0], dimensions=16)[0]
-        full = engine.embed_multivector(DOCS[0])[0]
+        small = embed_multivector(engine, DOCS[0], dimensions=16)[0]
+        full = embed_multivector(engine, DOCS[0])[0]
         ref = full[:, :16] / np.linalg.norm(full[:, :16], axis=1, keepdims=True)
         np.testing.assert_allclose(small, ref, atol=1e-6)
-        raw = engine.embed_multivector(DOCS[0], normalize=False)[0]
+        raw = embed_multivector(engine, DOCS[0], normalize=False)[0]
         assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
         for bad in (0, 129):
             with pytest.raises(InvalidInputError, match="dimensions"):
-                engine.embed_multivector(DOCS[0], dimensions=bad)
+                embed_multivector(engine, DOCS[0], dimensions=bad)
         with pytest.raises(InvalidInputError, match="input_type"):
-            engine.tokenize_multivector(DOCS[0], "passage")
-        assert engine.embed_multivector(DOCS[0])[0].shape == full.shape  # still serving
+            tokenize_multivector(engine, DOCS[0], "passage")
+        assert embed_multivector(engine, DOCS[0])[0].shape == full.shape  # still serving
 
 
 def test_a_colbert_model_has_no_single_vectors(colbert: Path) -> None:
@@ -149,15 +150,15 @@ def test_a_colbert_model_has_no_single_vectors(colbert: Path) -> None:
         assert head is not None and head.only
         # sentence-transformers' document prompt names, in its order; token ids take no side prompt
         assert head.side_prompt("document", None, None, {"passage": "p", "corpus": "c"}) == "passage"
-        ids = engine.tokenize(DOCS[0], "")[0].token_ids
-        assert engine.tokenize_multivector([ids], "document")[0].tokenized.token_ids == ids
+        ids = engine.renderer.text(DOCS[0], "")[0].token_ids
+        assert tokenize_multivector(engine, [ids], "document")[0].tokenized.token_ids == ids
 
 
 def test_a_single_vector_model_refuses_multivector(qwen3_dir: Path) -> None:
     with Engine.from_pretrained(qwen3_dir) as engine:
         assert engine.multivector_head is None
         with pytest.raises(InvalidInputError, match="one vector per input"):
-            engine.embed_multivector("hello")
+            embed_multivector(engine, "hello")
 
 
 def test_bge_m3_multivectors_equal_the_formula(tmp_path: Path) -> None:
@@ -165,8 +166,8 @@ def test_bge_m3_multivectors_equal_the_formula(tmp_path: Path) -> None:
     path = build_bge_m3(tmp_path / "m3")
     state = torch.load(path / "colbert_linear.pt", weights_only=True)
     with Engine.from_pretrained(path) as engine:
-        got = engine.embed_multivector(DOCS)
-        ids = [t.token_ids for t in engine.tokenize(DOCS)]
+        got = embed_multivector(engine, DOCS)
+        ids = [t.token_ids for t in engine.renderer.text(DOCS)]
         dense = engine.embed(DOCS)  # its single vectors still serve
     assert dense.shape == (3, 64)
     with torch.inference_mode():
@@ -196,10 +197,10 @@ def test_decoder_multivectors_whole_chunked_and_through_the_lane(qwen3_dir: Path
     path = decoder_colbert(qwen3_dir, tmp_path / "dc")
     texts = [long_text(1500), "Short, with punctuation: yes!"]
     with Engine.from_pretrained(path) as engine:
-        whole = engine.embed_multivector(texts)
-        items = engine.tokenize_multivector(texts, "document")
-        query = engine.embed_multivector("what is assert?", input_type="query")[0]
-        n_query = len(engine.tokenize("what is assert?", "Query: ")[0].token_ids)
+        whole = embed_multivector(engine, texts)
+        items = tokenize_multivector(engine, texts, "document")
+        query = embed_multivector(engine, "what is assert?", input_type="query")[0]
+        n_query = len(engine.renderer.text("what is assert?", "Query: ")[0].token_ids)
     for vecs, item in zip(whole, items, strict=True):
         want = _decoder_reference(path, item.tokenized.token_ids, item.keep)
         np.testing.assert_allclose(vecs, want, atol=1e-5)
@@ -207,7 +208,7 @@ def test_decoder_multivectors_whole_chunked_and_through_the_lane(qwen3_dir: Path
     # chunked prefill cutting the long text mid-way (48 tokens a step), and the layer-major lane
     for opts in ({"max_num_batched_tokens": 48}, {"layer_major_tokens": 256, "max_num_batched_tokens": 64}):
         with Engine.from_pretrained(path, **opts) as engine:
-            done = wait_all(engine.submit_multivector(engine.tokenize_multivector(texts, "document")))
+            done = wait_all(submit_multivector(engine, tokenize_multivector(engine, texts, "document")))
         got = [f.vector.numpy() for f in done if f.vector is not None]
         runs = done[0].request.num_lane_slices if "layer_major_tokens" in opts else done[0].request.num_steps
         assert runs > 5  # the long text ran in many steps (chunks), or through the lane
@@ -219,8 +220,8 @@ def test_decoder_multivectors_whole_chunked_and_through_the_lane(qwen3_dir: Path
 def test_preemption_mid_document_changes_nothing(qwen3_dir: Path, tmp_path: Path) -> None:
     path = decoder_colbert(qwen3_dir, tmp_path / "dc")
     with Engine.from_pretrained(path) as engine:
-        item = engine.tokenize_multivector(long_text(5000)[:5500], "document")[0]
-        alone = engine.embed_multivector(long_text(5000)[:5500])[0]
+        item = tokenize_multivector(engine, long_text(5000)[:5500], "document")[0]
+        alone = embed_multivector(engine, long_text(5000)[:5500])[0]
         head = engine.multivector_head
     assert head is not None and 1000 < len(item.tokenized.token_ids) <= 1440
     core = build_engine(
@@ -243,7 +244,7 @@ def test_decoder_multivectors_are_bit_identical_across_budgets_when_deterministi
         with Engine.from_pretrained(
             path, deterministic=True, max_num_batched_tokens=budget, layer_major_tokens=lane
         ) as engine:
-            outs.append(engine.embed_multivector(texts))
+            outs.append(embed_multivector(engine, texts))
     for other in outs[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(outs[0], other, strict=True))
 
@@ -261,8 +262,8 @@ def test_a_vision_language_model_with_a_dense_head_gives_text_and_image_token_ve
     pictures = [image(200, 150, seed=1), image(64, 96, seed=2)]
     inputs = [["The chart below: ", pictures[0], " shows revenue."], [pictures[1]], ["text only, here."]]
     with Engine.from_pretrained(path, max_num_batched_tokens=64) as engine:  # chunks cut around images
-        got = engine.embed_multivector(inputs)
-        items = engine.tokenize_multivector(inputs, "document")
+        got = embed_multivector(engine, inputs)
+        items = tokenize_multivector(engine, inputs, "document")
     ref = VLReference(path)
     for vecs, item, parts in zip(got, items, inputs, strict=True):
         images = [p for p in parts if not isinstance(p, str)]

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from embedserve.api.quantize import quantize
 from embedserve.engine.multivector import maxsim
+from tests.helpers.engine_calls import embed_multivector
 from tests.helpers.fuzz import threaded_server
 from tests.helpers.inprocess import gateway_app, runtime_of, server_client
 from tests.helpers.tiny_multivector import build_colbert
@@ -32,7 +33,7 @@ def test_openai_client_and_json_get_the_engine_vectors(colbert: Path) -> None:
     with server_client(colbert) as c, threaded_server(c.app) as base:
         engine = runtime_of(c).engine
         assert engine is not None
-        want = engine.embed_multivector(DOCS)
+        want = embed_multivector(engine, DOCS)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         resp = client.embeddings.create(model="c", input=DOCS, extra_body={"embedding_type": "multivector"})
         compressed = client.embeddings.create(
@@ -72,7 +73,7 @@ def test_query_side_dimensions_and_compressed_types(colbert: Path) -> None:
             json={"input": "what is python?", "embedding_type": "multivector", "input_type": "query"},
         ).json()
         assert query["data"][0]["shape"] == [32, 128]  # expanded to the model's query length
-        want = engine.embed_multivector(DOCS[0], dimensions=32)[0]
+        want = embed_multivector(engine, DOCS[0], dimensions=32)[0]
         for kind in ("int8", "binary"):
             got = c.post(
                 "/v1/embeddings",
@@ -120,8 +121,8 @@ def test_cohere_v2_embed_gives_the_token_vectors_of_each_side(colbert: Path, qwe
                                           "embedding_types": ["multivector"]}).json()  # fmt: skip
         docs = c.post("/v2/embed", json={"texts": DOCS, "embedding_types": ["multivector"]}).json()
         mixed = c.post("/v2/embed", json={"texts": DOCS, "embedding_types": ["float", "multivector"]})
-        want_query = engine.embed_multivector("river", input_type="query")[0]
-        want_docs = engine.embed_multivector(DOCS)
+        want_query = embed_multivector(engine, "river", input_type="query")[0]
+        want_docs = embed_multivector(engine, DOCS)
     assert np.array_equal(np.array(query["embeddings"]["multivector"][0], dtype=np.float32), want_query)
     for got, want in zip(docs["embeddings"]["multivector"], want_docs, strict=True):
         np.testing.assert_allclose(np.array(got), want, atol=1e-6)
@@ -142,8 +143,8 @@ def test_rerank_by_maxsim_equals_the_vectors(colbert: Path) -> None:
         engine = runtime_of(c).engine
         assert engine is not None
         query = "Which river flows through Berlin?"
-        q = engine.embed_multivector(query, input_type="query")[0]
-        docs = engine.embed_multivector(DOCS)
+        q = embed_multivector(engine, query, input_type="query")[0]
+        docs = embed_multivector(engine, DOCS)
         resp = c.post("/v1/rerank", json={"query": query, "documents": DOCS, "top_n": 2})
         assert resp.status_code == 200, resp.text
         results = resp.json()["results"]
@@ -225,7 +226,7 @@ def test_image_inputs_of_a_vision_language_multivector_model(qwen3_vl_dir: Path,
             "/v1/embeddings", json={"input": [{"content": content}], "embedding_type": "multivector"}
         )
         assert resp.status_code == 200, resp.text
-        want = engine.embed_multivector([["a chart: ", Image.open(io.BytesIO(png)).convert("RGB")]])[0]
+        want = embed_multivector(engine, [["a chart: ", Image.open(io.BytesIO(png)).convert("RGB")]])[0]
     got = np.array(resp.json()["data"][0]["embedding"], dtype=np.float32)
     assert got.shape == want.shape and got.shape[0] > 20
     np.testing.assert_allclose(got, want, atol=1e-6)

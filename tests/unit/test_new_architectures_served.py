@@ -27,7 +27,9 @@ def test_gemma3_served_and_through_the_gateway(gemma_dir: Path) -> None:
         query = engine.embed(TEXTS, prompt_name="query")
         classification = engine.embed(TEXTS, prompt_name="Classification")
         short = engine.embed(TEXTS, prompt_name="document", dimensions=32)
-        counts = [len(t.token_ids) for t in engine.tokenize(TEXTS, engine.resolve_prompt("query", None))]
+        counts = [
+            len(t.token_ids) for t in engine.renderer.text(TEXTS, engine.renderer.prompt("query", None))
+        ]
     with server_client(gemma_dir) as server:
         gateway = TestClient(gateway_app(server.app, gemma_dir))
         for client in (server, gateway):

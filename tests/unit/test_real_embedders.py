@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from embedserve import Engine
+from tests.helpers.engine_calls import embed_outputs
 from tests.helpers.real_text import long_text
 from tests.helpers.reference import cosine, st_model
 
@@ -64,7 +65,7 @@ def gemma() -> Engine:
 def test_embeddinggemma_matches_sentence_transformers(gemma: Engine, prompt_name: str) -> None:
     batch = mixed(3000)  # the longest is cut to 2,048 tokens on both sides
     ref = st_model(str(GEMMA)).encode(batch, prompt_name=prompt_name, batch_size=4)
-    outs = gemma.embed_outputs(batch, prompt_name=prompt_name, truncate="end")
+    outs = embed_outputs(gemma, batch, prompt_name=prompt_name, truncate="end")
     assert max(o.num_tokens for o in outs) == 2048
     assert cosine(np.stack([o.embedding for o in outs]), ref).min() >= 0.99999
 
@@ -101,7 +102,7 @@ def test_mpnet_matches_sentence_transformers(dtype: str) -> None:
     batch = mixed(500)  # the longest is cut to 384 tokens on both sides
     ref = st_model(str(MPNET)).encode(batch, batch_size=4)
     with Engine.from_pretrained(MPNET, dtype=dtype) as engine:
-        outs = engine.embed_outputs(batch, truncate="end")
+        outs = embed_outputs(engine, batch, truncate="end")
     assert max(o.num_tokens for o in outs) == 384
     cos = cosine(np.stack([o.embedding for o in outs]), ref)
     if dtype == "float32":

@@ -136,7 +136,7 @@ def test_qwen3_reranker_cuts_only_the_document(qwen_dir: Path) -> None:
     long_doc = "lift and drag of a swept wing " * 100
     with Engine.from_pretrained(qwen_dir, max_model_len=160, max_num_batched_tokens=64) as e:
         for how in ("end", "start"):
-            (tok,) = e.tokenize_pairs(QUERY, [long_doc], truncate=how)
+            (tok,) = e.renderer.pairs(QUERY, [long_doc], truncate=how)
             text = e.tokenizer.backend.decode(tok.token_ids)
             assert tok.truncated and len(tok.token_ids) == 160
             assert f"<Query>: {QUERY}\n<Document>:" in text and text.endswith("</think>\n\n")

@@ -50,7 +50,7 @@ def _reference(ids: tuple[int, ...]) -> np.ndarray:
 def long_ids() -> list[int]:
     with Engine.from_pretrained(smollm2_file()) as engine:
         text = long_text(60_000)
-        return engine.tokenize([text], truncate="end")[0].token_ids  # 8,192 tokens, the context
+        return engine.renderer.text([text], truncate="end")[0].token_ids  # 8,192 tokens, the context
 
 
 def _check(dtype: str, lengths: list[int], long_ids: list[int]) -> None:

@@ -16,6 +16,7 @@ from embedserve import Engine
 from embedserve.engine.isolate import isolate, max_reruns
 from embedserve.errors import EngineDeadError, InternalEngineError
 from embedserve.scheduler.output import ScheduledChunk, SchedulerOutput
+from tests.helpers.engine_calls import submit
 from tests.helpers.reference import cosine, random_ids
 
 POISON = 4242  # the token id the injected fault looks for
@@ -67,9 +68,9 @@ def _inject(engine: Engine, monkeypatch: pytest.MonkeyPatch, always: bool = Fals
 
 
 def _settle(engine: Engine, seqs: list[list[int]], gate: Gate) -> list[np.ndarray | Exception]:
-    blocker, _ = engine.submit([[1, 2, BLOCKER]])
+    blocker, _ = submit(engine, [[1, 2, BLOCKER]])
     assert gate.entered.wait(30)
-    futures, _ = engine.submit(seqs)  # queued while the engine is in the blocker's step
+    futures, _ = submit(engine, seqs)  # queued while the engine is in the blocker's step
     gate.release.set()
     blocker[0].result(timeout=60)
     out: list[np.ndarray | Exception] = []

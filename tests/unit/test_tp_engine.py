@@ -17,6 +17,7 @@ from embedserve.models.loader import iter_weights, read_model_dir
 from embedserve.parallel.runner import TensorParallelRunner
 from embedserve.parallel.sharding import padded_vocab
 from embedserve.schema import ModelMetadata
+from tests.helpers.engine_calls import submit
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
 from tests.helpers.tiny_bert import build_encoder
 from tests.helpers.tiny_models import build_decoder
@@ -92,7 +93,7 @@ def test_tp2_under_forced_preemption(qwen3_dir: Path) -> None:
         kv_cache_memory=80 * BLOCK_BYTES,
         max_model_len=1280,
     ) as engine:
-        batch_futs, _ = engine.submit(seqs[:3], priority="batch")
+        batch_futs, _ = submit(engine, seqs[:3], priority="batch")
         while engine.stats()["tokens_computed"] < 300:
             time.sleep(0.005)
         online = engine.embed(seqs[3:])

@@ -20,6 +20,7 @@ from embedserve import Engine
 from embedserve.engine.options import EngineOptions
 from embedserve.errors import EngineDeadError
 from embedserve.parallel.runner import TensorParallelRunner
+from tests.helpers.engine_calls import submit
 from tests.helpers.reference import random_ids
 
 DEADLINE_S = 30.0  # "nothing hangs": every wait below is bounded by this
@@ -63,7 +64,7 @@ def test_worker_killed_mid_step(qwen3_dir: Path) -> None:
 
     engine.embed([random_ids(100, seed=1)])  # a step that works first
     layer.forward = kill_then_forward
-    futures, _ = engine.submit([random_ids(1000, seed=2), random_ids(50, seed=3)])
+    futures, _ = submit(engine, [random_ids(1000, seed=2), random_ids(50, seed=3)])
     for fut in futures:
         with pytest.raises(EngineDeadError, match=r"rank 1 \(pid \d+\) was killed by signal 9 \(SIGKILL\)"):
             fut.result(timeout=DEADLINE_S)
@@ -91,7 +92,7 @@ if __name__ == "__main__":
     engine = Engine.from_pretrained(sys.argv[1], tensor_parallel_size=2)
     workers = engine._loop.parts.workers
     print("pids", os.getpid(), *workers.worker_pids, flush=True)
-    futures, _ = engine.submit([[1] * 3000])
+    futures = engine.submit(engine.prepare([[1] * 3000]))
     os.kill(workers.worker_pids[0], signal.SIGKILL)
     try:
         futures[0].result(timeout=30)

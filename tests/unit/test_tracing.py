@@ -23,6 +23,7 @@ from opentelemetry.trace import SpanKind
 from embedserve.engine.engine import Engine
 from embedserve.tracing import GATEWAY_SERVICE, SERVER_SERVICE, TraceSettings
 from embedserve.tracing.otel import Tracing
+from tests.helpers.engine_calls import embed_outputs
 from tests.helpers.inprocess import gateway_app, runtime_of, server_client
 from tests.helpers.reference import random_ids
 from tests.helpers.server_process import words
@@ -166,7 +167,7 @@ def test_outputs_record_their_steps_lane_slices_and_finish_time(qwen3_dir: Path)
     seqs = [random_ids(n, seed=n) for n in (5, 90, 300)]
     with Engine.from_pretrained(qwen3_dir, max_num_batched_tokens=64, layer_major_tokens=100) as engine:
         before = time.monotonic()
-        outputs = engine.embed_outputs(seqs)
+        outputs = embed_outputs(engine, seqs)
         after = time.monotonic()
     assert [(o.num_steps, o.num_lane_slices > 0) for o in outputs] == [(1, False), (2, False), (0, True)]
     for o in outputs:

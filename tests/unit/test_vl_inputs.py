@@ -15,13 +15,14 @@ from embedserve import Engine
 from embedserve.errors import InvalidInputError
 from embedserve.vision.image import ImageTooLargeError, ProcessedImage
 from embedserve.vision.state import ImageSpan, MultimodalState
+from tests.helpers.engine_calls import embed_outputs
 from tests.helpers.tiny_vl import IMAGE_TOKEN_ID, _hf, encoded, image
 
 
 def test_positions_match_transformers_rope_index(qwen3_vl_dir: Path) -> None:
     parts = [image(64, 200, seed=1), "between", image(300, 100, seed=2), "after", image(96, 96, seed=3)]
     with Engine.from_pretrained(qwen3_vl_dir) as engine:
-        tok = engine.tokenize([parts])[0]
+        tok = engine.renderer.text([parts])[0]
     assert tok.multimodal is not None
     model = _hf(str(qwen3_vl_dir)).model
     ids = torch.tensor([tok.token_ids])
@@ -76,8 +77,8 @@ def test_image_limits_and_bad_images(qwen3_vl_dir: Path) -> None:
             engine.embed([[encoded(image(300, 300, seed=2))]])  # 64 tokens > a 40-token step
         with pytest.raises(InvalidInputError, match="vision special tokens"):
             engine.embed(["<|image_pad|>"])
-        out = engine.embed_outputs([["a picture:", png]])[0]  # the engine still serves
-    assert out.num_tokens == len(engine.tokenize([["a picture:", png]])[0].token_ids)
+        out = embed_outputs(engine, [["a picture:", png]])[0]  # the engine still serves
+    assert out.num_tokens == len(engine.renderer.text([["a picture:", png]])[0].token_ids)
     assert out.num_tokens > 4 + 20  # 4 image tokens (64 x 64) and the chat format around them
 
 

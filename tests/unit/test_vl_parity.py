@@ -17,6 +17,7 @@ from embedserve.config import PoolingMethod
 from embedserve.engine.builder import build_engine
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.scheduler.output import SchedulerOutput
+from tests.helpers.engine_calls import embed_outputs
 from tests.helpers.reference import cosine
 from tests.helpers.tiny_vl import build_vl, hf_vl_embed, image
 
@@ -71,10 +72,10 @@ def test_text_through_the_multimodal_path_is_the_plain_text(qwen3_vl_dir: Path) 
     text = "the same text, either way"
     with Engine.from_pretrained(qwen3_vl_dir) as engine:
         plain, as_parts = engine.embed([text, [text]])
-        out = engine.embed_outputs([text])[0]
+        out = embed_outputs(engine, [text])[0]
     assert np.array_equal(plain, as_parts)
     assert cosine(plain[None], hf_vl_embed(qwen3_vl_dir, [text])[None])[0] >= FP32_MIN_COSINE
-    assert out.num_tokens == len(engine.tokenize([text])[0].token_ids)
+    assert out.num_tokens == len(engine.renderer.text([text])[0].token_ids)
 
 
 @pytest.mark.slow  # CI time (2026-12-06): its area keeps a representative in CI
@@ -82,7 +83,7 @@ def test_chunk_cuts_around_an_image_start(qwen3_vl_dir: Path) -> None:
     parts: Parts = ["some text before the image, long enough", image(128, 96, seed=7), "and text after it"]
     ref = hf_vl_embed(qwen3_vl_dir, parts)
     with Engine.from_pretrained(qwen3_vl_dir) as probe:
-        tok = probe.tokenize([parts])[0]
+        tok = probe.renderer.text([parts])[0]
     assert tok.multimodal is not None
     span = tok.multimodal.spans[0]
     s, n_img = span.start, span.image.num_tokens

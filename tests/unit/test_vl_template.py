@@ -45,7 +45,7 @@ def _with_template(src: Path, dst: Path, template: str) -> Path:
 def test_qwen_style_template_is_the_built_in_format(qwen3_vl_dir: Path, tmp_path: Path) -> None:
     templated = _with_template(qwen3_vl_dir, tmp_path / "qwen_style", QWEN_STYLE)
     with Engine.from_pretrained(qwen3_vl_dir) as a, Engine.from_pretrained(templated) as b:
-        assert a.tokenize([PARTS])[0].token_ids == b.tokenize([PARTS])[0].token_ids
+        assert a.renderer.text([PARTS])[0].token_ids == b.renderer.text([PARTS])[0].token_ids
         assert np.array_equal(a.embed([PARTS]), b.embed([PARTS]))
 
 

@@ -61,7 +61,7 @@ async def read_body(request: Request, limit: int, timeout: float = BODY_TIMEOUT_
 async def unless_disconnected(work: Awaitable[T], wait_disconnect: Callable[[], Awaitable[None]]) -> T:
     """Await `work`; if the client disconnects first, cancel it and raise ClientGone.
 
-    Cancelling an `Engine.embed_outputs_async` aborts its queued inputs and frees their blocks.
+    Cancelling an `Engine.run_async` aborts its queued inputs and frees their blocks.
     """
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(wait_disconnect())

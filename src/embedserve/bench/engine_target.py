@@ -6,6 +6,8 @@ from __future__ import annotations
 from embedserve.bench.images import engine_parts
 from embedserve.bench.target import BenchInput, Reply, TargetSpec
 from embedserve.embedders.engine import EngineSource
+from embedserve.engine.ask import Ask, answers_as
+from embedserve.engine.outputs import EmbeddingOutput
 
 
 class EngineSession:
@@ -15,7 +17,8 @@ class EngineSession:
         self.device = self.engine.config.device.type
 
     async def embed(self, text: BenchInput, priority: str) -> Reply:
-        out = (await self.engine.embed_outputs_async([engine_parts(text)], priority=priority))[0]
+        answers = await self.engine.run_async([engine_parts(text)], Ask(priority=priority))
+        (out,) = answers_as(answers, EmbeddingOutput)
         return Reply(out.embedding, out.queue_time)
 
     def counters(self) -> dict[str, int]:

@@ -22,9 +22,10 @@ import numpy as np
 from embedserve.embedders.base import Item, Parts, VectorSource, split_items
 from embedserve.embedders.errors import SourceError
 from embedserve.embedders.spec import Spec
+from embedserve.engine.ask import Ask, Prepared, answers_as
 from embedserve.engine.engine import Engine
 from embedserve.engine.options import EngineOptions
-from embedserve.engine.outputs import EmbeddingOutput, wait_outputs
+from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.models.router import QUERY_PROMPT_NAME
 from embedserve.pooling.outputs import Output
 from embedserve.schema import ModelMetadata
@@ -47,7 +48,7 @@ class EngineSource(VectorSource):
         self.max_length = engine.config.scheduler.max_model_len
         self.sparse = Output.SPARSE in engine.outputs
         # inference-free SPLADE: its queries skip the model (engine/static.py)
-        self.sided = engine.routes_statically(QUERY_PROMPT_NAME)
+        self.sided = engine.renderer.routes_statically(QUERY_PROMPT_NAME)
         self.lexical = False  # `?output=lexical`: BGE-M3's lexical weights (`open`)
         self.num_preemptions = 0
 
@@ -72,10 +73,11 @@ class EngineSource(VectorSource):
             return self._embed_parts(items, prompt)
         texts, ids = split_items(items)
         if self.lexical:  # vocabulary-wide, as the reference writes FlagEmbedding's weights out
-            return self.engine.embed_lexical(texts or ids, prompt=prompt if texts else "", truncate="end")
+            ask = Ask(Output.LEXICAL, prompt=prompt if texts else "", truncate="end")
+            return np.stack([o.embedding for o in self._run(texts or ids, ask)])
         if texts:
-            return self._stack(self.engine.embed_outputs(texts, prompt=prompt, truncate="end"))
-        return self._stack(self.engine.embed_outputs(ids, truncate="end"))
+            return self._stack(self._run(texts, Ask(prompt=prompt, truncate="end")))
+        return self._stack(self._run(ids, Ask(truncate="end")))
 
     def embed_as(self, items: Sequence[Item], prompt: str, role: str) -> np.ndarray:
         if not (self.sided and role == "query"):
@@ -83,9 +85,8 @@ class EngineSource(VectorSource):
         texts, ids = split_items(items)
         if ids:
             raise SourceError(f"{self.spec}: inference-free queries are text (its static weights' tokens)")
-        tokenized = self.engine.tokenize_static(texts, prompt, "end")  # no engine step (engine/static.py)
-        futures = self.engine.submit_tokenized(tokenized)
-        return self._stack(wait_outputs(futures, tokenized))
+        tokenized = self.engine.renderer.static(texts, prompt, "end")  # no engine step (engine/static.py)
+        return self._stack(self._run(Prepared(Ask(), tokenized)))
 
     def embed_texts(
         self,
@@ -97,11 +98,9 @@ class EngineSource(VectorSource):
         truncate: str,
     ) -> np.ndarray:
         """Texts with a prompt of the model's table (None: its default prompt), the first
-        `dimensions` values, a priority class and a truncation policy (Engine.submit's)."""
-        outputs = self.engine.embed_outputs(
-            texts, prompt_name=prompt_name, dimensions=dimensions, priority=priority, truncate=truncate
-        )
-        return self._stack(outputs)
+        `dimensions` values, a priority class and a truncation policy (engine/ask.py's)."""
+        ask = Ask(prompt_name=prompt_name, dimensions=dimensions, priority=priority, truncate=truncate)
+        return self._stack(self._run(texts, ask))
 
     def _embed_parts(self, items: Sequence[Item], prompt: str) -> np.ndarray:
         """Text + image inputs (a multimodal model): parts in order, the prompt as instruction."""
@@ -110,7 +109,10 @@ class EngineSource(VectorSource):
                 f"{self.spec}: model {self.model_dir} takes text only; the dataset has image inputs"
             )
         inputs = [list(i.parts) if isinstance(i, Parts) else i for i in items]
-        return self._stack(self.engine.embed_outputs(inputs, prompt=prompt))
+        return self._stack(self._run(inputs, Ask(prompt=prompt)))
+
+    def _run(self, inputs: Any, ask: Ask | None = None) -> list[EmbeddingOutput]:
+        return answers_as(self.engine.run(inputs, ask), EmbeddingOutput)
 
     def _stack(self, outputs: list[EmbeddingOutput]) -> np.ndarray:
         self.num_preemptions += sum(o.num_preemptions for o in outputs)

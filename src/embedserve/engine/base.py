@@ -1,6 +1,6 @@
 """The engine's state and how every request is built and queued: `EngineBase`, which the
-output mixins (rerank.py, classify.py, late.py, lexical.py, multivector.py, prefix.py) extend
-and engine.py's `Engine` puts together."""
+output mixins (late.py, lexical.py, multivector.py, prefix.py) extend and engine.py's `Engine`
+puts together behind its one submit path."""
 
 from __future__ import annotations
 
@@ -8,20 +8,19 @@ import itertools
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 from embedserve.engine.builder import EngineParts
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop
-from embedserve.engine.multimodal import tokenize_items
 from embedserve.engine.outputs import parse_priority
+from embedserve.engine.render_sides import Renderer
 from embedserve.engine.static import StaticQueryMixin
 from embedserve.errors import InvalidInputError
 from embedserve.lora.adapter import LoraAdapter
 from embedserve.pooling.outputs import multivectors_only
 from embedserve.pooling.state import PoolingState
-from embedserve.request import EmbedParams, Request, check_dimensions
-from embedserve.tokenizer import Tokenized, resolve_prompt
+from embedserve.request import EmbedParams, Request
+from embedserve.tokenizer import Tokenized
 
 
 class EngineBase(StaticQueryMixin):
@@ -37,6 +36,8 @@ class EngineBase(StaticQueryMixin):
         self.static_queries = self._loop.parts.static_queries  # inference-free SPLADE (engine/static.py)
         self.lexical_head = self._loop.parts.lexical_head  # BGE-M3's sparse vectors (engine/lexical.py)
         self.dense_head = self._loop.parts.dense_head  # sentence-transformers Dense modules
+        # ColBERT's token head, BGE-M3's colbert_linear: a vector per token (engine/multivector.py)
+        self.multivector_head = self._loop.parts.multivector_head
         self.adapters = self._loop.parts.adapters  # LoRA adapters (engine/adapters.py)
         self.outputs = self._loop.parts.outputs  # what the model emits (pooling/outputs.py)
         self.adapter: LoraAdapter | None = None  # this engine's requests run it (`with_adapter`)
@@ -44,21 +45,13 @@ class EngineBase(StaticQueryMixin):
         self.name = Path(self.config.model_path).name
         self._ids = itertools.count()
 
-    def resolve_prompt(self, prompt_name: str | None, prompt: str | None) -> str:
-        return resolve_prompt(self.config.prompts, self.config.default_prompt_name, prompt_name, prompt)
+    @property
+    def renderer(self) -> Renderer:
+        """The model's inputs as it reads them (engine/render.py); errors name this engine's model."""
+        return Renderer(self._loop.parts, self.name)
 
-    def check_dimensions(self, dimensions: int | None) -> None:
-        check_dimensions(dimensions, self.config.vector_size, sparse=self.sparse_head is not None)
-
-    def tokenize(
-        self, inputs: Any, prompt: str = "", truncate: str = "error", max_len: int | None = None
-    ) -> list[Tokenized]:
-        """Tokenize and validate every input (raises naming the first bad one); `max_len`: the
-        length over which `truncate` applies (default: the model's max_model_len)."""
-        limit = self.config.scheduler.max_model_len if max_len is None else max_len
-        return tokenize_items(
-            self._loop.parts.prompter, self.tokenizer, inputs, prompt, limit, truncate, self.name
-        )
+    def _check_dimensions(self, dimensions: int | None) -> None:
+        self.renderer.check_dimensions(dimensions)
 
     def _requests(
         self,
@@ -71,7 +64,7 @@ class EngineBase(StaticQueryMixin):
     ) -> list[Request]:
         """Validated requests for `tokenized`; `states`: each one's pooling state where the
         caller chose it (multi-vector, lexical), `attend_keys` its query-only positions."""
-        self.check_dimensions(dimensions)
+        self._check_dimensions(dimensions)
         prio = parse_priority(priority)
         pool = self.config.pooling
         norm = pool.normalize if normalize is None else normalize
@@ -101,7 +94,7 @@ class EngineBase(StaticQueryMixin):
             for i, t in enumerate(tokenized)
         ]
 
-    def submit_tokenized(
+    def _submit_tokenized(
         self,
         tokenized: list[Tokenized],
         *,
@@ -109,7 +102,8 @@ class EngineBase(StaticQueryMixin):
         normalize: bool | None = None,
         priority: str = "online",
     ) -> list[Future[Finished]]:
-        """Queue inputs `tokenize()` already produced (a server counts tokens first); options as `submit`."""
+        """Queue rendered inputs, one request each (one vector each: an embedding, a pair's or a
+        classified input's pooled row, a late-chunked window's span rows)."""
         self._check_single_vectors()  # a ColBERT model has no single vector (engine/multivector.py)
         if any(t.static for t in tokenized):  # inference-free queries: answered without the model
             return self._static_results(tokenized, normalize)
@@ -120,5 +114,5 @@ class EngineBase(StaticQueryMixin):
         if multivectors_only(self.outputs):
             raise InvalidInputError(
                 f"model {self.name} is a multi-vector (late-interaction) model: it answers a vector per "
-                "token (embed_multivector; over HTTP embedding_type 'multivector'), not one per input"
+                "token (Ask(Output.MULTIVECTOR); over HTTP embedding_type 'multivector'), not one per input"
             )

@@ -102,7 +102,7 @@ def build_engine(
     parts = EngineParts(
         config, core, tokenizer, score, sparse, loaded.workers, prompter,
         static_queries=static, lexical_head=lexical, multivector_head=multivector, dense_head=dense,
-        adapters=loaded.adapters, outputs=_outputs(score, sparse, lexical, multivector),
+        adapters=loaded.adapters, outputs=_outputs(score, sparse, lexical, multivector, prompter is None),
     )  # fmt: skip
     if config.quantization is not None:
         fresh = functools.partial(new_core, config, core.runner, core.lane, cached=False)
@@ -115,6 +115,7 @@ def _outputs(
     sparse: SparseHead | None,
     lexical: LexicalHead | None,
     tokens: MultiVectorHead | None,
+    text_only: bool,
 ) -> frozenset[Output]:
     """What the model emits, from the heads it loaded (pooling/outputs.py)."""
     classifies = score is not None and score.kind == CLASSIFIER
@@ -122,6 +123,7 @@ def _outputs(
         sparse=sparse is not None, lexical=lexical is not None,
         multivector_only=None if tokens is None else tokens.only,
         scores=score is not None and (not classifies or score.num_labels == 1), labels=classifies,
+        text_only=text_only,
     )  # fmt: skip
 
 

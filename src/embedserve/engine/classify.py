@@ -1,30 +1,19 @@
-"""Sequence classification on the engine: each text (or text pair) runs as an ordinary request
-(same batching, token budget and priorities as an embedding); its pooled CLS row goes through
-the model's classifier head (models/score_head.py): softmax over the labels, or sigmoid per label.
-
-`ClassifyMixin` gives `Engine` its classify methods (engine.py keeps the embedding API).
+"""Sequence classification on the engine: each text (or text pair, engine/render.py's
+`classify`) runs as an ordinary request (same batching, token budget and priorities as an
+embedding); its pooled CLS row goes through the model's classifier head (models/score_head.py):
+softmax over the labels, or sigmoid per label (`classified`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 
-from embedserve.engine.base import EngineBase
 from embedserve.engine.core import Finished
-from embedserve.engine.loop import gather_all, wait_all
-from embedserve.engine.outputs import timings
-from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.models.registry import CLASSIFIER
+from embedserve.engine.outputs import EmbeddingOutput, output_of, timings
 from embedserve.models.score_head import ScoreHead
-from embedserve.pairs import encode_cross_pair
-from embedserve.tokenizer import Tokenized, Truncate
-
-# A string, or a list of: strings, (text, text_pair) pairs, token-id lists (specials included).
-ClassifyInputs = str | Sequence[str | tuple[str, str] | Sequence[int]]
+from embedserve.tokenizer import Tokenized
 
 
 @dataclass(frozen=True)
@@ -37,86 +26,7 @@ class ClassifyResult:
     queue_time: float  # seconds from submission to first scheduled step
     inference_time: float  # seconds from first scheduled step to finish
     num_preemptions: int = 0
-
-
-class ClassifyMixin(EngineBase):
-    def classifier(self) -> ScoreHead:
-        """The model's classifier head; InvalidInputError for a model that cannot classify."""
-        head = self.score_head
-        if head is None or head.kind != CLASSIFIER:
-            what = "an embedding model" if head is None else "a yes / no reranker"
-            raise InvalidInputError(f"this model is {what}: it cannot classify")
-        return head
-
-    def tokenize_classify(self, inputs: ClassifyInputs, truncate: str = "error") -> list[Tokenized]:
-        """Each input as the classifier reads it; all or nothing (InvalidInputError naming the
-        first bad one). `inputs`: a string, or a list of strings, (text, text_pair) pairs (the
-        tokenizer's pair template, as a cross-encoder reads one; only the second text is cut) and
-        token-id lists. `truncate`: "error" (default: an input over max_model_len is refused),
-        "end" or "start" (cut that end of the text, keeping the special tokens)."""
-        self.classifier()
-        policy = Truncate.parse(truncate)
-        items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
-        if len(items) == 0:
-            raise InvalidInputError("inputs is empty: pass at least one string, text pair or token list")
-        out = []
-        for i, item in enumerate(items):
-            try:
-                out.append(self._encode(item, policy))
-            except InputTooLongError as e:
-                raise InputTooLongError(e.num_tokens, e.limit, index=i) from None
-            except InvalidInputError as e:
-                raise InvalidInputError(f"input {i}: {e}") from None
-        return out
-
-    def _encode(self, item: object, policy: Truncate) -> Tokenized:
-        limit = self.config.scheduler.max_model_len
-        if isinstance(item, str):
-            return self.tokenizer.encode(item, limit, policy)
-        if isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item):
-            types = self.config.model.type_vocab_size > 1
-            return encode_cross_pair(self.tokenizer, item[0], item[1], limit, policy, types)
-        if isinstance(item, (list, tuple)):
-            return self.tokenizer.check_ids(list(item), limit, policy)
-        raise InvalidInputError(
-            f"expected a string, a (text, text_pair) pair or a list of token ids, got {type(item).__name__}"
-        )
-
-    async def classify_tokenized_async(
-        self, tokenized: list[Tokenized], *, raw_scores: bool = False, priority: str = "online"
-    ) -> list[ClassifyResult]:
-        """Run inputs that `tokenize_classify` produced; one result each, in order."""
-        head = self.classifier()
-        done = await gather_all(self.submit_tokenized(tokenized, normalize=False, priority=priority))
-        return classified(head, done, tokenized, raw_scores)
-
-    def classify(
-        self,
-        inputs: ClassifyInputs,
-        *,
-        truncate: str = "error",
-        raw_scores: bool = False,
-        priority: str = "online",
-    ) -> list[ClassifyResult]:
-        """Classify each input (see `tokenize_classify`); one result each, in input order.
-        Probabilities as transformers' text-classification pipeline and vLLM's classify: softmax
-        over the labels; sigmoid per label for one label or a multi_label_classification model;
-        the logits for a regression one. `raw_scores`: the logits. `priority`: "online" / "batch"."""
-        tokenized = self.tokenize_classify(inputs, truncate)
-        done = wait_all(self.submit_tokenized(tokenized, normalize=False, priority=priority))
-        return classified(self.classifier(), done, tokenized, raw_scores)
-
-    async def classify_async(
-        self,
-        inputs: ClassifyInputs,
-        *,
-        truncate: str = "error",
-        raw_scores: bool = False,
-        priority: str = "online",
-    ) -> list[ClassifyResult]:
-        """`classify`, awaited (cancelling it frees the queued inputs); options as `classify`."""
-        tokenized = self.tokenize_classify(inputs, truncate)
-        return await self.classify_tokenized_async(tokenized, raw_scores=raw_scores, priority=priority)
+    output: EmbeddingOutput | None = field(default=None, repr=False, compare=False)  # the pooled row
 
 
 def classified(
@@ -137,6 +47,7 @@ def classified(
                 queue_time,
                 inference_time,
                 fin.request.num_preemptions,
+                output_of(fin, tok),
             )
         )
     return out

@@ -5,7 +5,6 @@ requests as any encoder."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -13,14 +12,16 @@ import numpy as np
 import torch
 
 from embedserve.config import PoolingMethod
+from embedserve.engine.ask import Ask
 from embedserve.engine.core import Finished
 from embedserve.engine.multivector import MultiVectorMixin
-from embedserve.engine.outputs import EmbeddingOutput, gather_outputs, wait_outputs
+from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.errors import InternalEngineError, InvalidInputError
 from embedserve.models.lexical_head import LexicalHead
 from embedserve.models.multivector import MultiVectorHead
 from embedserve.pooling.head import apply_head
 from embedserve.pooling.multivector import MultiVectorState
+from embedserve.pooling.outputs import Output
 from embedserve.pooling.state import PoolingState
 from embedserve.request import Request
 from embedserve.tokenizer import Tokenized
@@ -56,13 +57,13 @@ class DenseAndLexical(PoolingState):
 
 
 @dataclass(frozen=True)
-class OnePass:
-    """BGE-M3's vectors of the same inputs from one pass."""
+class OnePassOutput:
+    """BGE-M3's vectors of one input from one pass."""
 
-    dense: np.ndarray  # [n, dimensions]
-    sparse: np.ndarray  # [n, vocab] lexical weights
-    multivector: list[np.ndarray] | None  # each input's [vectors, dim], when asked
-    outputs: list[EmbeddingOutput]  # timings, token counts
+    dense: np.ndarray  # [dimensions]
+    lexical: np.ndarray  # [vocab] lexical weights (unnormalized)
+    multivector: np.ndarray | None  # [vectors, dim], when asked
+    output: EmbeddingOutput  # timings, token counts (its embedding: the pass's flat row)
 
 
 class LexicalMixin(MultiVectorMixin):
@@ -72,7 +73,7 @@ class LexicalMixin(MultiVectorMixin):
     def _submit_lexical(
         self, tokenized: list[Tokenized], priority: str = "online", normalize: bool | None = None
     ) -> list[Future[Finished]]:
-        """Queue tokenized inputs for their lexical weights ([vocab] vectors; L2-normalized only
+        """Queue rendered inputs for their lexical weights ([vocab] vectors; L2-normalized only
         when asked: FlagEmbedding's are not)."""
         head = self.lexical_head
         if head is None:
@@ -106,20 +107,11 @@ class LexicalMixin(MultiVectorMixin):
                 states[-1].multivector = MultiVectorState(tokens, keep, chunk, dimensions, tokens.normalize)
         return self._requests(tokenized, None, normalize, priority, states)
 
-    async def embed_dense_and_lexical_async(
-        self,
-        tokenized: list[Tokenized],
-        *,
-        dimensions: int | None = None,
-        normalize: bool | None = None,
-        priority: str = "online",
-        multivector: bool = False,
-    ) -> OnePass:
-        """BGE-M3's dense vectors (its CLS rows, sliced to `dimensions`, normalized as its pooling
-        says unless `normalize`), its lexical weights (unnormalized) and with `multivector` its
-        token vectors (sliced to `dimensions`, normalized) from one pass; the outputs carry the
-        timings."""
+    def _submit_one_pass(self, tokenized: list[Tokenized], ask: Ask) -> list[Future[Finished]]:
+        """BGE-M3's dense vectors, lexical weights and (`ask.extras` MULTIVECTOR) its token
+        vectors, queued as one request per input."""
         head = self.lexical_head
+        multivector = Output.MULTIVECTOR in ask.extras
         tokens = self.multivector_head if multivector else None
         if (
             head is None
@@ -127,43 +119,25 @@ class LexicalMixin(MultiVectorMixin):
             or (multivector and tokens is None)
         ):
             raise InvalidInputError(f"model {self.name} does not give BGE-M3's vectors from one pass")
-        self.check_dimensions(dimensions)
+        self._check_dimensions(ask.dimensions)
         if tokens is not None:
-            self.check_vector_dimensions(dimensions)
+            self.renderer.check_vector_dimensions(ask.dimensions)
         requests = self._lexical_requests(
-            tokenized, head, False, priority, DenseAndLexical, tokens, dimensions
+            tokenized, head, False, ask.priority, DenseAndLexical, tokens, ask.dimensions
         )
-        outputs = await gather_outputs(self._loop.submit(requests), tokenized)
+        return self._loop.submit(requests)
+
+    def _one_pass(self, outputs: list[EmbeddingOutput], ask: Ask) -> list[OnePassOutput]:
+        """Each pass's row cut into its parts: the CLS row (sliced to `dimensions`, normalized as
+        the pooling says unless `normalize`), the lexical weights, the token vectors."""
         hidden, vocab = self.config.model.hidden_size, self.config.model.vocab_size
-        norm = self.config.pooling.normalize if normalize is None else normalize
-        dense = [
-            apply_head(torch.from_numpy(o.embedding[:hidden].copy()), dimensions, norm).numpy()
-            for o in outputs
-        ]
-        sparse = np.stack([o.embedding[hidden : hidden + vocab] for o in outputs])
-        width = dimensions or (0 if tokens is None else tokens.dim)
-        multi = (
-            None if tokens is None else [o.embedding[hidden + vocab :].reshape(-1, width) for o in outputs]
-        )
-        return OnePass(np.stack(dense), sparse, multi, outputs)
-
-    async def embed_lexical_tokenized_async(
-        self, tokenized: list[Tokenized], *, priority: str = "online", normalize: bool | None = None
-    ) -> list[EmbeddingOutput]:
-        futures = self._submit_lexical(tokenized, priority, normalize)
-        return await gather_outputs(futures, tokenized)
-
-    def embed_lexical(
-        self,
-        inputs: str | Sequence[str] | Sequence[Sequence[int]],
-        *,
-        prompt_name: str | None = None,
-        prompt: str | None = None,
-        priority: str = "online",
-        truncate: str = "error",
-    ) -> np.ndarray:
-        """BGE-M3's lexical weights per input: float32 [n, vocab], the largest weight per token id
-        (special tokens left out); options as `Engine.submit`."""
-        tokenized = self.tokenize(inputs, self.resolve_prompt(prompt_name, prompt), truncate)
-        futures = self._submit_lexical(tokenized, priority)
-        return np.stack([o.embedding for o in wait_outputs(futures, tokenized)])
+        norm = self.config.pooling.normalize if ask.normalize is None else ask.normalize
+        tokens = self.multivector_head if Output.MULTIVECTOR in ask.extras else None
+        width = ask.dimensions or (0 if tokens is None else tokens.dim)
+        out = []
+        for o in outputs:
+            row = o.embedding
+            dense = apply_head(torch.from_numpy(row[:hidden].copy()), ask.dimensions, norm).numpy()
+            multi = None if tokens is None else row[hidden + vocab :].reshape(-1, width)
+            out.append(OnePassOutput(dense, row[hidden : hidden + vocab], multi, o))
+        return out

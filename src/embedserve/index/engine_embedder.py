@@ -8,17 +8,20 @@ difference in the vector space does not.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from embedserve.embedders.engine import EngineSource, open_engine
-from embedserve.engine.engine import Engine
+from embedserve.engine.ask import Ask, LateChunking, answers_as
+from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.engine.loop import wait_all
 from embedserve.engine.options import EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, Traffic, VectorMeta, pick_prompt
+from embedserve.pooling.outputs import Output
 from embedserve.pooling.spans import SpanPooling
 from embedserve.tokenizer import Tokenizer
 
@@ -39,7 +42,7 @@ class EngineEmbedder:
         self.late = late
         self.engine = self.source.engine
         config = self.engine.config
-        self.engine.check_dimensions(dimensions)
+        self.engine.renderer.check_dimensions(dimensions)
         if config.task != "embed":
             raise ModelLoadError(f"{config.model_path} is a reranker: it cannot embed documents")
         meta = self.metadata = self.source.metadata(name, model_version)
@@ -51,8 +54,8 @@ class EngineEmbedder:
         self._docs = Traffic.documents(pick_prompt(config.prompts, DOCUMENT_PROMPT, None))
         self._queries = Traffic.queries(pick_prompt(config.prompts, QUERY_PROMPT, query_prompt_name))
         # The engine validates a prompt name only when it embeds: fail now, not mid-run.
-        self.engine.resolve_prompt(self._queries.prompt_name, None)
-        doc_prompt = self.engine.resolve_prompt(self._docs.prompt_name, None)
+        self.engine.renderer.prompt(self._queries.prompt_name, None)
+        doc_prompt = self.engine.renderer.prompt(self._docs.prompt_name, None)
         self.late_prompt_tokens = len(
             self.engine.tokenizer.backend.encode(doc_prompt, add_special_tokens=False)
         )
@@ -97,15 +100,16 @@ class EngineEmbedder:
         traffic = self._queries if queries else self._docs
         if not texts:
             return np.zeros((0, self.engine.config.model.vocab_size), dtype=np.float32)
-        return self.engine.embed_lexical(
-            texts, prompt_name=traffic.prompt_name, priority=traffic.priority, truncate=traffic.truncate
-        )
+        ask = Ask(Output.LEXICAL, traffic.prompt_name, priority=traffic.priority, truncate=traffic.truncate)
+        return np.stack([o.embedding for o in answers_as(self.engine.run(texts, ask), EmbeddingOutput)])
 
     def embed_late_documents(self, windows: list[tuple[str, list[tuple[int, int]]]]) -> list[np.ndarray]:
         """Each window late-chunked (engine/late.py), all submitted at once as batch traffic."""
-        prompt = self.engine.resolve_prompt(self._docs.prompt_name, None)
-        docs = [self.engine.tokenize_late(text, chunk_spans=spans, prompt=prompt) for text, spans in windows]
-        futures = self.engine.submit_tokenized(docs, dimensions=self.dimensions, priority=self._docs.priority)
+        ask = Ask(
+            Output.SPANS, self._docs.prompt_name, dimensions=self.dimensions, priority=self._docs.priority
+        )
+        docs = [self.engine.prepare(text, replace(ask, late=LateChunking(spans))) for text, spans in windows]
+        futures = [f for doc in docs for f in self.engine.submit(doc)]  # one request each: all queued
         return [_rows(fin.vector) for fin in wait_all(futures)]
 
     def close(self) -> None:

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from embedserve.embedders.engine import EngineSource, open_engine
+from embedserve.engine.ask import Ask, answers_as
+from embedserve.engine.engine import EmbeddingOutput
 from embedserve.engine.multivector import maxsim
 from embedserve.engine.options import EngineOptions
 from embedserve.index.embedder import VectorMeta
@@ -52,14 +55,14 @@ class MultiVectorEmbedder:
             )
         head = self.engine.multivector_head
         assert head is not None
-        self.engine.check_vector_dimensions(dimensions)
+        self.engine.renderer.check_vector_dimensions(dimensions)
         self.dimensions = dimensions
         self.dimension = dimensions or head.dim
         meta = source.metadata(name, model_version)
         self.meta = VectorMeta(**meta.fields(self.dimension, head.normalize, multivector_type("float")))
         self.tokenizer: Tokenizer | None = self.engine.tokenizer
         # A chunk's content tokens: the document side's limit less its prompt and special tokens.
-        overhead = len(self.engine.tokenize_multivector("x", "document")[0].tokenized.token_ids) - 1
+        overhead = len(self.engine.renderer.multivector("x", "document")[0].tokenized.token_ids) - 1
         self.max_tokens: int | None = (
             head.side_limit("document", self.engine.config.scheduler.max_model_len) - overhead
         )
@@ -86,9 +89,9 @@ class MultiVectorEmbedder:
         if not texts:
             return []
         priority = "batch" if side == "document" else "online"
-        return self.engine.embed_multivector(
-            texts, input_type=side, dimensions=self.dimensions, priority=priority, truncate=truncate
-        )
+        ask = Ask(Output.MULTIVECTOR, dimensions=self.dimensions, priority=priority, truncate=truncate)
+        answers = self.engine.run(texts, replace(ask, side=side))
+        return [o.embedding for o in answers_as(answers, EmbeddingOutput)]
 
     def embed_documents(self, texts: list[str]) -> list[np.ndarray]:
         return self._embed(texts, "document", "error")

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from embedserve.embedders.engine import EngineSource, open_engine
+from embedserve.engine.ask import Ask
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.parity.backends import Backend
 from embedserve.parity.datasets import Item
@@ -38,10 +39,10 @@ MAX_ATTEMPTS = 3  # a flood that arrives after the long input finished cannot pr
 
 async def _flood(engine: Engine, long: list[int], others: list[list[int]], threshold: int) -> list[Any]:
     start = engine.stats()["tokens_computed"]
-    long_task = asyncio.ensure_future(engine.embed_outputs_async([long], priority="batch"))
+    long_task = asyncio.ensure_future(engine.run_async([long], Ask(priority="batch")))
     while engine.stats()["tokens_computed"] - start < threshold and not long_task.done():
         await asyncio.sleep(0.0005)
-    flood = [asyncio.ensure_future(engine.embed_outputs_async([o], priority="online")) for o in others]
+    flood = [asyncio.ensure_future(engine.run_async([o], Ask(priority="online"))) for o in others]
     return list(await asyncio.gather(long_task, *flood))
 
 
@@ -90,7 +91,7 @@ def run_preemption(
     sizes = rng.integers(max(budget // 2, 1), 2 * WINDOW_STEPS * budget + 1, NUM_REQUESTS - 1)
     others = [[int(t) for t in rng.choice(pool, size=int(n))] for n in sizes]
 
-    alone = base.embed_outputs([long])[0].embedding
+    alone = base.embed([long])[0]
     assert cache.kv_cache_memory is not None
     per_block = cache.kv_cache_memory // base.stats()["kv_blocks_total"]
     blocks = -(-length // cache.block_size)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from embedserve.api.classify import ClassifyRequest, PredictRequest, classify_body, predict_body
 from embedserve.api.routes import CLASSIFY, PREDICT
-from embedserve.engine.classify import labelled
-from embedserve.engine.loop import gather_all
-from embedserve.engine.outputs import EmbeddingOutput, output_of
+from embedserve.engine.ask import Ask, answers_as
+from embedserve.engine.classify import ClassifyResult
+from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.pooling.outputs import Output
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized
@@ -23,23 +22,25 @@ class ClassifyJob(Job):
         super().__init__(req.model, len(req.items))
         self.svc = svc
         self.req = req
+        self.results: list[ClassifyResult] = []
 
     @property
     def truncate_remedy(self) -> str:
         return self.req.truncate_remedy  # vLLM's body or TEI's
 
     def tokenize(self) -> list[Tokenized]:
-        return self.svc.engine.tokenize_classify(self.req.items, self.req.policy)
+        req = self.req
+        priority = getattr(req, "priority", "online")
+        ask = Ask(Output.LABELS, truncate=req.policy, priority=priority, raw_scores=req.raw_scores)
+        self.prepared = self.svc.engine.prepare(req.items, ask)
+        return self.prepared.tokenized
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
-        engine = self.svc.engine
-        priority = getattr(self.req, "priority", "online")
-        done = await gather_all(engine.submit_tokenized(tokenized, normalize=False, priority=priority))
-        return [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
+        self.results = answers_as(await self.svc.engine.run_async(self.prepared), ClassifyResult)
+        return [r.output for r in self.results if r.output is not None]
 
     def labelled(self, done: Computed) -> list[tuple[str, list[float]]]:
-        rows = torch.from_numpy(done.matrix())
-        return labelled(self.svc.engine.classifier(), rows, self.req.raw_scores)
+        return [(r.label, r.probs) for r in self.results]
 
     def body(self, done: Computed) -> Any:
         return classify_body(self.labelled(done), done.n_tokens, self.svc.metadata.fields())
@@ -52,7 +53,7 @@ class PredictJob(ClassifyJob):
 
     def body(self, done: Computed) -> Any:
         probs = [p for _, p in self.labelled(done)]
-        return predict_body(self.predict, self.svc.engine.classifier().labels, probs)
+        return predict_body(self.predict, self.svc.engine.renderer.classifier().labels, probs)
 
 
 CLASSIFY_ROUTE = ServerRoute(CLASSIFY, ClassifyJob)

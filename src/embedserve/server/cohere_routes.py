@@ -7,7 +7,7 @@ query side), or BGE-M3's beside its dense and sparse vectors, all from one pass.
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,8 @@ import numpy as np
 from embedserve.api.cohere import CohereEmbedRequest, cohere_body, embeddings_by_type, quantized_type
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import COHERE_EMBED
-from embedserve.engine.multivector import MultiVectorInput
+from embedserve.engine.ask import Ask, Prepared, answers_as
+from embedserve.engine.lexical import OnePassOutput
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.errors import COHERE_REMEDY
 from embedserve.pooling.outputs import Output, multivectors_only
@@ -37,7 +38,7 @@ class CohereEmbedJob(EmbeddingsJob):
         self.cohere = req
         self.lexical: np.ndarray | None = None
         self.multivector: list[np.ndarray] | None = None
-        self.tokens: list[MultiVectorInput] | None = None  # a ColBERT model's inputs
+        self.tokens: Prepared | None = None  # a ColBERT model's inputs
 
     def tokenize(self) -> list[Tokenized]:
         req, engine = self.cohere, self.svc.engine
@@ -58,16 +59,17 @@ class CohereEmbedJob(EmbeddingsJob):
                     400, f"model {self.svc.metadata.model} answers embedding_types ['multivector'] only"
                 )
             side = "query" if req.input_type == "search_query" else "document"
-            self.tokens = engine.tokenize_multivector(list(req.texts), side, truncate=self.req.truncate)
-            engine.check_vector_dimensions(req.output_dimension)
-            check_vector_count(self.svc, sum(i.num_vectors for i in self.tokens))
-            return [i.tokenized for i in self.tokens]
+            ask = Ask(Output.MULTIVECTOR, dimensions=req.output_dimension, truncate=self.req.truncate)
+            self.tokens = engine.prepare(list(req.texts), replace(ask, side=side, priority=self.req.priority))
+            engine.renderer.check_vector_dimensions(req.output_dimension)
+            check_vector_count(self.svc, sum(i.num_vectors for i in self.tokens.sides or []))
+            return self.tokens.tokenized
         others = [k for k in kinds if k != MULTIVECTOR]
         self.svc.check_types(others or ["float"], req.output_dimension, one_pass=True)
         # BGE-M3: dense and sparse (and its token vectors), one pass
         self.both = ("sparse" in kinds and len(set(kinds)) > 1) or self.multi
         if self.both:  # the sparse side's checks; the dense side's dimensions apply
-            tokenized = engine.tokenize(list(req.texts), self.prompt(), self.req.truncate)
+            tokenized = engine.renderer.text(list(req.texts), self.prompt(), self.req.truncate)
             if self.multi:
                 assert head is not None
                 check_vector_count(self.svc, sum(sum(head.keeps(t.token_ids, "document")) for t in tokenized))
@@ -75,23 +77,22 @@ class CohereEmbedJob(EmbeddingsJob):
         return super().tokenize()
 
     def prompt(self) -> str:
-        return self.svc.engine.resolve_prompt(self.req.prompt_name, self.req.prompt)
+        return self.svc.engine.renderer.prompt(self.req.prompt_name, self.req.prompt)
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
         req, engine = self.cohere, self.svc.engine
         if self.tokens is not None:
-            out = await engine.embed_multivector_tokenized_async(
-                self.tokens, dimensions=req.output_dimension, priority=self.req.priority
-            )
+            out = answers_as(await engine.run_async(self.tokens), EmbeddingOutput)
             self.multivector = [o.embedding for o in out]
             return out
         if not self.both:
             return await super().run(tokenized)
-        one = await engine.embed_dense_and_lexical_async(
-            tokenized, dimensions=req.output_dimension, priority=self.req.priority, multivector=self.multi
-        )
-        self.lexical, self.multivector = one.sparse, one.multivector
-        return [dataclasses.replace(o, embedding=d) for o, d in zip(one.outputs, one.dense, strict=True)]
+        extras = frozenset({Output.LEXICAL, Output.MULTIVECTOR} if self.multi else {Output.LEXICAL})
+        ask = Ask(dimensions=req.output_dimension, priority=self.req.priority, extras=extras)
+        one = answers_as(await engine.run_async(Prepared(ask, tokenized)), OnePassOutput)
+        self.lexical = np.stack([o.lexical for o in one])
+        self.multivector = [o.multivector for o in one if o.multivector is not None] if self.multi else None
+        return [replace(o.output, embedding=o.dense) for o in one]
 
     def body(self, done: Computed) -> dict[str, Any]:
         req, svc = self.cohere, self.svc

@@ -4,6 +4,7 @@ seen before come from the result cache when the server has one (server/result_ca
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ from embedserve.api.protocol import ApiError, EmbeddingRequest, encode_vector, u
 from embedserve.api.quantize import encode_values, quantize
 from embedserve.api.routes import EMBEDDINGS
 from embedserve.api.sparse import sparse_item
+from embedserve.engine.ask import Ask, LateChunking, Prepared, answers_as
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.late_long import LongPlan
 from embedserve.pooling.outputs import Output, multivectors_only
@@ -30,6 +32,7 @@ class EmbeddingsJob(Job):
         self.svc = svc
         self.req = req
         self.plan: LongPlan | None = None  # late chunking: the document's window requests
+        self.ask = Ask()  # what each prepared sequence asks (a late document's windows: DENSE)
 
     def tokenize(self) -> list[Tokenized]:
         svc, req = self.svc, self.req
@@ -40,27 +43,39 @@ class EmbeddingsJob(Job):
                 f"model {svc.metadata.model} is a multi-vector (late-interaction) model: it answers "
                 "embedding_type 'multivector' (a vector per token), not one vector per input",
             )
-        svc.engine.check_dimensions(req.dimensions)
+        render = svc.engine.renderer
+        render.check_dimensions(req.dimensions)
         svc.check_types([req.embedding_type], req.dimensions)
-        prompt = svc.engine.resolve_prompt(req.prompt_name, req.prompt)
-        if svc.engine.routes_statically(req.prompt_name) and not req.late_chunking:
-            return svc.engine.tokenize_static(req.items, prompt, req.truncate)  # inference-free: no model
-        if not req.late_chunking:
-            return svc.engine.tokenize(resolve_items(req.items), prompt, req.truncate)
-        self.plan = svc.engine.plan_late(
-            req.input,  # type: ignore[arg-type]  # text, as the request's validator checked
-            chunk_spans=req.chunk_spans,
-            chunk_size=req.late_chunk_size,
-            span_pooling=req.span_pooling,
-            prompt=prompt,
-            truncate=req.truncate,
-            long=req.long_late_chunking,
-            overlap=req.late_overlap,
-        )
-        limit, n = svc.max_inputs_per_request, len(self.plan.spans)
-        if n > limit:
-            raise ApiError(400, f"the document has {n} chunks: one request answers at most {limit} vectors")
-        return self.plan.windows
+        lexical = req.embedding_type == "sparse" and Output.LEXICAL in svc.engine.outputs
+        ask = Ask(
+            Output.LEXICAL if lexical else Output.SPANS if req.late_chunking else Output.DENSE,
+            req.prompt_name, req.prompt, req.dimensions, req.normalize, req.priority, req.truncate,
+        )  # fmt: skip
+        if req.late_chunking:
+            late = LateChunking(
+                req.chunk_spans,
+                req.late_chunk_size,
+                req.span_pooling,
+                req.long_late_chunking,
+                req.late_overlap,
+            )
+            prepared = svc.engine.prepare(req.input, replace(ask, late=late))
+            self.plan = prepared.plan
+            assert self.plan is not None
+            limit, n = svc.max_inputs_per_request, len(self.plan.spans)
+            if n > limit:
+                raise ApiError(
+                    400, f"the document has {n} chunks: one request answers at most {limit} vectors"
+                )
+            # windows' raw rows run without the head, which applies once they are joined
+            self.ask = (
+                replace(ask, output=Output.DENSE, dimensions=None, normalize=False)
+                if self.plan.raw
+                else replace(ask, output=Output.DENSE)
+            )
+            return prepared.tokenized
+        self.ask = ask
+        return svc.engine.prepare(resolve_items(req.items), ask).tokenized
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
         cache = self.svc.result_cache
@@ -73,17 +88,8 @@ class EmbeddingsJob(Job):
     async def _compute(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
         # The records carry the ids with prompt and truncation applied, and the prompt's
         # length for pooling that excludes it: the engine does not tokenize again.
-        req, engine = self.req, self.svc.engine
-        if req.embedding_type == "sparse" and Output.LEXICAL in engine.outputs:  # BGE-M3's lexical weights
-            return await engine.embed_lexical_tokenized_async(
-                tokenized, priority=req.priority, normalize=req.normalize
-            )
-        dimensions, normalize = req.dimensions, req.normalize
-        if self.plan is not None and self.plan.raw:  # windows' raw rows; the head applies when joined
-            dimensions, normalize = None, False
-        return await self.svc.engine.embed_tokenized_async(
-            tokenized, dimensions=dimensions, normalize=normalize, priority=req.priority
-        )
+        answers = await self.svc.engine.run_async(Prepared(self.ask, tokenized))
+        return answers_as(answers, EmbeddingOutput)
 
     def _normalize(self) -> bool | None:
         """The request's normalize as its vectors' schema records it: BGE-M3's sparse vectors are

@@ -17,7 +17,7 @@ from typing import Any
 from embedserve.api.multimodal import resolve_items
 from embedserve.api.protocol import ApiError, EmbeddingRequest, usage
 from embedserve.api.quantize import encode_values, quantize
-from embedserve.engine.multivector import MultiVectorInput
+from embedserve.engine.ask import Ask, answers_as
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.models.multivector import MultiVectorHead
 from embedserve.pooling.outputs import Output
@@ -32,7 +32,6 @@ class MultiVectorJob(Job):
         super().__init__(req.model, len(req.items))
         self.svc = svc
         self.req = req
-        self.items: list[MultiVectorInput] = []
 
     def tokenize(self) -> list[Tokenized]:
         svc, req = self.svc, self.req
@@ -43,28 +42,24 @@ class MultiVectorJob(Job):
                 f"model {svc.metadata.model} gives one vector per input, not multivector: serve a "
                 "ColBERT directory (a multi-vector Dense head) or BGE-M3 (with its colbert_linear.pt)",
             )
-        engine.check_vector_dimensions(req.dimensions)
+        engine.renderer.check_vector_dimensions(req.dimensions)
         if req.multivector_dtype in ("int8", "uint8") and svc.calibration.ranges is not None:
             raise ApiError(
                 400,
                 "int8 / uint8 multi-vectors use a fixed range (--int8-scale): this server's "
                 "--int8-calibration ranges are its single vectors'",
             )
-        self.items = engine.tokenize_multivector(
-            resolve_items(req.items),  # text, token ids, or a multi-vector VL model's images
-            req.input_type or "document",
-            prompt_name=req.prompt_name,
-            prompt=req.prompt,
-            truncate=req.truncate,
-        )
-        check_vector_count(svc, sum(i.num_vectors for i in self.items))
-        return [i.tokenized for i in self.items]
+        ask = Ask(
+            Output.MULTIVECTOR, req.prompt_name, req.prompt, req.dimensions, req.normalize, req.priority,
+            req.truncate, side=req.input_type or "document",
+        )  # fmt: skip
+        # text, token ids, or a multi-vector VL model's images
+        self.prepared = engine.prepare(resolve_items(req.items), ask)
+        check_vector_count(svc, sum(i.num_vectors for i in self.prepared.sides or []))
+        return self.prepared.tokenized
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
-        req = self.req
-        return await self.svc.engine.embed_multivector_tokenized_async(
-            self.items, dimensions=req.dimensions, normalize=req.normalize, priority=req.priority
-        )
+        return answers_as(await self.svc.engine.run_async(self.prepared), EmbeddingOutput)
 
     def body(self, done: Computed) -> Any:
         req, svc = self.req, self.svc

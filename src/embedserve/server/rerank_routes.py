@@ -4,17 +4,17 @@ TEI's list for TEI's request body: api/tei.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
-
-import torch
 
 from embedserve.api.protocol import ApiError
 from embedserve.api.rerank import RerankRequest, rerank_body
 from embedserve.api.routes import RERANK
 from embedserve.api.tei import tei_rerank_body
-from embedserve.engine.multivector import MultiVectorInput, maxsim
-from embedserve.engine.outputs import EmbeddingOutput, output_of
-from embedserve.engine.rerank import ranked
+from embedserve.engine.ask import Ask, Prepared, answers_as
+from embedserve.engine.multivector import maxsim
+from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.engine.rerank import RerankResult, ranked
 from embedserve.pooling.outputs import Output
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
@@ -26,6 +26,7 @@ class RerankJob(Job):
         super().__init__(req.model, len(req.documents))
         self.svc = svc
         self.req = req
+        self.results: list[RerankResult] = []
 
     @property
     def truncate_remedy(self) -> str:
@@ -33,17 +34,18 @@ class RerankJob(Job):
 
     def tokenize(self) -> list[Tokenized]:
         req = self.req
-        return self.svc.engine.tokenize_pairs(req.query, req.texts, req.truncate, req.instruction)
+        ask = Ask(Output.SCORES, truncate=req.truncate, priority=req.priority, raw_scores=req.raw_scores)
+        ask = replace(ask, instruction=req.instruction)
+        self.prepared = self.svc.engine.prepare((req.query, req.texts), ask)
+        return self.prepared.tokenized
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
-        done = await self.svc.engine.rerank_tokenized_async(tokenized, priority=self.req.priority)
-        return [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
+        self.results = answers_as(await self.svc.engine.run_async(self.prepared), RerankResult)
+        return [r.output for r in self.results if r.output is not None]
 
     def body(self, done: Computed) -> Any:
-        req, engine = self.req, self.svc.engine
-        rows = torch.from_numpy(done.matrix())
-        results = ranked(engine.scores(rows, req.raw_scores), done.tokenized, req.top_n)
-        scored = [(r.index, r.relevance_score) for r in results]
+        req = self.req
+        scored = [(r.index, r.relevance_score) for r in ranked(self.results, req.top_n)]
         body = rerank_body(req, scored, done.n_tokens, self.svc.metadata.fields())
         return tei_rerank_body(req, body) if req.tei else body
 
@@ -56,7 +58,6 @@ class MaxSimRerankJob(Job):
         super().__init__(req.model, len(req.documents))
         self.svc = svc
         self.req = req
-        self.items: list[MultiVectorInput] = []
 
     @property
     def truncate_remedy(self) -> str:
@@ -69,19 +70,23 @@ class MaxSimRerankJob(Job):
         req, engine = self.req, self.svc.engine
         if req.instruction is not None or req.raw_scores:
             raise ApiError(400, "instruction and raw_scores apply to reranker models, not to MaxSim scores")
-        query = engine.tokenize_multivector([req.query], "query", truncate=req.truncate)
-        documents = engine.tokenize_multivector(req.texts, "document", truncate=req.truncate)
-        self.items = query + documents
-        return [i.tokenized for i in self.items]
+        ask = Ask(Output.MULTIVECTOR, truncate=req.truncate, priority=req.priority)
+        query = engine.prepare([req.query], replace(ask, side="query")).sides or []
+        documents = engine.prepare(req.texts, ask).sides or []
+        self.prepared = Prepared(ask, [i.tokenized for i in query + documents], sides=query + documents)
+        return self.prepared.tokenized
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
-        return await self.svc.engine.embed_multivector_tokenized_async(self.items, priority=self.req.priority)
+        return answers_as(await self.svc.engine.run_async(self.prepared), EmbeddingOutput)
 
     def body(self, done: Computed) -> Any:
         req = self.req
         query, *documents = [o.embedding for o in done.outputs]
-        results = ranked([maxsim(query, d) for d in documents], done.tokenized[1:], req.top_n)
-        scored = [(r.index, r.relevance_score) for r in results]
+        results = [
+            RerankResult(i, maxsim(query, d), len(t.token_ids), t.truncated)
+            for i, (d, t) in enumerate(zip(documents, done.tokenized[1:], strict=True))
+        ]
+        scored = [(r.index, r.relevance_score) for r in ranked(results, req.top_n)]
         body = rerank_body(req, scored, done.n_tokens, self.svc.metadata.fields())
         return tei_rerank_body(req, body) if req.tei else body
 

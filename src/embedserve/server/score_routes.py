@@ -5,14 +5,16 @@ each pair by the cosine of its vectors; a reranker scores each (text_1, text_2) 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
-
-import torch
 
 from embedserve.api.protocol import ApiError
 from embedserve.api.routes import SCORE
 from embedserve.api.score import ScoreRequest, cosines, score_body
-from embedserve.engine.outputs import EmbeddingOutput, output_of
+from embedserve.engine.ask import Ask, Prepared, answers_as
+from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.engine.rerank import RerankResult
+from embedserve.pooling.outputs import Output
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized
@@ -24,42 +26,45 @@ class ScoreJob(Job):
         self.svc = svc
         self.req = req
         self.embeds = svc.engine.config.task == "embed"
+        self.scores: list[float] = []
 
     def tokenize(self) -> list[Tokenized]:
         req, engine = self.req, self.svc.engine
         if self.embeds:
             if req.raw_scores or req.instruction is not None:
                 raise ApiError(400, "raw_scores and instruction are a reranker's; this model embeds")
-            prompt = engine.resolve_prompt(req.prompt_name, req.prompt)
-            return engine.tokenize(req.left + req.right, prompt, req.truncate or "error")
+            ask = Ask(prompt_name=req.prompt_name, prompt=req.prompt, truncate=req.truncate or "error")
+            self.prepared = engine.prepare(req.left + req.right, replace(ask, priority=req.priority))
+            return self.prepared.tokenized
         if req.prompt_name is not None or req.prompt is not None:
             raise ApiError(
                 400, "prompt_name and prompt are an embedding model's; a reranker takes instruction"
             )
-        truncate = req.truncate or "end"
+        ask = Ask(Output.SCORES, truncate=req.truncate or "end", priority=req.priority)
+        ask = replace(ask, raw_scores=req.raw_scores, instruction=req.instruction)
         left, right = req.left, req.right
         if len(left) == 1:  # 1:N: one query against every document
-            return engine.tokenize_pairs(left[0], right, truncate, req.instruction)
-        pairs = [
-            engine.tokenize_pairs(q, [d], truncate, req.instruction) for q, d in zip(left, right, strict=True)
-        ]
-        return [t for (t,) in pairs]
+            self.prepared = engine.prepare((left[0], right), ask)
+        else:
+            pairs = [engine.prepare((q, [d]), ask).tokenized for q, d in zip(left, right, strict=True)]
+            self.prepared = Prepared(ask, [t for (t,) in pairs])
+        return self.prepared.tokenized
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
-        engine, priority = self.svc.engine, self.req.priority
+        answers = await self.svc.engine.run_async(self.prepared)
         if self.embeds:
-            return await engine.embed_tokenized_async(tokenized, priority=priority)
-        done = await engine.rerank_tokenized_async(tokenized, priority=priority)
-        return [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
+            return answers_as(answers, EmbeddingOutput)
+        self.scores = [r.relevance_score for r in answers_as(answers, RerankResult)]
+        return [r.output for r in answers_as(answers, RerankResult) if r.output is not None]
 
     def body(self, done: Computed) -> dict[str, Any]:
         req, svc = self.req, self.svc
-        rows = done.matrix()
         if self.embeds:
+            rows = done.matrix()
             n_left = len(req.left)
             scores = cosines(rows[:n_left], rows[n_left:], req.pairs)
         else:
-            scores = [float(s) for s in svc.engine.scores(torch.from_numpy(rows), req.raw_scores)]
+            scores = self.scores
         return score_body(scores, done.n_tokens, svc.metadata.fields())
 
 

@@ -10,6 +10,7 @@ from embedserve.api.protocol import ApiError
 from embedserve.api.routes import EMBED_ALL, POOLING
 from embedserve.api.tei import embed_vectors
 from embedserve.api.token_outputs import EmbedAllRequest, PoolingRequest, pooling_body, token_vectors
+from embedserve.engine.ask import Ask, Prepared, answers_as
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.errors import API_REMEDY, TEI_REMEDY
 from embedserve.late_chunking import every_token
@@ -50,11 +51,13 @@ class TokenVectorsJob(Job):
                 f"model {self.svc.metadata.model} has Dense modules after pooling: its token vectors "
                 "are not what it embeds, so they are not served",
             )
-        prompt = engine.resolve_prompt(self.prompt_name, None)
-        return [every_token(t) for t in engine.tokenize(self.items, prompt, self.truncate)]
+        render = engine.renderer
+        prompt = render.prompt(self.prompt_name, None)
+        return [every_token(t) for t in render.text(self.items, prompt, self.truncate)]
 
     async def run(self, tokenized: list[Tokenized]) -> list[EmbeddingOutput]:
-        return await self.svc.engine.embed_tokenized_async(tokenized, normalize=False)
+        answers = await self.svc.engine.run_async(Prepared(Ask(normalize=False), tokenized))
+        return answers_as(answers, EmbeddingOutput)
 
     def body(self, done: Computed) -> Any:
         return token_vectors([o.embedding for o in done.outputs])

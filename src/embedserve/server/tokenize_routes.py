@@ -32,14 +32,14 @@ class TokenizeJob(Job):
 
     def tokenize(self) -> list[Tokenized]:
         req, engine = self.req, self.svc.engine
-        prompt = engine.resolve_prompt(req.prompt_name, None)
+        prompt = engine.renderer.prompt(req.prompt_name, None)
         items = req.items
         limit = _UNCUT if req.truncate is None else engine.config.scheduler.max_model_len
         policy = req.truncate or "error"
         texts_only = all(isinstance(x, str) for x in items)
         if not req.add_special_tokens and (engine.multimodal or not texts_only):
             raise ApiError(400, "add_special_tokens=false is taken for texts on a text-only model")
-        tokenized = engine.tokenize(resolve_items(list(items)), prompt, policy, max_len=limit)
+        tokenized = engine.renderer.text(resolve_items(list(items)), prompt, policy, max_len=limit)
         want_spans = req.tei or req.return_offsets or not req.add_special_tokens
         for item, tok in zip(items, tokenized, strict=True):
             if not want_spans or not isinstance(item, str) or engine.multimodal:

@@ -7,6 +7,7 @@ surfaces) before the server reports ready.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -14,9 +15,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from embedserve.engine.ask import Ask, answers_as
 from embedserve.engine.engine import EmbeddingOutput, Engine
 from embedserve.errors import InternalEngineError, ModelLoadError
-from embedserve.pooling.outputs import multivectors_only
+from embedserve.pooling.outputs import Output, multivectors_only
 from embedserve.tokenizer import Truncate
 
 log = logging.getLogger(__name__)
@@ -70,10 +72,10 @@ def check_vectors(engine: Engine, outputs: list[EmbeddingOutput]) -> None:
 async def embed_ids(engine: Engine, items: list[Any]) -> list[EmbeddingOutput]:
     """Warm-up inputs without a prompt; a ColBERT model's as documents (its token vectors, cut
     to its document length)."""
-    if not multivectors_only(engine.outputs):
-        return await engine.embed_outputs_async(items, prompt="")
-    tokens = engine.tokenize_multivector(items, "document", prompt="", truncate="end")
-    return await engine.embed_multivector_tokenized_async(tokens)
+    ask = Ask(prompt="")
+    if multivectors_only(engine.outputs):
+        ask = Ask(Output.MULTIVECTOR, prompt="", truncate="end")
+    return answers_as(await engine.run_async(items, ask), EmbeddingOutput)
 
 
 async def warm_up(engine: Engine, lengths: tuple[int, ...] | None) -> float:
@@ -87,7 +89,7 @@ async def warm_up(engine: Engine, lengths: tuple[int, ...] | None) -> float:
         log.info("warm-up: %d input(s), %d tokens in %.3f s", len(shape), sum(shape), time.perf_counter() - t)
     if engine.config.cache.prefix_caching:  # the model's prompts, whole, cached for good
         prompts = sorted({text for text in engine.config.prompts.values() if text})
-        tokens = [await engine.cache_prompt_async(text) for text in prompts]
+        tokens = [await asyncio.to_thread(engine.cache_prompt, text) for text in prompts]
         if prompts:
             log.info("warm-up: %d prompt(s) of %s tokens kept in the prefix cache", len(prompts), tokens)
     if engine.multimodal:  # the vision tower too, on one small image
