@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from embedserve.config import EngineConfig
 from embedserve.errors import ModelLoadError
+from embedserve.pooling.outputs import Output
 
 if TYPE_CHECKING:  # dtypes and devices are named, not made: the gateway reads schemas without torch
     import torch
@@ -192,7 +193,7 @@ def compressed_schema(float_schema: str, embedding_type: str) -> str:
     return "es1-" + hashlib.sha256(f"{float_schema}|type={embedding_type}".encode()).hexdigest()[:16]
 
 
-MULTIVECTOR = "multivector"
+MULTIVECTOR = Output.MULTIVECTOR.value  # multi-vectors' schema type prefix
 
 
 def multivector_type(kind: str) -> str:

@@ -122,6 +122,7 @@ def test_vectors_are_byte_identical_across_batches_budgets_paths_and_preemption(
     assert not differ, f"{dtype}, preempted: bytes differ at lengths {differ}"
 
 
+@pytest.mark.slow  # CI time (2026-12-07): its area keeps a representative in CI
 def test_without_the_flag_some_case_differs(qwen3_dir: Path) -> None:
     """What the mode buys: the default engine's bytes move with the budget and the batch (so
     the test above could fail)."""

@@ -234,6 +234,7 @@ def test_two_real_models_behind_one_gateway_answer_as_their_own_servers(
             p.terminate()
 
 
+@pytest.mark.slow  # CI time (2026-12-07): its area keeps a representative in CI
 def test_sighup_reloads_models_aliases_and_tenants_without_dropping_a_request(
     qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

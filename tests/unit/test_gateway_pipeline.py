@@ -317,7 +317,8 @@ def test_deadlines_alike(counters: dict[str, TokenCounter], route: Route[Any]) -
 
     def gateways_deadline(resp: httpx.Response, service: GatewayService, fakes: Fakes) -> None:
         _refused(resp, 504, "deadline of 0.4 s")
-        assert time.monotonic() - sent_at[0] < 2.0  # its own deadline, not the pools' 5 s
+        # its own deadline (0.4 s), not the pools' 5 s: under CI's parallel load the answer took 2.7 s
+        assert time.monotonic() - sent_at[0] < 4.0
         assert _metric(service, "rejections", traffic_class="online", reason="deadline") == 1
 
     _post(counters, route, [words(3), words(200)], gateways_deadline, slow, request_timeout_s=0.4)

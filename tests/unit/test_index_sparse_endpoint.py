@@ -97,6 +97,7 @@ def test_a_dense_server_asked_for_sparse_vectors_is_refused() -> None:
             dense.close()
 
 
+@pytest.mark.slow  # CI time (2026-12-07): its area keeps a representative in CI
 def test_cli_hybrid_through_a_bge_m3_server_equals_the_model_in_process(
     m3: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -75,6 +75,7 @@ def test_bge_m3_lexical_weights_pass_parity_against_the_formula(tmp_path: Path) 
     assert main(bad) == 2
 
 
+@pytest.mark.slow  # CI time (2026-12-07): its area keeps a representative in CI
 def test_an_inference_free_directory_is_a_reference_with_its_two_sides(tmp_path: Path, splade: Path) -> None:
     """A Router directory: the reference embeds queries with encode_query's route (static weights)
     and documents with encode_document's; the engine candidate agrees side by side, and parity

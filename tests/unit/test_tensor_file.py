@@ -56,7 +56,7 @@ def _mapped_files() -> str:
     return Path("/proc/self/maps").read_text()
 
 
-@pytest.mark.parametrize("model", ["qwen3", "bert"])
+@pytest.mark.parametrize("model", [pytest.param("qwen3", marks=pytest.mark.slow), "bert"])  # CI time
 def test_a_token_table_is_the_files_map_and_the_vectors_do_not_change(
     model: str, qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

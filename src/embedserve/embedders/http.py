@@ -31,6 +31,7 @@ import numpy as np
 from embedserve.embedders.base import Item, Parts
 from embedserve.embedders.errors import SourceError
 from embedserve.embedders.spec import Spec
+from embedserve.pooling.outputs import Output
 
 _RETRY_STATUS = (429, 503)
 _NOT_METADATA = ("data", "object", "usage")
@@ -241,7 +242,7 @@ class EmbeddingsClient:
         """One request (`Endpoint.body`'s arguments), answered (sparse rows for `embedding_type`
         sparse)."""
         body = self.endpoint.body(model, payload, prompt, **fields)
-        sparse = fields.get("embedding_type") == "sparse"
+        sparse = fields.get("embedding_type") == Output.SPARSE.value
         return self.endpoint.reply(self.send("POST", self.endpoint.url, body), len(payload), sparse)
 
     def replies(self, payload: list[Any], model: str | None, **fields: Any) -> Iterator[Reply]:

@@ -22,6 +22,7 @@ from embedserve.embedders.errors import SourceError
 from embedserve.embedders.http import EmbeddingsClient, Endpoint, Refused, Reply, Unreachable
 from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, Traffic, VectorMeta, pick_prompt
 from embedserve.index.errors import EndpointError
+from embedserve.pooling.outputs import Output
 from embedserve.tokenizer import Tokenizer
 
 _META_FIELDS = tuple(f.name for f in dataclasses.fields(VectorMeta))
@@ -98,7 +99,7 @@ class HttpEmbedder:
             truncate=traffic.truncate,
             dimensions=self.dimensions,
             prompt_name=traffic.prompt_name,
-            embedding_type="sparse" if self.sparse else None,
+            embedding_type=Output.SPARSE.value if self.sparse else None,
         )
 
     @contextlib.contextmanager

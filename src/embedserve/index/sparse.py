@@ -31,7 +31,7 @@ from embedserve.pooling.outputs import Output
 from embedserve.schema import compressed_schema
 from embedserve.tokenizer import Tokenizer
 
-DENSE, SPARSE = "vector", "sparse"  # the collection's vector fields
+DENSE, SPARSE = "vector", Output.SPARSE.value  # the collection's vector fields
 RRF_K = 60
 
 
@@ -76,9 +76,9 @@ class SparseEmbedder:
         # one equals index built in process): BGE-M3's lexical weights are unnormalized.
         schema = inner.meta.embedding_schema
         if self.lexical:
-            schema = inner.metadata.schema(None, False, "sparse")  # type: ignore[attr-defined]
+            schema = inner.metadata.schema(None, False, SPARSE)  # type: ignore[attr-defined]
         elif not self.remote:
-            schema = compressed_schema(schema, "sparse")
+            schema = compressed_schema(schema, SPARSE)
         self.meta: VectorMeta = replace(inner.meta, embedding_schema=schema)
         self.dimension = int(engine.config.model.vocab_size) if engine is not None else 0
         self.tokenizer: Tokenizer | None = inner.tokenizer

@@ -20,10 +20,12 @@ import numpy as np
 
 from embedserve.index.embedder import VectorMeta
 from embedserve.index.errors import StoreError
+from embedserve.pooling.outputs import Output
 
 LIVE, SHADOW, PREVIOUS = "live", "shadow", "previous"
 ROLES = (LIVE, SHADOW, PREVIOUS)
 SCHEMA_PROPERTY = "embedding_schema"
+SPARSE_FIELD = Output.SPARSE.value  # a hybrid collection's sparse vectors
 MAX_TEXT_BYTES = 65535  # Milvus VARCHAR limit
 # Metadata fields stored on every row beside the vector (see VectorMeta).
 META_FIELDS = ("model", "model_version", "dtype", "backend_profile", "embedding_schema")
@@ -98,9 +100,9 @@ class Store:
         if "vector" in fields:
             schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dimension)
             index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
-        if "sparse" in fields:
-            schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
-            index.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="IP")
+        if SPARSE_FIELD in fields:
+            schema.add_field(SPARSE_FIELD, DataType.SPARSE_FLOAT_VECTOR)
+            index.add_index(field_name=SPARSE_FIELD, index_type="SPARSE_INVERTED_INDEX", metric_type="IP")
         schema.add_field("doc_id", DataType.VARCHAR, max_length=2048)
         schema.add_field("chunk_idx", DataType.INT64)
         schema.add_field("text", DataType.VARCHAR, max_length=MAX_TEXT_BYTES)
@@ -270,7 +272,7 @@ class Store:
             for d, s in zip(dense, sparse, strict=True):
                 requests = [
                     AnnSearchRequest([d.tolist()], "vector", {"metric_type": "COSINE"}, depth, filter_expr),
-                    AnnSearchRequest([s], "sparse", {"metric_type": "IP"}, depth, filter_expr),
+                    AnnSearchRequest([s], SPARSE_FIELD, {"metric_type": "IP"}, depth, filter_expr),
                 ]
                 found = self.client.hybrid_search(
                     collection, requests, ranker, limit=k, output_fields=["doc_id", "chunk_idx", "text"]

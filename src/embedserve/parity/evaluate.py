@@ -20,8 +20,10 @@ from embedserve.parity.metrics import (
     retrieval_scores,
     sparse_stats,
 )
+from embedserve.pooling.outputs import Output
 
 OVERALL = "overall"
+SPARSE = Output.SPARSE.value  # a bucket entry's section for sparse vectors' own statistics
 TOP_K = 10
 SEARCH_DEPTH = 100  # deepest cut any metric reads (Recall@100)
 
@@ -91,7 +93,7 @@ def evaluate(
             "norm": norm_stats(ref_all[mask], cand_all[mask]),
         }
         if sparse:
-            entry["sparse"] = sparse_stats(ref_all[mask], cand_all[mask])
+            entry[SPARSE] = sparse_stats(ref_all[mask], cand_all[mask])
         if qids:
             overlaps = [per_query[q]["overlap"] for q in qids]
             worst = int(np.argmin(overlaps))

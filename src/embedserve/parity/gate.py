@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from embedserve.lengths import BUCKET_NAMES
-from embedserve.parity.evaluate import OVERALL
+from embedserve.parity.evaluate import OVERALL, SPARSE
 from embedserve.parity.options import ParityError
 
 Thresholds = dict[str, dict[str, float]]
@@ -178,7 +178,7 @@ class Gate:
         if cos.get("count"):
             for key, bound in t.get("vector_cosine", {}).items():
                 at_least(f"vector_cosine.{key}", cos[key], bound)
-        jaccard = entry.get("sparse", {}).get("index_jaccard", {})
+        jaccard = entry.get(SPARSE, {}).get("index_jaccard", {})
         if jaccard.get("count"):
             for key, bound in t.get("sparse_index_jaccard", {}).items():
                 at_least(f"sparse_index_jaccard.{key}", jaccard[key], bound)

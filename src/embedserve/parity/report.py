@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from embedserve.parity.evaluate import SPARSE
 from embedserve.parity.gate import Check
 
 PASS, FAIL, NONE = "✅ pass", "❌ FAIL", "-"
@@ -73,7 +74,7 @@ def _dataset_table(name: str, entry: dict[str, Any], checks: list[Check]) -> lis
             f"| {_pair(ret, 'recall@10')} | {_pair(ret, 'recall@100')} "
             f"| {_mark(checks, f'{name}/{bucket}')} |"
         )
-    sparse = [(b, e["sparse"]) for b, e in entry["buckets"].items() if "sparse" in e]
+    sparse = [(b, e[SPARSE]) for b, e in entry["buckets"].items() if SPARSE in e]
     if sparse:  # SPLADE vectors: their non-zero id sets and weights
         lines += ["", "| bucket | non-zero ids Jaccard p50 / p01 / min | equal id sets | max weight diff |",
                   "|---|--:|--:|--:|"]  # fmt: skip

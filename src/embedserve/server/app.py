@@ -170,7 +170,7 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
     head = service.engine.multivector_head
     only = multivectors_only(outputs)
     # the schema its answers carry: a SPLADE model's are all sparse, a ColBERT model's multi-vectors
-    fields = meta.fields(embedding_type="sparse" if Output.SPARSE in outputs else "float")
+    fields = meta.fields(embedding_type=Output.SPARSE.value if Output.SPARSE in outputs else "float")
     if only:
         assert head is not None
         fields = meta.fields(head.dim, head.normalize, multivector_type("float"))
@@ -183,7 +183,7 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
         "dimensions": head.dim if head is not None and only else meta.hidden_size,
         **({} if head is None else {"multivector_dimensions": head.dim}),
         "max_model_len": meta.max_model_len,
-        "pooling": "multivector" if only else pooling.method.value,
+        "pooling": Output.MULTIVECTOR.value if only else pooling.method.value,
         "normalize": pooling.normalize,
         "prompt_names": sorted(service.engine.config.prompts),
         "vocab_size": service.engine.config.model.vocab_size,
@@ -200,8 +200,8 @@ def model_outputs(service: EmbeddingService) -> list[str]:
     only = Output.SPARSE in outputs or multivectors_only(outputs)
     return [
         *([] if only else ["dense"]),
-        *(["sparse"] if outputs & {Output.SPARSE, Output.LEXICAL} else []),
-        *(["multivector"] if Output.MULTIVECTOR in outputs else []),
+        *([Output.SPARSE.value] if outputs & {Output.SPARSE, Output.LEXICAL} else []),
+        *([Output.MULTIVECTOR.value] if Output.MULTIVECTOR in outputs else []),
         *(["images"] if engine.config.multimodal else []),
     ]
 

@@ -67,7 +67,7 @@ class CohereEmbedJob(EmbeddingsJob):
         others = [k for k in kinds if k != MULTIVECTOR]
         self.svc.check_types(others or ["float"], req.output_dimension, one_pass=True)
         # BGE-M3: dense and sparse (and its token vectors), one pass
-        self.both = ("sparse" in kinds and len(set(kinds)) > 1) or self.multi
+        self.both = (Output.SPARSE.value in kinds and len(set(kinds)) > 1) or self.multi
         if self.both:  # the sparse side's checks; the dense side's dimensions apply
             tokenized = engine.renderer.text(list(req.texts), self.prompt(), self.req.truncate)
             if self.multi:
@@ -105,7 +105,8 @@ class CohereEmbedJob(EmbeddingsJob):
             else meta.schema(req.output_dimension, None, svc.schema_type(quantized_type(k)))
             for k in req.embedding_types
         }
-        kind = "sparse" if Output.SPARSE in svc.engine.outputs else "float"  # a SPLADE model's: sparse
+        splade = Output.SPARSE in svc.engine.outputs
+        kind = Output.SPARSE.value if splade else "float"  # a SPLADE model's: sparse
         if self.tokens is not None:
             kind = multivector_type("float")
         dimension = width if self.tokens is not None else req.output_dimension

@@ -46,7 +46,7 @@ class EmbeddingsJob(Job):
         render = svc.engine.renderer
         render.check_dimensions(req.dimensions)
         svc.check_types([req.embedding_type], req.dimensions)
-        lexical = req.embedding_type == "sparse" and Output.LEXICAL in svc.engine.outputs
+        lexical = req.embedding_type == Output.SPARSE.value and Output.LEXICAL in svc.engine.outputs
         ask = Ask(
             Output.LEXICAL if lexical else Output.SPANS if req.late_chunking else Output.DENSE,
             req.prompt_name, req.prompt, req.dimensions, req.normalize, req.priority, req.truncate,
@@ -81,7 +81,8 @@ class EmbeddingsJob(Job):
         cache = self.svc.result_cache
         if cache is None:
             return await self._compute(tokenized)
-        kind = "sparse" if self.req.embedding_type == "sparse" else "float"  # BGE-M3 serves both
+        sparse = self.req.embedding_type == Output.SPARSE.value  # BGE-M3 serves both
+        kind = Output.SPARSE.value if sparse else "float"
         schema = self.svc.metadata.schema(self.req.dimensions, self._normalize(), kind)
         return await cache.through(schema, tokenized, self._compute)
 
@@ -94,7 +95,7 @@ class EmbeddingsJob(Job):
     def _normalize(self) -> bool | None:
         """The request's normalize as its vectors' schema records it: BGE-M3's sparse vectors are
         unnormalized unless asked (the model's default is its dense vectors')."""
-        lexical = self.req.embedding_type == "sparse" and Output.LEXICAL in self.svc.engine.outputs
+        lexical = self.req.embedding_type == Output.SPARSE.value and Output.LEXICAL in self.svc.engine.outputs
         return bool(self.req.normalize) if lexical else self.req.normalize
 
     def body(self, done: Computed) -> Any:
@@ -114,7 +115,7 @@ class EmbeddingsJob(Job):
                 for i, (out, tok) in enumerate(zip(done.outputs, done.tokenized, strict=True))
             ]
         vectors: list[Any]
-        if kind == "sparse":
+        if kind == Output.SPARSE.value:
             token = svc.engine.tokenizer.backend.id_to_token if req.return_tokens else None
             vectors = [sparse_item(row, req.sparse_top_k, token) for row in rows]
         elif kind == "float":
@@ -177,7 +178,7 @@ def check_sparse_options(req: EmbeddingRequest) -> None:
     """The sparse options go with `embedding_type: sparse` only. A sparse vector is JSON (indices
     and values) whatever `encoding_format` says: the openai client asks for base64 by default and
     passes an answer that is not a base64 string through unchanged."""
-    if req.embedding_type == "sparse":
+    if req.embedding_type == Output.SPARSE.value:
         return
     given = [f for f in ("sparse_top_k", "return_tokens") if f in req.model_fields_set]
     if given:

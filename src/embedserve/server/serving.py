@@ -122,18 +122,18 @@ class EmbeddingService:
         this server cannot produce at that width."""
         sparse = Output.SPARSE in self.engine.outputs
         if Output.LEXICAL in self.engine.outputs:  # BGE-M3: dense or sparse, one at a time
-            if "sparse" in kinds and len(kinds) > 1 and not one_pass:
+            if Output.SPARSE.value in kinds and len(kinds) > 1 and not one_pass:
                 raise ApiError(
                     400,
                     f"model {self.metadata.model} answers dense and sparse vectors in separate requests on "
                     "this route (POST /v2/embed with embedding_types ['float', 'sparse']: both, one pass)",
                 )
-            if kinds == ["sparse"] and dimensions is not None:
+            if kinds == [Output.SPARSE.value] and dimensions is not None:
                 raise ApiError(
                     400, "dimensions does not apply to sparse vectors (one weight per vocabulary id)"
                 )
             return self.check_compressed(kinds, dimensions)
-        wrong = next((k for k in kinds if (k == "sparse") != sparse), None)
+        wrong = next((k for k in kinds if (k == Output.SPARSE.value) != sparse), None)
         if wrong is not None:
             name = self.metadata.model
             if sparse:

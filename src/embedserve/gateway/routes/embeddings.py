@@ -15,6 +15,7 @@ from embedserve.gateway.pools.forward import PartResult
 from embedserve.gateway.routes.jobs import Job
 from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 from embedserve.models.router import QUERY_PROMPT_NAME
+from embedserve.pooling.outputs import Output
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
         prompt = self.counter.resolve_prompt(self.req.prompt_name, self.req.prompt)
         if self.req.late_chunking:
             return self.counter.count(["".join(str(x) for x in self.items)], prompt)
-        if self.req.embedding_type == "multivector":  # each side's prompt, a query's expansion
+        if self.req.embedding_type == Output.MULTIVECTOR.value:  # each side's prompt, a query's expansion
             side = self.req.input_type or "document"
             return self.counter.count_multivector(self.items, side, self.req.prompt_name, self.req.prompt)
         if self.counter.static is not None and self.req.prompt_name == QUERY_PROMPT_NAME:
