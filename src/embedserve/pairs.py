@@ -86,3 +86,37 @@ def encode_qwen3_pair(
             raise InputTooLongError(len(lead) + len(ids) + len(tail), max_len)
         ids = ids[: n_head + room] if truncate is Truncate.END else ids[:n_head] + ids[len(ids) - room :]
     return Tokenized(token_ids=lead + ids + tail, truncated=truncated)
+
+
+def encode_rerank_pair(
+    tokenizer: Tokenizer,
+    kind: str,
+    query: str,
+    document: str,
+    limit: int,
+    policy: Truncate,
+    instruction: str | None,
+    token_types: bool,
+) -> Tokenized:
+    """One (query, document) pair as a reranker of `kind` reads it: Qwen3-Reranker's chat
+    template for "yes_no" (models/registry.py YES_NO), else the cross-encoder's pair template.
+    The engine's renderer and the gateway's counter both read pairs through this."""
+    if kind == "yes_no":
+        return encode_qwen3_pair(tokenizer, query, document, limit, policy, instruction)
+    return encode_cross_pair(tokenizer, query, document, limit, policy, token_types)
+
+
+def encode_classify_item(
+    tokenizer: Tokenizer, item: object, limit: int, policy: Truncate, token_types: bool
+) -> Tokenized:
+    """One classifier input: a text, a (text, text_pair) pair (the pair template; only the
+    second text is cut) or a token-id list (specials included). Shared as above."""
+    if isinstance(item, str):
+        return tokenizer.encode(item, limit, policy)
+    if isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item):
+        return encode_cross_pair(tokenizer, item[0], item[1], limit, policy, token_types)
+    if isinstance(item, (list, tuple)):
+        return tokenizer.check_ids(list(item), limit, policy)
+    raise InvalidInputError(
+        f"expected a string, a (text, text_pair) pair or a list of token ids, got {type(item).__name__}"
+    )

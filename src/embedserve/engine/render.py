@@ -21,7 +21,7 @@ from embedserve.engine.multimodal import tokenize_items
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.models.registry import CLASSIFIER
 from embedserve.models.router import QUERY_PROMPT_NAME
-from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
+from embedserve.pairs import encode_classify_item, encode_rerank_pair
 from embedserve.request import check_dimensions
 from embedserve.tokenizer import Tokenized, Tokenizer, Truncate, resolve_prompt
 
@@ -119,15 +119,15 @@ class TextRenderer:
         policy = Truncate.parse(truncate)
         if isinstance(documents, str) or len(documents) == 0:
             raise InvalidInputError("documents must be a non-empty list of strings")
-        limit = self.config.scheduler.max_model_len
+        limit, types = self.config.scheduler.max_model_len, self.config.model.type_vocab_size > 1
         out = []
         for i, doc in enumerate(documents):
             try:
-                if head.kind == "yes_no":
-                    out.append(encode_qwen3_pair(self.tokenizer, query, doc, limit, policy, instruction))
-                else:
-                    types = self.config.model.type_vocab_size > 1
-                    out.append(encode_cross_pair(self.tokenizer, query, doc, limit, policy, types))
+                out.append(
+                    encode_rerank_pair(
+                        self.tokenizer, head.kind, query, doc, limit, policy, instruction, types
+                    )
+                )
             except InputTooLongError as e:
                 raise InputTooLongError(e.num_tokens, e.limit, index=i) from None
             except InvalidInputError as e:
@@ -145,25 +145,13 @@ class TextRenderer:
         items: Sequence[Any] = [inputs] if isinstance(inputs, str) else inputs
         if len(items) == 0:
             raise InvalidInputError("inputs is empty: pass at least one string, text pair or token list")
+        limit, types = self.config.scheduler.max_model_len, self.config.model.type_vocab_size > 1
         out = []
         for i, item in enumerate(items):
             try:
-                out.append(self._classify_one(item, policy))
+                out.append(encode_classify_item(self.tokenizer, item, limit, policy, types))
             except InputTooLongError as e:
                 raise InputTooLongError(e.num_tokens, e.limit, index=i) from None
             except InvalidInputError as e:
                 raise InvalidInputError(f"input {i}: {e}") from None
         return out
-
-    def _classify_one(self, item: object, policy: Truncate) -> Tokenized:
-        limit = self.config.scheduler.max_model_len
-        if isinstance(item, str):
-            return self.tokenizer.encode(item, limit, policy)
-        if isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item):
-            types = self.config.model.type_vocab_size > 1
-            return encode_cross_pair(self.tokenizer, item[0], item[1], limit, policy, types)
-        if isinstance(item, (list, tuple)):
-            return self.tokenizer.check_ids(list(item), limit, policy)
-        raise InvalidInputError(
-            f"expected a string, a (text, text_pair) pair or a list of token ids, got {type(item).__name__}"
-        )

@@ -45,7 +45,7 @@ class TokenVectorsJob(Job):
 
     def tokenize(self) -> list[Tokenized]:
         engine = self.svc.engine
-        if engine.dense_head is not None:
+        if engine.config.pooling.dense:  # Dense modules after pooling (the config says; no head probe)
             raise ApiError(
                 400,
                 f"model {self.svc.metadata.model} has Dense modules after pooling: its token vectors "

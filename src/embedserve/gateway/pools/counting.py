@@ -21,9 +21,9 @@ from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter
 from embedserve.errors import InvalidInputError
 from embedserve.models.multivector_rules import check_dense_files, read_token_vectors
 from embedserve.models.open import open_model
-from embedserve.models.registry import YES_NO, rerank_kind
+from embedserve.models.registry import rerank_kind
 from embedserve.models.router import StaticQueryTokens
-from embedserve.pairs import encode_cross_pair, encode_qwen3_pair
+from embedserve.pairs import encode_classify_item, encode_rerank_pair
 from embedserve.tokenizer import Tokenizer, Truncate, resolve_prompt, tokenize_inputs
 from embedserve.vision.prompt import ImagePart
 
@@ -95,12 +95,10 @@ class TokenCounter:
         out = []
         for i, doc in enumerate(documents):
             try:
-                if self.rerank_kind == YES_NO:
-                    t = encode_qwen3_pair(self.tokenizer, query, doc, _NO_LIMIT, Truncate.ERROR, instruction)
-                else:
-                    t = encode_cross_pair(
-                        self.tokenizer, query, doc, _NO_LIMIT, Truncate.ERROR, self._pair_types
-                    )
+                t = encode_rerank_pair(
+                    self.tokenizer, self.rerank_kind, query, doc, _NO_LIMIT, Truncate.ERROR, instruction,
+                    self._pair_types,
+                )  # fmt: skip
             except InvalidInputError as e:
                 raise InvalidInputError(f"document {i}: {e}") from None
             out.append(len(t.token_ids))
@@ -112,10 +110,7 @@ class TokenCounter:
         out = []
         for i, item in enumerate(items):
             try:
-                if isinstance(item, str):
-                    t = self.tokenizer.encode(item, _NO_LIMIT, Truncate.ERROR)
-                else:
-                    t = encode_cross_pair(self.tokenizer, *item, _NO_LIMIT, Truncate.ERROR, self._pair_types)
+                t = encode_classify_item(self.tokenizer, item, _NO_LIMIT, Truncate.ERROR, self._pair_types)
             except InvalidInputError as e:
                 raise InvalidInputError(f"input {i}: {e}") from None
             out.append(len(t.token_ids))
