@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from embedserve.parity.metrics import cosine_rows
+
 _OPTIONS = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}}
 
 
@@ -94,8 +96,7 @@ def main() -> None:
         print("|---|--:|--:|--:|")
         for engine in engines:
             ratios = [s / f for s, f in zip(speed[engine], speed["float32"], strict=True)]
-            v = np.load(out / f"{engine}.npy")
-            c = np.sum(v * fp32, axis=1) / np.linalg.norm(v, axis=1) / np.linalg.norm(fp32, axis=1)
+            c = cosine_rows(np.load(out / f"{engine}.npy"), fp32)
             print(
                 f"| {engine} | {statistics.median(speed[engine]):,.0f} | "
                 f"{' / '.join(f'{r:.2f}x' for r in ratios)} | "

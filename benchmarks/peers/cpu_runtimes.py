@@ -8,7 +8,7 @@ of mixed-length texts against sentence-transformers float32 (cosine p01 / min).
 
 Every runtime runs in a fresh process of its own environment (a peer's venv, never the
 project's), in turn, for `--rounds` rounds (this box drifts: ratios are per round). The timed
-inputs are the same texts for all: windows of about `--tokens` tokens of Python's help() topics.
+inputs are the same texts for all: whole-word windows of at most `--tokens` tokens of Python's help() topics.
 Runtimes: st-torch (the project's venv), st-onnx, st-onnx-int8 (dynamic, this CPU's ISA), st-openvino,
 st-openvino-int8 (static, calibrated on 300 local texts), fastembed (ONNX Runtime on the export),
 embedserve-fp32, embedserve-bf16 (float32 on a CPU without bf16 dot products), embedserve-int8.
@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from embedserve.parity.metrics import cosine_rows
+
 # Runs in the runtime's own environment: argv = runtime, model dir, work dir, texts.json, out.npy.
 _CHILD = r"""
 import json, sys, time
@@ -43,8 +45,9 @@ if runtime.startswith("embedserve"):
 elif runtime == "fastembed":
     from fastembed import TextEmbedding
     from fastembed.common.model_description import ModelSource, PoolingType
-    TextEmbedding.add_custom_model(model="local/minilm", pooling=PoolingType.MEAN, normalization=True,
-                                   sources=ModelSource(hf="local/minilm"), dim=384, model_file="onnx/model.onnx")
+    TextEmbedding.add_custom_model(
+        model="local/minilm", pooling=PoolingType.MEAN, normalization=True,
+        sources=ModelSource(hf="local/minilm"), dim=384, model_file="onnx/model.onnx")
     fe = TextEmbedding(model_name="local/minilm", specific_model_path=work + "/onnx-export", threads=2)
     encode = lambda t: np.stack(list(fe.embed(t, batch_size=32)))
 else:
@@ -97,22 +100,36 @@ RUNTIMES = ("st-torch", "st-onnx", "st-onnx-int8", "st-openvino", "st-openvino-i
 
 
 def texts(model: str, n: int, tokens: int) -> tuple[list[str], list[str], list[str], int]:
-    """`n` texts of about `tokens` tokens (whole words of help() topics), 16 mixed-length probe
+    """`n` texts of at most `tokens` tokens (whole words of help() topics), 16 mixed-length probe
     texts, 300 calibration texts (other words: OpenVINO's static int8 never sees the timed or
     probe texts), and the timed texts' token count as the model's tokenizer counts them."""
     from pydoc_data.topics import topics
+
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    tok.no_truncation()  # count every token (MiniLM's file cuts and pads to 128)
+    tok.no_padding()
     words = " ".join(topics[k] for k in sorted(topics)).split()
+
+    def count(i: int, j: int) -> int:
+        return len(tok.encode(" ".join(words[i:j])).ids)
+
+    def window(i: int, limit: int) -> int:  # the longest run of whole words from i within `limit`
+        j = i + 1
+        while j < len(words) and count(i, j + 1) <= limit:
+            j += 1
+        return j
+
     timed, i = [], 0
     while len(timed) < n:
-        j = i + tokens // 2
-        while len(tok.encode(" ".join(words[i:j])).ids) < tokens and j < len(words):
-            j += 4
+        j = window(i, tokens)
         timed.append(" ".join(words[i:j]))
         i = j
-    probe = [" ".join(words[k * 97 : k * 97 + 3 + 17 * k]) for k in range(16)]
+    # Mixed lengths, none over 128 tokens: every runtime reads them whole (fastembed keeps the
+    # tokenizer file's cut at 128 where sentence-transformers reads MiniLM's 256: longer probes
+    # compared the cut, cosine 0.79).
+    probe = [" ".join(words[k * 97 : window(k * 97, 8 + 8 * k)]) for k in range(16)]
     calib = [" ".join(words[-(k + 1) * 90 : -k * 90 or None]) for k in range(300)]
     return timed, probe, calib, sum(len(tok.encode(t).ids) for t in timed)
 
@@ -181,8 +198,7 @@ def main() -> None:
         print("|---|--:|--:|--:|")
         for r in runtimes:
             ratios = [b / a for a, b in zip(seconds[r], seconds["st-torch"], strict=True)]
-            v = np.load(work / f"{r}.npy")
-            c = np.sum(v * ref, axis=1) / np.linalg.norm(v, axis=1) / np.linalg.norm(ref, axis=1)
+            c = cosine_rows(np.load(work / f"{r}.npy"), ref)
             print(
                 f"| {r} | {n_tokens / statistics.median(seconds[r]):,.0f} | "
                 f"{' / '.join(f'{x:.2f}x' for x in ratios)} | {np.percentile(c, 1):.5f} / {c.min():.5f} |"
