@@ -95,15 +95,14 @@ class Renderer(TextRenderer):
         """The requests a late-chunked document runs as: one sequence with its chunks' token
         spans, or with `late.long` a document of any length as windows of max_model_len tokens
         that share `late.overlap` content tokens, one when it fits (late_long.py)."""
+        limit = self.config.scheduler.max_model_len
         if not late.long:
             if late.overlap is not None:
                 raise InvalidInputError("overlap applies to long documents (long=True)")
-            limit = self.config.scheduler.max_model_len
             tok = self._sequence(document, late, prompt, truncate, limit)[0]
             return LongPlan(tok, [tok], [], 0)
         if truncate != "error":
             raise InvalidInputError("a long document runs whole as windows: truncate does not apply")
-        limit = self.config.scheduler.max_model_len
         overlap = limit // 8 if late.overlap is None else late.overlap
         if isinstance(overlap, bool) or not isinstance(overlap, int) or overlap < 0:
             raise InvalidInputError(f"late_overlap must be a non-negative integer, got {overlap!r}")
