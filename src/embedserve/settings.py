@@ -65,6 +65,7 @@ class Settings:
     cxx: str | None = None  # CXX: the compiler command (may hold flags); None is g++ / c++ on PATH
     cpu_isa: str | None = None  # EMBEDSERVE_CPU_ISA: cap the native kernels' ISA (CPU_ISAS); None: the CPU's
     cpu_bf16: bool = False  # EMBEDSERVE_CPU_BF16: bfloat16 even on a CPU without bf16 dot products
+    cpu_int8: bool = False  # EMBEDSERVE_CPU_INT8: int8 even on a CPU without int8 dot products (VNNI, AMX)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:
@@ -80,6 +81,7 @@ class Settings:
             cxx=_text(environ, "CXX"),
             cpu_isa=_isa(environ),
             cpu_bf16=_flag(environ, "EMBEDSERVE_CPU_BF16", cls.cpu_bf16),
+            cpu_int8=_flag(environ, "EMBEDSERVE_CPU_INT8", cls.cpu_int8),
         )
 
 

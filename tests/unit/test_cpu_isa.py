@@ -91,6 +91,26 @@ def test_bf16_dot_products_follow_the_flags_and_the_caps(
     assert isa.bf16_dot_products() is want
 
 
+@pytest.mark.parametrize(
+    ("flags", "cap", "want"),
+    [
+        (ZEN3, "", False),  # AVX2 only: vpmaddubsw + vpmaddwd, no faster than float32 FMAs
+        (SKYLAKE_X, "", False),  # AVX-512 without VNNI
+        (ZEN4 | {"avx512_vnni"}, "", True),
+        (ZEN4 | {"avx512_vnni"}, "avx2", False),  # the cap takes AVX-512, and its VNNI, away
+        (ZEN3 | {"avx_vnni"}, "avx2", True),  # AVX-VNNI is VEX: AVX2 machines have it (Alder Lake)
+        (SAPPHIRE | {"amx_int8"}, "avx512", False),  # the cap takes AMX away; no avx512_vnni listed
+        (SAPPHIRE | {"amx_int8"}, "", True),
+    ],
+)
+def test_int8_dot_products_follow_the_flags_and_the_cap(
+    monkeypatch: pytest.MonkeyPatch, env: Env, flags: frozenset[str], cap: str, want: bool
+) -> None:
+    env(**({"EMBEDSERVE_CPU_ISA": cap} if cap else {}))
+    _cpu(monkeypatch, flags)
+    assert isa.int8_dot_products() is want
+
+
 def test_arm_reads_its_bf16_feature(monkeypatch: pytest.MonkeyPatch, env: Env) -> None:
     env()
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")

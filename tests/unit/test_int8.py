@@ -16,10 +16,11 @@ from embedserve.engine import quantize
 from embedserve.engine.builder import build_engine
 from embedserve.engine.engine import Engine
 from embedserve.errors import ModelLoadError
-from embedserve.kernels import int8_rows
+from embedserve.kernels import int8_rows, int8_short, isa
 from embedserve.models.int8_linear import int8_available
 from embedserve.models.linear import Linear
 from embedserve.schema import ModelMetadata
+from embedserve.settings import settings
 from tests.helpers.real_text import documents
 from tests.helpers.reference import cosine, random_ids, st_embed
 from tests.helpers.tiny_bert import minilm_dir
@@ -178,6 +179,56 @@ def test_without_oneDNN_int8_it_says_so_and_runs_float32(
         config = build_engine(minilm_dir(), quantization="int8").config
     assert config.quantization is None
     assert "quantization='int8' falls back to float32: no int8 here" in caplog.text
+
+
+def test_without_int8_dot_products_it_says_so_and_runs_float32(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(isa, "int8_dot_products", lambda: False)
+    monkeypatch.setenv("EMBEDSERVE_CPU_INT8", "0")
+    settings.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="embedserve.engine.quantize"):
+            config = build_engine(minilm_dir(), quantization="int8").config
+        assert config.quantization is None
+        assert "falls back to float32: this CPU has no int8 dot products (VNNI, AMX-INT8" in caplog.text
+        assert "EMBEDSERVE_CPU_INT8=1 runs int8 anyway" in caplog.text
+        monkeypatch.setattr(isa, "int8_dot_products", lambda: True)  # a VNNI CPU: int8, no warning
+        caplog.clear()
+        assert build_engine(minilm_dir(), quantization="int8").config.quantization == "int8"
+        assert "falls back" not in caplog.text
+    finally:
+        settings.cache_clear()
+
+
+@pytest.mark.skipif(
+    not int8_short.available(), reason="the int8 short-rows kernel did not build or check here"
+)
+@pytest.mark.parametrize(("n", "k", "rows"), [(64, 96, 1), (384, 384, 2), (1536, 384, 5), (640, 2048, 32)])
+def test_short_rows_kernel_gives_onednns_bytes(n: int, k: int, rows: int) -> None:
+    gen = torch.Generator().manual_seed(n + rows)
+    layer = Linear(k, n)
+    x = torch.randn(rows, k, generator=gen) * torch.rand(rows, 1, generator=gen) * 3
+    x[:, [1, k // 2]] *= 40
+    layer.to_int8(x.abs().amax(0))
+    w8 = layer.int8
+    assert w8 is not None and w8.short  # the weight takes the kernel (its layout checked)
+    q = int8_rows.quantize_rows(x, w8.mask, w8.outliers)
+    want = int8_rows.finish_rows(
+        int8_short.onednn_sums(q.q, w8.packed, w8.w_scale, w8.w_zero), q, w8.zero_fix, w8.bias, w8.w_out
+    )
+    assert torch.equal(int8_short.linear(q, w8.packed, w8.w_scale, w8.zero_fix, w8.bias, w8.w_out), want)
+    with torch.no_grad():
+        assert torch.equal(layer(x), want)  # the projection takes it at this row count
+
+
+def test_a_short_querys_bytes_are_those_of_a_long_step(minilm_int8: Engine) -> None:
+    """Queries of a few tokens run every projection on the short-rows kernel alone, and inside a
+    batch of long texts on oneDNN: the same bytes either way."""
+    queries = ["what is heat transfer", "supersonic flow over a plate", "boundary layer"]
+    alone = np.stack([minilm_int8.embed([q])[0] for q in queries])
+    together = minilm_int8.embed([*queries, *_texts()[:6]], truncate="end")[: len(queries)]
+    assert np.array_equal(alone, together)
 
 
 def test_the_int8_gate_profile_bounds_what_the_issue_asks() -> None:

@@ -19,13 +19,15 @@ SWITCHES = (
     "EMBEDSERVE_SHORT_ROWS",
     "EMBEDSERVE_HUGE_PAGES",
     "EMBEDSERVE_CPU_BF16",
+    "EMBEDSERVE_CPU_INT8",
 )
 
 
 def test_unset_or_empty_variables_mean_the_defaults() -> None:
     switches = ("native_kernels", "heap_reuse", "prepack", "short_rows", "huge_pages")
     want = Settings(
-        **dict.fromkeys(switches, True), kernel_cache=None, cxx=None, cpu_isa=None, cpu_bf16=False
+        **dict.fromkeys(switches, True), kernel_cache=None, cxx=None, cpu_isa=None, cpu_bf16=False,
+        cpu_int8=False,
     )
     assert Settings.from_env({}) == want
     assert Settings.from_env({name: "" for name in (*SWITCHES, "EMBEDSERVE_KERNEL_CACHE", "CXX")}) == want
@@ -47,6 +49,8 @@ def test_the_cpu_isa_cap_and_the_bf16_switch() -> None:
     assert Settings.from_env({"EMBEDSERVE_CPU_ISA": " AVX2 "}).cpu_isa == "avx2"
     assert Settings.from_env({"EMBEDSERVE_CPU_ISA": "amx"}).cpu_isa == "amx"
     assert Settings.from_env({"EMBEDSERVE_CPU_BF16": "1"}).cpu_bf16 is True
+    assert Settings.from_env({}).cpu_int8 is False
+    assert Settings.from_env({"EMBEDSERVE_CPU_INT8": "1"}).cpu_int8 is True
     with pytest.raises(SettingsError, match=r"EMBEDSERVE_CPU_ISA='sse4': use one of avx2 \| avx512 \| amx"):
         Settings.from_env({"EMBEDSERVE_CPU_ISA": "sse4"})
 

@@ -10,7 +10,9 @@ and gated at load, before the engine serves a request.
    drifted from what its float32 weights give, whatever the model.
 
 Where int8 does not apply the option is refused by name; where this PyTorch has no working
-oneDNN int8 matmul, the engine says so and runs float32 (its schema and profile then say so too).
+oneDNN int8 matmul, or the CPU no int8 dot products (VNNI, AMX-INT8: without them int8 is no
+faster than float32, EMBEDSERVE_CPU_INT8=1 overrides), the engine says so and runs float32 (its
+schema and profile then say so too).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import numpy as np
 import torch
 
 from embedserve.errors import ModelLoadError
+from embedserve.kernels import isa
 from embedserve.models.int8_linear import int8_available, int8_isa
 from embedserve.models.linear import Linear
 from embedserve.pooling.outputs import Output
 from embedserve.request import EmbedParams, Request
+from embedserve.settings import settings
 from embedserve.tokenizer import Truncate
 
 if TYPE_CHECKING:
@@ -74,11 +78,23 @@ def resolve_quantization(options: EngineOptions, files: ModelSource) -> str | No
     refusal = next((why for when, why in _refusals(options, files) if when), None)
     if refusal is not None:
         raise ModelLoadError(f"quantization='int8' {refusal}")
-    missing = int8_available()
+    missing = int8_available() or _no_dot_products()
     if missing is not None:
         log.warning("quantization='int8' falls back to float32: %s", missing)
         return None
     return options.quantization
+
+
+def _no_dot_products() -> str | None:
+    """Why int8 would not pay on this CPU (no VNNI / AMX-INT8 under the ISA cap), unless
+    EMBEDSERVE_CPU_INT8=1 asks for it anyway; None where it pays."""
+    if settings().cpu_int8 or isa.int8_dot_products():
+        return None
+    return (
+        "this CPU has no int8 dot products (VNNI, AMX-INT8; as capped by EMBEDSERVE_CPU_ISA): its int8"
+        " matmuls run no faster than float32 and a short query slower (docs/quantization.md);"
+        " EMBEDSERVE_CPU_INT8=1 runs int8 anyway"
+    )
 
 
 def _refusals(options: EngineOptions, files: ModelSource) -> list[tuple[bool, str]]:

@@ -7,12 +7,14 @@
 //                  q = clamp(round(x / s_t + z_t), 0, 127); the outlier channels' values copied
 //                  out to xo [rows, k] (and quantized as 0: their int8 weight columns are zero).
 //   finish_rows:   y = sums * s_t - (z_t * s_t) * fix[n] + bias[n] + xo[t] . w_out[:, n],
-//                  in place on oneDNN's output sums [rows, N].
+//                  in place on oneDNN's output sums [rows, N], in int8_finish.h's steps (shared
+//                  with int8_short.cpp, whose rows then get these bytes).
 //
 // Rounding is to nearest even (std::nearbyint), as torch.round; divisions are divisions, so a
 // row quantizes to the same bytes as the PyTorch ops give. Built by embedserve/kernels/native.py.
 
 #include "cpu_vec.h"  // first: sets the ISA ATen's vec headers compile for
+#include "int8_finish.h"
 
 #include <algorithm>
 #include <cmath>
@@ -74,18 +76,8 @@ void finish_rows(float* y, int64_t rows, int64_t n, const float* scale, const fl
                  const float* bias, const float* xo, int64_t n_out, const float* w_out) {
   at::parallel_for(0, rows, GRAIN, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t) {
-      float* row = y + t * n;
-      const float s = scale[t], sz = zero[t] * s;
-      for (int64_t i = 0; i < n; ++i) {
-        row[i] = row[i] * s - sz * fix[i] + bias[i];
-      }
-      for (int64_t j = 0; j < n_out; ++j) {
-        const float v = xo[t * n_out + j];
-        const float* w = w_out + j * n;
-        for (int64_t i = 0; i < n; ++i) {
-          row[i] += v * w[i];
-        }
-      }
+      embedserve_int8::finish_segment(y + t * n, n, scale[t], zero[t] * scale[t], fix, bias, xo + t * n_out, n_out,
+                                      w_out, n);
     }
   });
 }

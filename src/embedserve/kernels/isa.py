@@ -95,6 +95,20 @@ def bf16_dot_products() -> bool:
     return True
 
 
+def int8_dot_products() -> bool:
+    """int8 matmuls run on dot-product instructions here (AVX-VNNI; AVX512-VNNI or AMX-INT8
+    where EMBEDSERVE_CPU_ISA leaves AVX-512 / AMX on). Without them, AVX2's int8 dot product
+    is two multiplies (`vpmaddubsw`, `vpmaddwd`) per 32 products, no faster than float32 FMAs
+    (docs/quantization.md, "A CPU without VNNI")."""
+    flags = cpu_flags()
+    if not _x86():
+        return False
+    isa = kernel_isa()
+    return "avx_vnni" in flags or (
+        (isa in ("avx512", "amx") and "avx512_vnni" in flags) or (isa == "amx" and "amx_int8" in flags)
+    )
+
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,

@@ -30,12 +30,12 @@ from functools import cache
 
 import torch
 
-from embedserve.kernels import isa
+from embedserve.kernels import int8_short, isa
 from embedserve.kernels.int8_rows import LEVELS, finish_rows, quantize_rows
+from embedserve.settings import settings
 
 OUTLIER_SHARE = 16  # one input channel in this many stays float32 (LLM.int8()'s decomposition)
-_QLINEAR = getattr(getattr(torch.ops, "onednn", None), "qlinear_pointwise", None)
-_PREPACK = getattr(getattr(torch.ops, "onednn", None), "qlinear_prepack", None)
+_sums = int8_short.onednn_sums
 
 
 @dataclass
@@ -50,26 +50,23 @@ class Int8Weight:
     w_out: torch.Tensor  # [k, N] float32: their weight columns, one row per channel
     bias: torch.Tensor  # [N] float32 (zeros where the projection has none)
     w_zero: torch.Tensor  # [N] long zeros: the weight's zero points, as oneDNN takes them
+    short: bool = False  # few rows run on kernels/int8_short.cpp, which reads `packed` in place
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, K] float32 -> [T, N] float32."""
+        """x [T, K] float32 -> [T, N] float32. A step of few rows takes the short-rows kernel
+        where it reads this weight: the same bytes as oneDNN's sums and `finish_rows`."""
         if x.shape[0] == 0:  # a step whose chunks pool no row (a decoder's last layer)
             return x.new_empty(0, self.w_scale.shape[0])
         rows = quantize_rows(x.contiguous(), self.mask, self.outliers)
+        if self.short and x.shape[0] <= int8_short.MAX_ROWS:
+            return int8_short.linear(rows, self.packed, self.w_scale, self.zero_fix, self.bias, self.w_out)
         sums = _sums(rows.q, self.packed, self.w_scale, self.w_zero)
         return finish_rows(sums, rows, self.zero_fix, self.bias, self.w_out)
-
-
-def _sums(q: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor) -> torch.Tensor:
-    """oneDNN's int8 matmul: [T, N] float32 sums of q[t, k] Wq[n, k] times w_scale[n]."""
-    assert _QLINEAR is not None
-    return _QLINEAR(q, 1.0, 0, packed, w_scale, w_zero, None, 1.0, 0, torch.float32, "none", [], "")
 
 
 def quantize(weight: torch.Tensor, bias: torch.Tensor | None, magnitude: torch.Tensor) -> Int8Weight:
     """The int8 form of a float weight [N, K]; `magnitude` [K]: each input channel's largest
     absolute value seen in calibration (its top `outlier_count` stay float32)."""
-    assert _PREPACK is not None
     w = weight.detach().float()
     n, k = w.shape
     outliers = magnitude.topk(outlier_count(k)).indices.sort().values
@@ -79,10 +76,11 @@ def quantize(weight: torch.Tensor, bias: torch.Tensor | None, magnitude: torch.T
     wq = inner.div(w_scale[:, None]).round_().clamp_(-127, 127).to(torch.int8)
     zero_fix = wq.sum(dim=1, dtype=torch.float64).mul_(w_scale.double()).float()
     b = torch.zeros(n) if bias is None else bias.detach().float().clone()
-    packed = _PREPACK(wq, None)
+    packed = int8_short.prepack(wq)
     mask = torch.zeros(k, dtype=torch.uint8).index_fill_(0, outliers, 1)
     w_zero = torch.zeros(n, dtype=torch.long)
-    return Int8Weight(packed, w_scale.contiguous(), zero_fix, outliers, mask, w_out, b, w_zero)
+    short = settings().short_rows and int8_short.reads(wq, packed)
+    return Int8Weight(packed, w_scale.contiguous(), zero_fix, outliers, mask, w_out, b, w_zero, short)
 
 
 def outlier_count(k: int) -> int:
@@ -94,14 +92,14 @@ def outlier_count(k: int) -> int:
 def int8_available() -> str | None:
     """None where oneDNN's int8 matmul runs here and gives exact integer sums on a check
     (127 x 127 products, the largest this path makes), else why not."""
-    if _QLINEAR is None or _PREPACK is None:
+    if not int8_short.ONEDNN_INT8:
         return "this PyTorch build has no oneDNN int8 linear (torch.ops.onednn.qlinear_pointwise)"
     gen = torch.Generator().manual_seed(0)
     w = torch.randint(-127, 128, (64, 96), generator=gen, dtype=torch.int8)
     w[0], x = 127, torch.randint(0, LEVELS + 1, (7, 96), generator=gen, dtype=torch.uint8)
     x[0] = LEVELS
     try:
-        got = _sums(x, _PREPACK(w, None), torch.ones(64), torch.zeros(64, dtype=torch.long))
+        got = _sums(x, int8_short.prepack(w), torch.ones(64), torch.zeros(64, dtype=torch.long))
     except RuntimeError as e:
         return f"oneDNN's int8 linear failed its check: {e}"
     if not torch.equal(got.double(), x.double() @ w.double().t()):
