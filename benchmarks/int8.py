@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -64,6 +65,9 @@ def _run(args: argparse.Namespace, engine: str, out: Path) -> float:
 
 
 def main() -> None:
+    # the int8 engine runs int8 on a CPU without VNNI too, where a server would serve float32
+    # (engine/quantize.py): this measures int8 itself
+    os.environ.setdefault("EMBEDSERVE_CPU_INT8", "1")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None)
     p.add_argument("--inputs", type=int, default=128)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -149,12 +150,11 @@ def run(cmd: list[str], what: str) -> str:
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def main() -> None:
+    os.environ.setdefault("EMBEDSERVE_CPU_INT8", "1")  # int8 itself, also without VNNI (as int8.py)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for key in ("onnx", "openvino", "fastembed"):
         p.add_argument(f"--{key}", type=Path, required=True, help=f"the {key} peer's venv")
