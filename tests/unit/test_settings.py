@@ -26,7 +26,11 @@ SWITCHES = (
 def test_unset_or_empty_variables_mean_the_defaults() -> None:
     switches = ("native_kernels", "heap_reuse", "prepack", "short_rows", "huge_pages")
     want = Settings(
-        **dict.fromkeys(switches, True), kernel_cache=None, cxx=None, cpu_isa=None, cpu_bf16=False,
+        **dict.fromkeys(switches, True),
+        kernel_cache=None,
+        cxx=None,
+        cpu_isa=None,
+        cpu_bf16=False,
         cpu_int8=False,
     )
     assert Settings.from_env({}) == want

@@ -19,6 +19,7 @@ import torch
 
 from embedserve.kernels import native
 from embedserve.kernels.int8_rows import LEVELS, Rows, finish_rows, quantize_rows
+from embedserve.kernels.short_linear import packed_address
 
 log = logging.getLogger(__name__)
 Kernel = Callable[..., int]
@@ -82,7 +83,7 @@ def linear(
     n = w_scale.shape[0]
     y = torch.empty(m, n)
     rc = kernel(
-        rows.q.data_ptr(), m, k, int(torch.ops.mkldnn.data_ptr(packed)), n, w_scale.data_ptr(),
+        rows.q.data_ptr(), m, k, packed_address(packed), n, w_scale.data_ptr(),
         rows.scale.data_ptr(), rows.zero.data_ptr(), fix.data_ptr(), bias.data_ptr(),
         rows.outliers.data_ptr(), w_out.shape[0], w_out.data_ptr(), y.data_ptr(),
     )  # fmt: skip
@@ -135,5 +136,5 @@ def reads_layout(wq: torch.Tensor, packed: torch.Tensor) -> bool:
     n, k = wq.shape
     if not packed.is_mkldnn or int(torch.ops.mkldnn._nbytes(packed)) != n * k:
         return False
-    raw = (ctypes.c_int8 * (n * k)).from_address(int(torch.ops.mkldnn.data_ptr(packed)))
+    raw = (ctypes.c_int8 * (n * k)).from_address(packed_address(packed))
     return torch.equal(torch.frombuffer(raw, dtype=torch.int8).view(k, n), wq.t())

@@ -35,7 +35,6 @@ from embedserve.kernels.int8_rows import LEVELS, finish_rows, quantize_rows
 from embedserve.settings import settings
 
 OUTLIER_SHARE = 16  # one input channel in this many stays float32 (LLM.int8()'s decomposition)
-_sums = int8_short.onednn_sums
 
 
 @dataclass
@@ -60,7 +59,7 @@ class Int8Weight:
         rows = quantize_rows(x.contiguous(), self.mask, self.outliers)
         if self.short and x.shape[0] <= int8_short.MAX_ROWS:
             return int8_short.linear(rows, self.packed, self.w_scale, self.zero_fix, self.bias, self.w_out)
-        sums = _sums(rows.q, self.packed, self.w_scale, self.w_zero)
+        sums = int8_short.onednn_sums(rows.q, self.packed, self.w_scale, self.w_zero)
         return finish_rows(sums, rows, self.zero_fix, self.bias, self.w_out)
 
 
@@ -99,7 +98,8 @@ def int8_available() -> str | None:
     w[0], x = 127, torch.randint(0, LEVELS + 1, (7, 96), generator=gen, dtype=torch.uint8)
     x[0] = LEVELS
     try:
-        got = _sums(x, int8_short.prepack(w), torch.ones(64), torch.zeros(64, dtype=torch.long))
+        packed, zeros = int8_short.prepack(w), torch.zeros(64, dtype=torch.long)
+        got = int8_short.onednn_sums(x, packed, torch.ones(64), zeros)
     except RuntimeError as e:
         return f"oneDNN's int8 linear failed its check: {e}"
     if not torch.equal(got.double(), x.double() @ w.double().t()):
