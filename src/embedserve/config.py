@@ -98,6 +98,11 @@ class PoolingConfig:
         """The pooled vector's width after the Dense modules."""
         return self.dense[-1].out_features if self.dense else hidden_size
 
+    def vector_size(self, model: ModelConfig) -> int:
+        """A single vector's width: a SPLADE model's vocabulary, else the hidden size or the last
+        Dense module's."""
+        return model.vocab_size if self.splade is not None else self.output_size(model.hidden_size)
+
 
 @dataclass(frozen=True)
 class CacheConfig:
@@ -201,6 +206,4 @@ class EngineConfig:
     def vector_size(self) -> int:
         """A single vector's width: a SPLADE model's vocabulary, else the hidden size or the last
         Dense module's."""
-        if self.pooling.splade is not None:
-            return self.model.vocab_size
-        return self.pooling.output_size(self.model.hidden_size)
+        return self.pooling.vector_size(self.model)

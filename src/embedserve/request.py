@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from embedserve.config import PoolingMethod
-from embedserve.errors import InvalidInputError
-from embedserve.pooling.spans import LateChunks, SpanPoolingState
+from embedserve.pooling.spans import SpanPoolingState
 from embedserve.pooling.state import PoolingState
+from embedserve.tokenizer.spans import LateChunks
 from embedserve.vision.state import MultimodalState
 
 if TYPE_CHECKING:
@@ -50,17 +50,6 @@ class EmbedParams:
     dimensions: int | None = None
     normalize: bool = True
     dense: DenseHead | None = None  # sentence-transformers Dense modules, before the two above
-
-
-def check_dimensions(dimensions: int | None, width: int, sparse: bool = False) -> None:
-    """InvalidInputError unless `dimensions` is None or a width in [1, width] (the vector's width
-    after Dense modules); a SPLADE model's sparse vectors take none."""
-    if dimensions is None:
-        return
-    if sparse:
-        raise InvalidInputError("dimensions does not apply to a SPLADE model's sparse vectors")
-    if isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= width:
-        raise InvalidInputError(f"dimensions must be an integer in [1, {width}], got {dimensions!r}")
 
 
 class Request:

@@ -12,9 +12,9 @@ import numpy as np
 from embedserve.engine.ask import Ask, LateChunking, MultiVectorInput, Prepared, answers_as
 from embedserve.engine.core import Finished
 from embedserve.engine.engine import EmbeddingOutput, Engine, LateChunkOutput
-from embedserve.late_long import LongPlan
 from embedserve.pooling.outputs import Output
 from embedserve.tokenizer import Tokenized
+from embedserve.tokenizer.windows import LongPlan
 
 
 def embed_outputs(engine: Engine, inputs: Any, **options: Any) -> list[EmbeddingOutput]:

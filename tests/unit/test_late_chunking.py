@@ -16,9 +16,9 @@ from embedserve import Engine
 from embedserve.config import PoolingMethod
 from embedserve.engine.builder import build_engine
 from embedserve.errors import InputTooLongError, InvalidInputError
-from embedserve.late_chunking import join_chunks, tokenize_late
 from embedserve.request import EmbedParams, Priority, Request
 from embedserve.tokenizer import Tokenizer, Truncate
+from embedserve.tokenizer.late import join_chunks, tokenize_late
 from tests.helpers.engine_calls import embed_late, plan_late
 from tests.helpers.engine_calls import tokenize_late as engine_tokenize_late
 from tests.helpers.preemption import preempted_vector

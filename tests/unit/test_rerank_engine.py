@@ -13,7 +13,7 @@ import torch
 
 from embedserve import Engine
 from embedserve.errors import InvalidInputError
-from embedserve.pairs import QWEN3_INSTRUCTION, QWEN3_PREFIX, QWEN3_SUFFIX
+from embedserve.tokenizer.pairs import QWEN3_INSTRUCTION, QWEN3_PREFIX, QWEN3_SUFFIX
 from tests.helpers.tiny_rerankers import build_cross_encoder, build_qwen3_reranker
 
 QUERY = "how do wings produce lift"

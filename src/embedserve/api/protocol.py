@@ -162,7 +162,7 @@ class EmbeddingRequest(BaseModel):
     )
     sparse_top_k: int | None = Field(default=None, ge=1)  # sparse: only the k largest weights
     return_tokens: bool = False  # sparse: the token of each index too
-    # Late chunking (late_chunking.py): `input` is one document's chunks, or the document with
+    # Late chunking (tokenizer/late.py): `input` is one document's chunks, or the document with
     # `chunk_spans` ([start, end) characters) or `late_chunk_size` (tokens per chunk).
     late_chunking: bool = Field(
         default=False, description="input is one document: its chunks in order, or the whole text"

@@ -54,7 +54,7 @@ def _hf(path: Path, instruction: str | None, dtype: Any, device: str) -> Scorer:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from embedserve.pairs import QWEN3_INSTRUCTION, QWEN3_PREFIX, QWEN3_SUFFIX
+    from embedserve.tokenizer.pairs import QWEN3_INSTRUCTION, QWEN3_PREFIX, QWEN3_SUFFIX
 
     tok = AutoTokenizer.from_pretrained(path)
     archs = json.loads((path / "config.json").read_text()).get("architectures") or []

@@ -1,7 +1,7 @@
 """What one call asks of the engine, frozen and resolved once (`Ask`: the output and its
 options), and what it runs as (`Prepared`: the requests' tokens, made by `Engine.prepare`).
 
-Every output goes the same way: `prepare` renders the inputs for the ask (engine/render.py),
+Every output goes the same way: `prepare` renders the inputs for the ask (tokenizer/render.py),
 `submit` queues one request per prepared sequence, `run` / `run_async` wait and shape the
 answers (engine/answers.py). The outputs (pooling/outputs.py):
 
@@ -21,28 +21,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from embedserve.late_long import LongPlan
 from embedserve.pooling.outputs import Output
-from embedserve.tokenizer import Tokenized
+from embedserve.tokenizer.core import Tokenized
+from embedserve.tokenizer.late import LateChunking
+from embedserve.tokenizer.render_sides import SIDES, MultiVectorInput
+from embedserve.tokenizer.windows import LongPlan
 
-SIDES = ("query", "document")
+__all__ = ["SIDES", "Ask", "LateChunking", "MultiVectorInput", "Prepared", "answers_as"]
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class LateChunking:
-    """How one document is cut into chunks: the chunks' texts in order (a list as the input),
-    or the whole text with `chunk_spans` ([start, end) characters) or `chunk_size` (content
-    tokens per chunk). `span_pooling`: "mean", or "last" (a causal decoder's last row of each
-    span). `long`: a document over max_model_len runs as windows sharing `overlap` content
-    tokens (default: an eighth of max_model_len) instead of being refused or cut."""
-
-    chunk_spans: Sequence[Sequence[int]] | None = None
-    chunk_size: int | None = None
-    span_pooling: str = "mean"
-    long: bool = False
-    overlap: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,21 +60,6 @@ class Ask:
     extras: frozenset[Output] = frozenset()
     raw_scores: bool = False
     instruction: str | None = None
-
-
-@dataclass(frozen=True)
-class MultiVectorInput:
-    """One input as the model reads it on its side: tokens (a query's expansion included),
-    which positions give a vector, and how many positions are keys (None: all)."""
-
-    tokenized: Tokenized
-    side: str
-    keep: list[bool]
-    attend_keys: int | None
-
-    @property
-    def num_vectors(self) -> int:
-        return sum(self.keep)
 
 
 @dataclass(frozen=True)

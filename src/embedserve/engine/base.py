@@ -13,7 +13,6 @@ from embedserve.engine.builder import EngineParts
 from embedserve.engine.core import Finished
 from embedserve.engine.loop import EngineLoop
 from embedserve.engine.outputs import parse_priority
-from embedserve.engine.render_sides import Renderer
 from embedserve.engine.static import StaticQueryMixin
 from embedserve.errors import InvalidInputError
 from embedserve.lora.adapter import LoraAdapter
@@ -21,6 +20,7 @@ from embedserve.pooling.outputs import multivectors_only
 from embedserve.pooling.state import PoolingState
 from embedserve.request import EmbedParams, Request
 from embedserve.tokenizer import Tokenized
+from embedserve.tokenizer.render_sides import Renderer
 
 
 class EngineBase(StaticQueryMixin):
@@ -43,12 +43,13 @@ class EngineBase(StaticQueryMixin):
         self.adapter: LoraAdapter | None = None  # this engine's requests run it (`with_adapter`)
         # What errors call the model: its directory's name, or the name a server serves it as.
         self.name = Path(self.config.model_path).name
+        self._render_spec = self._loop.parts.render_spec()
         self._ids = itertools.count()
 
     @property
     def renderer(self) -> Renderer:
-        """The model's inputs as it reads them (engine/render.py); errors name this engine's model."""
-        return Renderer(self._loop.parts, self.name)
+        """The model's inputs as it reads them (tokenizer/render.py); errors name this engine's model."""
+        return Renderer(self._render_spec, self.name)
 
     def _check_dimensions(self, dimensions: int | None) -> None:
         self.renderer.check_dimensions(dimensions)

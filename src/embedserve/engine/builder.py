@@ -13,7 +13,6 @@ from embedserve.config import EngineConfig
 from embedserve.engine.adapters import Adapters
 from embedserve.engine.core import EngineCore
 from embedserve.engine.load import Loaded, load
-from embedserve.engine.multimodal import MultimodalPrompter, multimodal_prompter
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.quantize import Prober, quantize_engine
 from embedserve.engine.resolve import resolve
@@ -33,6 +32,8 @@ from embedserve.pooling.dense import DenseHead
 from embedserve.pooling.outputs import Output, supported_outputs
 from embedserve.scheduler.scheduler import Scheduler
 from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer.multimodal import MultimodalPrompter, multimodal_prompter
+from embedserve.tokenizer.spec import RenderSpec
 from embedserve.worker.bucketed_runner import BucketedModelRunner
 from embedserve.worker.lane_runner import LaneRunner
 from embedserve.worker.model_runner import ModelRunner
@@ -54,6 +55,21 @@ class EngineParts:
     dense_head: DenseHead | None = None  # sentence-transformers Dense modules after pooling
     adapters: Adapters | None = None  # LoRA adapters served on the weights (engine/adapters.py)
     outputs: frozenset[Output] = frozenset({Output.DENSE})  # what the model emits (pooling/outputs.py)
+
+    def render_spec(self) -> RenderSpec:
+        """What rendering inputs reads of the loaded model (tokenizer/spec.py; the gateway's counter
+        makes the same from the model's files)."""
+        cfg, score, tokens = self.config, self.score_head, self.multivector_head
+        return RenderSpec(
+            self.tokenizer, cfg.scheduler.max_model_len, cfg.prompts, cfg.default_prompt_name,
+            task=cfg.task, score_kind=None if score is None else score.kind,
+            num_labels=score.num_labels if score is not None and score.kind == CLASSIFIER else 0,
+            pair_types=cfg.model.type_vocab_size > 1,
+            causal=cfg.model.is_causal or cfg.model.causal_mask,
+            dense_after_pooling=self.dense_head is not None, prompter=self.prompter,
+            static=self.static_queries, token_vectors=tokens, vector_size=cfg.vector_size,
+            sparse=self.sparse_head is not None, token_dim=None if tokens is None else tokens.dim,
+        )  # fmt: skip
 
 
 def build_engine(

@@ -1,4 +1,4 @@
-"""Sequence classification on the engine: each text (or text pair, engine/render.py's
+"""Sequence classification on the engine: each text (or text pair, tokenizer/render.py's
 `classify`) runs as an ordinary request (same batching, token budget and priorities as an
 embedding); its pooled CLS row goes through the model's classifier head (models/score_head.py):
 softmax over the labels, or sigmoid per label (`classified`).

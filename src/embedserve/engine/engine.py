@@ -24,10 +24,10 @@ from embedserve.engine.loop import gather_all, wait_all
 from embedserve.engine.options import EngineOptions
 from embedserve.engine.outputs import EmbeddingOutput, output_of, parse_priority
 from embedserve.engine.prefix import PromptCacheMixin
-from embedserve.engine.render import ClassifyInputs
 from embedserve.engine.rerank import RerankResult, check_top_n, ranked, scored
 from embedserve.errors import InvalidInputError
 from embedserve.pooling.outputs import Output
+from embedserve.tokenizer.render import ClassifyInputs
 
 __all__ = [  # the asks' and answers' types, where callers look
     "Answer", "Ask", "ClassifyResult", "EmbeddingOutput", "Engine", "Inputs", "LateChunkOutput",
@@ -114,7 +114,7 @@ class Engine(LateChunkingMixin, PromptCacheMixin, LexicalMixin):
         if ask.extras:
             return self._submit_one_pass(tokenized, ask)
         if out in (Output.SCORES, Output.LABELS):  # the head reads the pooled rows as they are
-            (self.renderer.reranker if out is Output.SCORES else self.renderer.classifier)()
+            (self.renderer.check_reranks if out is Output.SCORES else self.renderer.check_classifies)()
             return self._submit_tokenized(tokenized, normalize=False, priority=ask.priority)
         return self._submit_tokenized(
             tokenized, dimensions=ask.dimensions, normalize=ask.normalize, priority=ask.priority
@@ -132,10 +132,11 @@ class Engine(LateChunkingMixin, PromptCacheMixin, LexicalMixin):
 
     def _answers(self, prepared: Prepared, done: list[Finished]) -> list[Answer]:
         ask, tokenized = prepared.ask, prepared.tokenized
-        if ask.output is Output.SCORES:
-            return list(scored(self.renderer.reranker(), done, tokenized, ask.raw_scores))
-        if ask.output is Output.LABELS:
-            return list(classified(self.renderer.classifier(), done, tokenized, ask.raw_scores))
+        if ask.output in (Output.SCORES, Output.LABELS):
+            head = self.score_head
+            assert head is not None, "a SCORES / LABELS ask is prepared on a model with a score head"
+            shape = scored if ask.output is Output.SCORES else classified
+            return list(shape(head, done, tokenized, ask.raw_scores))
         outputs = [output_of(f, t) for f, t in zip(done, tokenized, strict=True)]
         if ask.output is Output.SPANS:
             assert prepared.plan is not None

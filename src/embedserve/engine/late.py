@@ -1,7 +1,7 @@
 """Late chunking on the engine: a document runs as one ordinary request (same batching, token
 budget, chunked prefill, preemption, layer-major lane), pooled per chunk span
-(pooling/spans.py); a long one as overlapping windows joined after (late_long.py). The renderer
-plans the document (engine/render_sides.py); here its windows are queued and joined.
+(pooling/spans.py); a long one as overlapping windows joined after (tokenizer/windows.py). The
+renderer plans the document (tokenizer/render_sides.py); here its windows are queued and joined.
 """
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from embedserve.engine.ask import Ask
 from embedserve.engine.base import EngineBase
 from embedserve.engine.core import Finished
 from embedserve.engine.outputs import EmbeddingOutput
-from embedserve.late_long import LongPlan
-from embedserve.pooling.spans import ChunkSpan
+from embedserve.pooling.head import apply_head
+from embedserve.tokenizer.spans import ChunkSpan
+from embedserve.tokenizer.windows import LongPlan
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,16 @@ class LateChunkingMixin(EngineBase):
         rows = [o.embedding for o in outputs]
         doc = plan.document
         return LateChunkOutput(
-            plan.combine(rows, ask.dimensions, norm), plan.spans, len(doc.token_ids), doc.truncated,
+            join_windows(plan, rows, ask.dimensions, norm), plan.spans, len(doc.token_ids), doc.truncated,
             len(plan.windows), plan.overlap_tokens,
         )  # fmt: skip
+
+
+def join_windows(
+    plan: LongPlan, rows: list[np.ndarray], dimensions: int | None, normalize: bool
+) -> np.ndarray:
+    """The chunks' vectors from each window's answer rows: the one request's rows when the
+    document ran whole, else the windows' raw rows joined, then the output head."""
+    if not plan.raw:
+        return rows[0]
+    return apply_head(torch.from_numpy(plan.join(rows)), dimensions, normalize).numpy()

@@ -1,7 +1,7 @@
 """Multi-vector embeddings on the engine: an input runs as one ordinary request (same batching,
 token budget, chunked prefill, preemption, layer-major lane), pooled token-wise through the
 model's token head (models/multivector.py, pooling/multivector.py): one vector per kept token.
-The renderer makes each input's side (engine/render_sides.py); `maxsim` scores a query's vectors
+The renderer makes each input's side (tokenizer/render_sides.py); `maxsim` scores a query's vectors
 against a document's.
 """
 
@@ -29,9 +29,9 @@ class MultiVectorMixin(EngineBase):
     ) -> list[Future[Finished]]:
         """Queue rendered inputs; each answers [vectors, dim] float32 (sliced to `dimensions`,
         each vector normalized as the model says unless `normalize`)."""
-        renderer = self.renderer
-        head = renderer.token_head()
-        renderer.check_vector_dimensions(dimensions)
+        self.renderer.check_vector_dimensions(dimensions)
+        head = self.multivector_head
+        assert head is not None
         # sliced vectors are normalized, as sentence-transformers' truncate_dim does, unless asked not to
         norm = (head.normalize or dimensions is not None) if normalize is None else normalize
         chunk = self.config.scheduler.deterministic_chunk

@@ -1,4 +1,4 @@
-"""Reranking on the engine: (query, document) pairs (engine/render.py's `pairs`) run as
+"""Reranking on the engine: (query, document) pairs (tokenizer/render.py's `pairs`) run as
 ordinary requests (same batching, token budget, chunking and preemption); their pooled rows go
 through the model's score head (`scored`), and `Engine.rerank` ranks them (`ranked`).
 """

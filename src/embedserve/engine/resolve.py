@@ -178,7 +178,7 @@ def resolve(options: EngineOptions, files: ModelSource, attention: AttentionFn |
         token_buckets=bucket_sizes(options.max_num_batched_tokens) if _bucketed(options) else None,
         compile_backend=options.compile_backend,
         gpu_memory_utilization=options.gpu_memory_utilization,
-        max_image_pixels=options.max_image_pixels,  # None: the prompter's defaults (engine/multimodal.py)
+        max_image_pixels=options.max_image_pixels,  # None: the prompter's defaults (tokenizer/multimodal.py)
         max_images_per_input=options.max_images_per_input,
         lora=lora_settings(options, files),
         quantization=resolve_quantization(options, files),

@@ -1,5 +1,5 @@
 """Inference-free SPLADE's queries on the engine (models/router.py): rendered without special
-tokens (engine/render.py's `static`), answered at once from the static weights, no request
+tokens (tokenizer/render.py's `static`), answered at once from the static weights, no request
 queued, no step run. `Engine.prepare` renders a query so when the ask names the model's `query`
 prompt (`prompt_name`, Cohere's `input_type: search_query`)."""
 

@@ -22,8 +22,8 @@ from embedserve.engine.options import EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, Traffic, VectorMeta, pick_prompt
 from embedserve.pooling.outputs import Output
-from embedserve.pooling.spans import SpanPooling
 from embedserve.tokenizer import Tokenizer
+from embedserve.tokenizer.spans import SpanPooling
 
 
 class EngineEmbedder:

@@ -35,7 +35,7 @@ def padded_vocab(vocab_size: int, world: int) -> int:
     64: the table's row count stays a multiple of the hardware's tile (GPU tensor-core / TPU
     sublane multiples; the 64 vLLM and Hugging Face's `pad_to_multiple_of` use), so sharding
     never produces a ragged tail. The padding rows are zeros no valid id looks up: ids >= the
-    real vocab are refused at input validation (tokenizer.py), before any step."""
+    real vocab are refused at input validation (tokenizer/core.py), before any step."""
     align = math.lcm(VOCAB_ALIGN, world)
     return -(-vocab_size // align) * align
 

@@ -1,7 +1,7 @@
 """Late chunking's pooling: one document's prompt run once, one vector per chunk's token span.
 
     positions  0 1 2 3 4 5 6 7 8 9 10 11 12 13 14
-    spans      [0 ..... 4) [4 ........ 9) [9 ......... 15)     (late_chunking.py assigns them)
+    spans      [0 ..... 4) [4 ........ 9) [9 ......... 15)     (tokenizer/late.py assigns them)
     chunks     .... [3 ............ 8) [8 ............. 15)    (the scheduler's, anywhere)
 
 Each span keeps its own float32 sum (MEAN) or its last row (LAST, for causal decoders): a
@@ -14,47 +14,13 @@ span's rows are summed per fixed block of positions as MEAN pooling's are (pooli
 from __future__ import annotations
 
 import bisect
-import enum
-from dataclasses import dataclass
 
 import torch
 
 from embedserve.config import PoolingMethod
 from embedserve.errors import InternalEngineError
 from embedserve.pooling.state import PoolingState
-
-
-class SpanPooling(str, enum.Enum):
-    MEAN = "mean"
-    LAST = "last"  # the span's last row: only meaningful where attention is causal
-    SUM = "sum"  # the rows' sum: a part of a chunk whose other rows another request has (late_long.py)
-
-
-@dataclass(frozen=True)
-class ChunkSpan:
-    """One chunk of a late-chunked document."""
-
-    index: int  # the chunk's position in the request (a truncated document may drop some)
-    tokens: tuple[int, int]  # [start, end) positions in the token sequence
-    chars: tuple[int, int]  # [start, end) characters in the document
-
-
-@dataclass(frozen=True)
-class LateChunks:
-    """A document's chunk spans (ascending, disjoint, none empty) and how each is pooled."""
-
-    spans: tuple[ChunkSpan, ...]
-    pooling: SpanPooling = SpanPooling.MEAN
-
-    def __post_init__(self) -> None:
-        if not self.spans:
-            raise ValueError("late chunking needs at least one span")
-        end = 0
-        for s in self.spans:
-            a, b = s.tokens
-            if not end <= a < b:
-                raise ValueError(f"span {s.index} {s.tokens} is empty or overlaps the one before")
-            end = b
+from embedserve.tokenizer.spans import LateChunks, SpanPooling
 
 
 class SpanPoolingState(PoolingState):

@@ -53,7 +53,10 @@ class PredictJob(ClassifyJob):
 
     def body(self, done: Computed) -> Any:
         probs = [p for _, p in self.labelled(done)]
-        return predict_body(self.predict, self.svc.engine.renderer.classifier().labels, probs)
+        engine = self.svc.engine
+        engine.renderer.check_classifies()
+        assert engine.score_head is not None
+        return predict_body(self.predict, engine.score_head.labels, probs)
 
 
 CLASSIFY_ROUTE = ServerRoute(CLASSIFY, ClassifyJob)

@@ -15,14 +15,15 @@ from embedserve.api.quantize import encode_values, quantize
 from embedserve.api.routes import EMBEDDINGS
 from embedserve.api.sparse import sparse_item
 from embedserve.engine.ask import Ask, LateChunking, Prepared, answers_as
+from embedserve.engine.late import join_windows
 from embedserve.engine.outputs import EmbeddingOutput
-from embedserve.late_long import LongPlan
 from embedserve.pooling.outputs import Output, multivectors_only
 from embedserve.schema import MULTIVECTOR
 from embedserve.server.multivector_routes import MultiVectorJob
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized
+from embedserve.tokenizer.windows import LongPlan
 
 
 class EmbeddingsJob(Job):
@@ -52,14 +53,7 @@ class EmbeddingsJob(Job):
             req.prompt_name, req.prompt, req.dimensions, req.normalize, req.priority, req.truncate,
         )  # fmt: skip
         if req.late_chunking:
-            late = LateChunking(
-                req.chunk_spans,
-                req.late_chunk_size,
-                req.span_pooling,
-                req.long_late_chunking,
-                req.late_overlap,
-            )
-            prepared = svc.engine.prepare(req.input, replace(ask, late=late))
+            prepared = svc.engine.prepare(req.input, replace(ask, late=LateChunking.of_request(req)))
             self.plan = prepared.plan
             assert self.plan is not None
             limit, n = svc.max_inputs_per_request, len(self.plan.spans)
@@ -105,7 +99,7 @@ class EmbeddingsJob(Job):
         rows: np.ndarray | list[np.ndarray]
         if self.plan is not None:
             normalize = svc.metadata.default_normalize if req.normalize is None else req.normalize
-            rows = self.plan.combine([o.embedding for o in done.outputs], req.dimensions, normalize)
+            rows = join_windows(self.plan, [o.embedding for o in done.outputs], req.dimensions, normalize)
             items = late_items(self.plan)
             late = {"late_chunking": late_summary(self.plan)}
         else:

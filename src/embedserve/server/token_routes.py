@@ -13,11 +13,11 @@ from embedserve.api.token_outputs import EmbedAllRequest, PoolingRequest, poolin
 from embedserve.engine.ask import Ask, Prepared, answers_as
 from embedserve.engine.outputs import EmbeddingOutput
 from embedserve.errors import API_REMEDY, TEI_REMEDY
-from embedserve.late_chunking import every_token
 from embedserve.server.embeddings_routes import EmbeddingsJob
 from embedserve.server.pipeline import Computed, Job, ServerRoute
 from embedserve.server.serving import EmbeddingService
 from embedserve.tokenizer import Tokenized
+from embedserve.tokenizer.late import every_token
 
 
 class TokenVectorsJob(Job):

@@ -16,6 +16,7 @@ from embedserve.gateway.routes.jobs import Job
 from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 from embedserve.models.router import QUERY_PROMPT_NAME
 from embedserve.pooling.outputs import Output
+from embedserve.tokenizer.late import LateChunking
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,8 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
 
     def count(self) -> list[int]:
         prompt = self.counter.resolve_prompt(self.req.prompt_name, self.req.prompt)
-        if self.req.late_chunking:
-            return self.counter.count(["".join(str(x) for x in self.items)], prompt)
+        if self.req.late_chunking:  # the whole document, as the pool's renderer plans it
+            return [self.counter.count_late(self.req.input, LateChunking.of_request(self.req), prompt)]
         if self.req.embedding_type == Output.MULTIVECTOR.value:  # each side's prompt, a query's expansion
             side = self.req.input_type or "document"
             return self.counter.count_multivector(self.items, side, self.req.prompt_name, self.req.prompt)

@@ -10,7 +10,7 @@ tokens, which the later one reads as context only, so each position's row comes 
 one window. A chunk across a window boundary sums its rows from both: MEAN divides the sum by
 the chunk's tokens, LAST reads the row of the window that owns the chunk's last token. Windows
 run as ordinary requests whose spans are SUM-pooled portions (pooling/spans.py);
-`LongPlan.combine` joins them and applies the output head. A document that fits is one window
+`LongPlan.join` joins them (engine/late.py applies the output head). A document that fits is one window
 run as an ordinary late-chunked request.
 """
 
@@ -19,12 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from embedserve.errors import InvalidInputError
-from embedserve.pooling.head import apply_head
-from embedserve.pooling.spans import ChunkSpan, LateChunks, SpanPooling
-from embedserve.tokenizer import Tokenized
+from embedserve.tokenizer.core import Tokenized
+from embedserve.tokenizer.spans import ChunkSpan, LateChunks, SpanPooling
 
 
 @dataclass(frozen=True)
@@ -59,17 +57,17 @@ class LongPlan:
         assert self.document.late is not None
         return self.document.late.spans
 
-    def combine(self, rows: list[np.ndarray], dimensions: int | None, normalize: bool) -> np.ndarray:
-        """The chunks' vectors from each window's rows (`rows[w]`: [spans of window w, hidden])."""
-        if not self.raw:
-            return rows[0]
-        assert self.document.late is not None
+    def join(self, rows: list[np.ndarray]) -> np.ndarray:
+        """The chunks' raw vectors from each window's rows (`rows[w]`: [spans of window w, hidden]):
+        a chunk across windows sums its portions, MEAN then divides by its tokens. The output
+        head applies after (engine/late.py's `join_windows`)."""
+        assert self.raw and self.document.late is not None
         acc = np.zeros((len(self.spans), rows[0].shape[1]), dtype=np.float32)
         for p in self.portions:
             acc[p.chunk] += rows[p.window][p.span]
         if self.document.late.pooling is not SpanPooling.LAST:
             acc /= np.array([[b - a] for a, b in (c.tokens for c in self.spans)], dtype=np.float32)
-        return apply_head(torch.from_numpy(acc), dimensions, normalize).numpy()
+        return acc
 
 
 def plan_windows(doc: Tokenized, content: tuple[int, int], max_len: int, overlap: int) -> LongPlan:

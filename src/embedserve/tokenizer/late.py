@@ -22,10 +22,35 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from embedserve.errors import InvalidInputError
-from embedserve.pooling.spans import ChunkSpan, LateChunks, SpanPooling
-from embedserve.tokenizer import Tokenized, Tokenizer, Truncate
+from embedserve.tokenizer.core import Tokenized, Tokenizer, Truncate
+from embedserve.tokenizer.spans import ChunkSpan, LateChunks, SpanPooling
+
+
+@dataclass(frozen=True)
+class LateChunking:
+    """How one document is cut into chunks: the chunks' texts in order (a list as the input),
+    or the whole text with `chunk_spans` ([start, end) characters) or `chunk_size` (content
+    tokens per chunk). `span_pooling`: "mean", or "last" (a causal decoder's last row of each
+    span). `long`: a document over max_model_len runs as windows sharing `overlap` content
+    tokens (default: an eighth of max_model_len) instead of being refused or cut."""
+
+    chunk_spans: Sequence[Sequence[int]] | None = None
+    chunk_size: int | None = None
+    span_pooling: str = "mean"
+    long: bool = False
+    overlap: int | None = None
+
+    @classmethod
+    def of_request(cls, req: Any) -> LateChunking:
+        """An embeddings request's late-chunking fields (api/protocol.py's EmbeddingRequest), as
+        the server runs them and the gateway counts them."""
+        return cls(
+            req.chunk_spans, req.late_chunk_size, req.span_pooling, req.long_late_chunking, req.late_overlap
+        )
 
 
 def join_chunks(chunks: Sequence[str]) -> tuple[str, list[tuple[int, int]]]:

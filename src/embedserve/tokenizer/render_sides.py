@@ -1,34 +1,47 @@
-"""The renderer's structured inputs, over engine/render.py's texts: a multi-vector model's query
+"""The renderer's structured inputs, over tokenizer/render.py's texts: a multi-vector model's query
 or document side, and a late-chunked document with the window requests it runs as. `Renderer`
-is what `Engine.renderer` gives."""
+is what `Engine.renderer` gives and what the gateway counts with."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
-from embedserve.config import PoolingMethod
-from embedserve.engine.ask import SIDES, LateChunking, MultiVectorInput
-from embedserve.engine.render import TextRenderer
 from embedserve.errors import InvalidInputError
-from embedserve.late_chunking import check_char_spans, join_chunks, late_sequence
-from embedserve.late_long import LongPlan, plan_windows
-from embedserve.pooling.spans import SpanPooling
-from embedserve.tokenizer import Tokenized, Truncate
+from embedserve.models.multivector_rules import TokenVectors
+from embedserve.tokenizer.core import Tokenized, Truncate
+from embedserve.tokenizer.late import LateChunking, check_char_spans, join_chunks, late_sequence
+from embedserve.tokenizer.render import TextRenderer, check_width
+from embedserve.tokenizer.spans import SpanPooling
+from embedserve.tokenizer.windows import LongPlan, plan_windows
 
-if TYPE_CHECKING:
-    from embedserve.models.multivector import MultiVectorHead
+SIDES = ("query", "document")
+
+
+@dataclass(frozen=True)
+class MultiVectorInput:
+    """One input as the model reads it on its side: tokens (a query's expansion included),
+    which positions give a vector, and how many positions are keys (None: all)."""
+
+    tokenized: Tokenized
+    side: str
+    keep: list[bool]
+    attend_keys: int | None
+
+    @property
+    def num_vectors(self) -> int:
+        return sum(self.keep)
 
 
 class Renderer(TextRenderer):
-    """Every input kind the loaded model takes (engine/render.py's, and these)."""
+    """Every input kind the loaded model takes (tokenizer/render.py's, and these)."""
 
     # ---- multi-vector models ---------------------------------------------------------------
 
-    def token_head(self) -> MultiVectorHead:
-        head = self.parts.multivector_head
+    def token_head(self) -> TokenVectors:
+        head = self.spec.token_vectors
         if head is None:
             raise InvalidInputError(
                 f"model {self.name} gives one vector per input: it has no multi-vector head "
@@ -37,11 +50,11 @@ class Renderer(TextRenderer):
         return head
 
     def check_vector_dimensions(self, dimensions: int | None) -> None:
-        dim = self.token_head().dim
-        if dimensions is not None and (
-            isinstance(dimensions, bool) or not isinstance(dimensions, int) or not 1 <= dimensions <= dim
-        ):
-            raise InvalidInputError(f"dimensions must be an integer in [1, {dim}], got {dimensions!r}")
+        self.token_head()
+        dim = self.spec.token_dim
+        assert dim is not None, "a loaded model's spec knows its token vectors' width"
+        if dimensions is not None:
+            check_width(dimensions, dim)
 
     def multivector(
         self,
@@ -60,9 +73,9 @@ class Renderer(TextRenderer):
             raise InvalidInputError(f"input_type must be 'query' or 'document', got {side!r}")
         first = inputs[0] if not isinstance(inputs, str) and len(inputs) else None
         as_ids = isinstance(first, (list, tuple)) and all(isinstance(x, int) for x in first)
-        prompts = {} if as_ids else self.config.prompts  # token-id inputs take no side prompt
+        prompts = {} if as_ids else dict(self.spec.prompts)  # token-id inputs take no side prompt
         text_prompt = self.prompt(head.side_prompt(side, prompt_name, prompt, prompts), prompt)
-        max_len = head.side_limit(side, self.config.scheduler.max_model_len)
+        max_len = head.side_limit(side, self.spec.max_model_len) if self.spec.limited else sys.maxsize
         expansion = head.expansion if side == "query" else None
         out: list[MultiVectorInput] = []
         for tok in self.text(inputs, text_prompt, truncate, max_len):
@@ -75,7 +88,7 @@ class Renderer(TextRenderer):
                 keys = None if expansion.attend else len(ids)
                 ids = ids + [expansion.token_id] * (head.read_length(side, len(ids)) - len(ids))
                 tok = replace(tok, token_ids=ids)
-            if keys is not None and (self.config.model.is_causal or self.config.model.causal_mask):
+            if keys is not None and self.spec.causal:
                 raise InvalidInputError(
                     f"model {self.name}: query expansion without attention needs an encoder"
                 )
@@ -94,8 +107,8 @@ class Renderer(TextRenderer):
     ) -> LongPlan:
         """The requests a late-chunked document runs as: one sequence with its chunks' token
         spans, or with `late.long` a document of any length as windows of max_model_len tokens
-        that share `late.overlap` content tokens, one when it fits (late_long.py)."""
-        limit = self.config.scheduler.max_model_len
+        that share `late.overlap` content tokens, one when it fits (tokenizer/windows.py)."""
+        limit = self.spec.max_model_len
         if not late.long:
             if late.overlap is not None:
                 raise InvalidInputError("overlap applies to long documents (long=True)")
@@ -108,7 +121,7 @@ class Renderer(TextRenderer):
             raise InvalidInputError(f"late_overlap must be a non-negative integer, got {overlap!r}")
         tok, content = self._sequence(document, late, prompt, "error", sys.maxsize)
         plan = plan_windows(tok, content, limit, overlap)
-        if plan.raw and self.parts.dense_head is not None:
+        if plan.raw and self.spec.dense_after_pooling:
             # the windows' rows would each pass the Dense modules before they are joined
             raise InvalidInputError(
                 f"model {self.name} has Dense modules after pooling: late chunking takes documents of "
@@ -141,19 +154,19 @@ class Renderer(TextRenderer):
         return late_sequence(self.tokenizer, text, limit, policy, spans, None, prompt, pooling)
 
     def _span_pooling(self, span_pooling: str) -> SpanPooling:
-        cfg = self.config
+        spec = self.spec
         if self.multimodal:
             raise InvalidInputError(f"model {self.name} takes images: late chunking is for text models")
-        if cfg.pooling.method is PoolingMethod.SPLADE:
+        if spec.sparse:
             raise InvalidInputError(
                 f"model {self.name} produces sparse vectors: late chunking pools dense rows"
             )
-        if cfg.task != "embed":
-            raise InvalidInputError(f"model {self.name} is a {cfg.task} model: late chunking embeds")
+        if spec.task != "embed":
+            raise InvalidInputError(f"model {self.name} is a {spec.task} model: late chunking embeds")
         pooling = {"mean": SpanPooling.MEAN, "last": SpanPooling.LAST}.get(span_pooling)
         if pooling is None:
             raise InvalidInputError(f"span_pooling must be 'mean' or 'last', got {span_pooling!r}")
-        if pooling is SpanPooling.LAST and not (cfg.model.is_causal or cfg.model.causal_mask):
+        if pooling is SpanPooling.LAST and not spec.causal:
             raise InvalidInputError(
                 f"span_pooling 'last' reads each span's last row, which sees only the text before "
                 f"it in a causal decoder; model {self.name} is a bidirectional encoder: use 'mean'"

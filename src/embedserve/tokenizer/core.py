@@ -23,8 +23,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.vision.state import MultimodalState
 
-if TYPE_CHECKING:  # an input's late-chunk spans are attached later; tokenizing needs no torch
-    from embedserve.pooling.spans import LateChunks
+if TYPE_CHECKING:  # an input's late-chunk spans are attached later (tokenizer/late.py)
+    from embedserve.tokenizer.spans import LateChunks
 
 
 class Truncate(str, enum.Enum):
@@ -48,11 +48,11 @@ class Tokenized:
     truncated: bool
     # Leading positions that belong to the prompt (excluded by MEAN pooling without prompt).
     prompt_tokens: int = 0
-    # A (query, document) pair's segment ids, for encoders with token types (pairs.py).
+    # A (query, document) pair's segment ids, for encoders with token types (tokenizer/pairs.py).
     token_type_ids: list[int] | None = None
     # Images of a multimodal input: spans, M-RoPE positions (vision/state.py); None: text only.
     multimodal: MultimodalState | None = None
-    # A late-chunked document: its chunks' token spans, one vector each (late_chunking.py).
+    # A late-chunked document: its chunks' token spans, one vector each (tokenizer/late.py).
     late: LateChunks | None = None
     # An inference-free SPLADE query: answered from static weights, no model (engine/static.py).
     static: bool = False

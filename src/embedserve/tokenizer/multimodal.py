@@ -1,5 +1,5 @@
-"""What a multimodal (Qwen3-VL) model changes in the engine: its prompter, its inputs (the options
-it runs without are refused by engine/resolve.py)."""
+"""What a multimodal (Qwen3-VL) model changes in rendering: its prompter and its inputs (the
+options it runs without are refused by engine/resolve.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from embedserve.errors import InputTooLongError, InvalidInputError, ModelLoadError
 from embedserve.models.qwen3_vl.spec import DEFAULT_INSTRUCTION
 from embedserve.models.source import ModelSource
-from embedserve.tokenizer import Tokenized, Tokenizer, Truncate, tokenize_inputs
+from embedserve.tokenizer.core import Tokenized, Tokenizer, Truncate, tokenize_inputs
 from embedserve.vision.image import DEFAULT_MAX_IMAGE_PIXELS
 from embedserve.vision.prompt import (
     DEFAULT_MAX_IMAGES,
