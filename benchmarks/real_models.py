@@ -26,8 +26,8 @@ from embedserve import Engine
 from embedserve.models import default_model_path
 from tests.helpers.cranfield import load as load_cranfield
 from tests.helpers.reference import cosine, st_model
-from tests.unit.test_minilm_cranfield import mean_ndcg, top10
-from tests.unit.test_smollm2_gguf import smollm2_file
+from tests.unit.models.test_minilm_cranfield import mean_ndcg, top10
+from tests.unit.models.test_smollm2_gguf import smollm2_file
 
 
 def _timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -19,10 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # bfloat16 tests test the bfloat16 engine, also on a CPU without bf16 dot products (where a
-# user's bfloat16 runs as float32: tests/unit/test_cpu_isa.py)
+# user's bfloat16 runs as float32: tests/unit/kernels/test_cpu_isa.py)
 os.environ.setdefault("EMBEDSERVE_CPU_BF16", "1")
 # likewise int8 tests test the int8 engine on a CPU without VNNI (where a user's int8 runs as
-# float32: tests/unit/test_int8.py)
+# float32: tests/unit/kernels/test_int8.py)
 os.environ.setdefault("EMBEDSERVE_CPU_INT8", "1")
 
 

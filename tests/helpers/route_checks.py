@@ -1,6 +1,6 @@
 """What `/v2/embed` and `/v1/rerank` must answer through a gateway (HTTP pools or the Ray Serve
 ingress) whose pools are one server: the server's own answers, and the gateway's refusals.
-Shared by tests/unit/test_gateway_routes.py and test_scale_ingress_routes.py."""
+Shared by tests/unit/gateway/test_gateway_routes.py and test_scale_ingress_routes.py."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Weights are drawn with a large `initializer_range` so attention is far from uniform: a wrong
 RoPE offset, causal mask or chunk boundary then moves the vector well below the parity bar
-(tests/unit/test_fixture_sensitivity.py keeps that true).
+(tests/unit/engine/test_fixture_sensitivity.py keeps that true).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ matmuls", "Kept buffers in the attention loop").
 
 Numerics: scores are rounded to bf16 before the softmax, which flash keeps in fp32; the
 attention output's error vs float64 stays close to flash's, and end-to-end parity is tested
-(`tests/unit/test_gemm_attention.py`, `tests/unit/test_engine_bf16.py`).
+(`tests/unit/attention/test_gemm_attention.py`, `tests/unit/engine/test_engine_bf16.py`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 
 Patches are laid out in merge-block order (all patches of one merge x merge block together),
 each one C x T x P x P with the frame repeated T times: exactly what transformers'
-Qwen2-VL image processor produces (pinned in tests/unit/test_vl_image.py).
+Qwen2-VL image processor produces (pinned in tests/unit/vision/test_vl_image.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ model's, api/openapi_contract.py; refusals JSON Schema cannot state are counted 
 body it forbids refused, and healthy after. CI runs 20 cases per operation and mode on the server
 and on the gateway (about 45 s each on 2 cores); the longer run of docs/reliability.md:
 
-    EMBEDSERVE_FUZZ_EXAMPLES=1000 EMBEDSERVE_FUZZ_REPORT=fuzz.json pytest tests/unit/test_fuzz_api.py
+    EMBEDSERVE_FUZZ_EXAMPLES=1000 EMBEDSERVE_FUZZ_REPORT=fuzz.json pytest tests/unit/server/test_fuzz_api.py
 """
 
 from __future__ import annotations

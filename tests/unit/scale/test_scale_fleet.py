@@ -28,7 +28,7 @@ from embedserve.scale.cluster_config import ClusterConfig, parse_cluster_config
 from embedserve.scale.ingress_app import serve_fleet
 from embedserve.scale.manifests import rayservice
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KEYS = {"ACME_KEYS": "acme-1", "BETA_KEYS": "beta-1"}
 DET = EngineOptions(deterministic=True)
 ROUTES = [{"class": "online", "order": ["short", "long"]}, {"class": "batch", "order": ["long"]}]

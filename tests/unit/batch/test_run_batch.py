@@ -29,7 +29,7 @@ from embedserve.server.run_batch import errors_path
 from tests.helpers.fuzz import threaded_server
 from tests.helpers.inprocess import server_client
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BODIES: list[tuple[str, dict[str, Any]]] = [
     ("/v1/embeddings", {"input": "hello world"}),
     ("/v1/embeddings", {"input": "naïve café, 東京"}),

@@ -20,7 +20,7 @@ from tests.helpers.inprocess import gateway_app, server_client
 from tests.helpers.tiny_rerankers import build_cross_encoder
 from tests.helpers.tiny_vl import encoded, image
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 @pytest.fixture(scope="module")

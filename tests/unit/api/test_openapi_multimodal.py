@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.helpers.inprocess import server_client
-from tests.unit.test_openapi import IMAGE, PNG, TEXT, _request_schema, _response_schema, _validator
+from tests.unit.api.test_openapi import IMAGE, PNG, TEXT, _request_schema, _response_schema, _validator
 
 
 @pytest.fixture(scope="module")

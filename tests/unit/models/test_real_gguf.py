@@ -18,8 +18,8 @@ from embedserve.models.gguf_vocab import sentencepiece_tokenizer
 from tests.helpers.gguf_encoders import sentencepiece_metadata, write_encoder_gguf
 from tests.helpers.real_text import long_text
 from tests.helpers.reference import cosine, st_model
-from tests.unit.test_gguf_vocab import SAMPLES
-from tests.unit.test_real_embedders import GEMMA, PAIRS, need
+from tests.unit.models.test_gguf_vocab import SAMPLES
+from tests.unit.models.test_real_embedders import GEMMA, PAIRS, need
 
 QUERY = "task: search result | query: "  # EmbeddingGemma's "query" prompt, written into the text
 MIN_COSINE = {"f32": 0.99999, "q8_0": 0.999}

@@ -10,7 +10,7 @@ from embedserve.gateway.fleet_config import load_fleet
 from embedserve.gateway.pools.config import GatewayConfig, load_config
 from embedserve.gateway.pools.routing import place_inputs
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
 
 def _route(config: GatewayConfig, traffic_class: str, tokens: list[int]) -> list[str]:

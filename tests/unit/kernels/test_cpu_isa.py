@@ -187,7 +187,7 @@ def test_avx2_kernels_serve_bf16_as_float32_and_match_transformers(qwen3_dir: Pa
     self-check, short steps run natively, and bfloat16 runs as float32 with the fp32 vectors."""
     caps = {"EMBEDSERVE_CPU_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
     environ = os.environ | caps | {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "EMBEDSERVE_CPU_BF16": "0"}
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(qwen3_dir)],
         env=environ | {"PYTHONPATH": str(root)},

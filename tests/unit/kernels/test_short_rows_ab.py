@@ -15,7 +15,7 @@ import torch
 from embedserve.kernels import native
 from tests.helpers.cpu import short_rows_dtypes
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FLOAT32 = short_rows_dtypes()[1]
 assert FLOAT32.values == (torch.float32,)
 

@@ -87,7 +87,7 @@ def test_unsupported_configs_are_refused(qwen3_dir: Path, tmp_path: Path, edit: 
 def test_unsupported_st_module_and_missing_files_are_refused(qwen3_dir: Path, tmp_path: Path) -> None:
     d = _copy(qwen3_dir, tmp_path / "dense")
     modules = json.loads((d / "modules.json").read_text())
-    # Dense modules are read (tests/unit/test_gemma3.py); after Normalize they are refused
+    # Dense modules are read (tests/unit/models/test_gemma3.py); after Normalize they are refused
     dense = {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}
     (d / "modules.json").write_text(json.dumps([*modules, dense]))
     with pytest.raises(ModelLoadError, match="a Dense module after Normalize is not supported"):

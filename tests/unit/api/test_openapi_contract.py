@@ -1,6 +1,6 @@
 """`/openapi.json` as the served model's contract (api/openapi_contract.py): the routes of its task
 and outputs, its prompt names, vocabulary and width; the numbers JSON Schema calls integers
-(5.0) read as integers. tests/unit/test_fuzz_api.py holds the document to every schemathesis check."""
+(5.0) read as integers. tests/unit/server/test_fuzz_api.py holds the document to every schemathesis check."""
 
 from __future__ import annotations
 

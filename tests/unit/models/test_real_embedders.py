@@ -2,7 +2,7 @@
 and the scores EmbeddingGemma's own notebook saved upstream.
 
 The weights are fetched, not installed: `bash ../shared/tools/realmodels/fetch.sh DIR`, then
-`EMBEDSERVE_REAL_MODELS=DIR python -m pytest tests/unit/test_real_embedders.py`. Without them
+`EMBEDSERVE_REAL_MODELS=DIR python -m pytest tests/unit/models/test_real_embedders.py`. Without them
 every test here skips, naming the directory it looked for.
 """
 

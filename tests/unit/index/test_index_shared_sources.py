@@ -35,7 +35,7 @@ TEXTS = [
     "Heat transfer in a hypersonic stagnation region.",
 ]
 META = [f.name for f in dataclasses.fields(VectorMeta)]
-SRC = Path(__file__).resolve().parents[2] / "src" / "embedserve"
+SRC = Path(__file__).resolve().parents[3] / "src" / "embedserve"
 
 
 @pytest.fixture(scope="module")

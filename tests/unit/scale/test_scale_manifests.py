@@ -17,7 +17,7 @@ import yaml
 
 from embedserve.scale.config import load_scale_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ["base", "overlays/cpu-small", "overlays/gpu-h200"]
 K8S_VERSION = "1.32.0"

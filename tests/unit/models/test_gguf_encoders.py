@@ -16,7 +16,7 @@ from tests.helpers.gguf_encoders import write_encoder_gguf
 from tests.helpers.reference import cosine, st_embed
 from tests.helpers.tiny_bert import build_encoder, build_nomic, minilm_dir
 from tests.helpers.tiny_gemma import build_gemma3
-from tests.unit.test_nomic_bert import texts
+from tests.unit.models.test_nomic_bert import texts
 
 # float32 files equal the directory; quantized ones as close as their rounding allows
 MIN_COSINE = {"f32": 0.99999, "f16": 0.9995, "q8_0": 0.995}

@@ -219,7 +219,7 @@ def test_rerank_specs_share_the_grammar(tmp_path: Path) -> None:
 
 
 def test_the_grammar_is_documented_once() -> None:
-    doc = (Path(__file__).parents[2] / "docs" / "specs.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).parents[3] / "docs" / "specs.md").read_text(encoding="utf-8")
     assert [k for k in KEYS if f"`{k}`" not in doc] == []
 
 
