@@ -107,7 +107,8 @@ def test_raw_http_base64_metadata_and_timing_headers(api_server: ServerProcess, 
     assert (default.model_extra or {})["embedding_schema"] == card["embedding_schema"]
 
 
-@pytest.mark.parametrize("side", ["end", "start"])
+# CI time (2026-12-07): "end" runs in CI, "start" with `-m slow`
+@pytest.mark.parametrize("side", ["end", pytest.param("start", marks=pytest.mark.slow)])
 def test_truncation_is_applied_only_when_asked_and_reported(
     api_server: ServerProcess, ref_engine: Engine, side: str
 ) -> None:

@@ -180,6 +180,8 @@ def test_batch_lines_go_to_their_models_pools(counter: TokenCounter) -> None:
     asyncio.run(go())
 
 
+# CI time (2026-12-07): the fleet's routing stays in CI over fakes, and real models in test_scale_fleet
+@pytest.mark.slow
 def test_two_real_models_behind_one_gateway_answer_as_their_own_servers(
     qwen3_dir: Path, tmp_path: Path
 ) -> None:

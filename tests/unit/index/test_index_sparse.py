@@ -144,6 +144,7 @@ def test_late_chunking_does_not_combine_with_sparse(engines: tuple[Engine, Engin
         SparseEmbedder(EngineEmbedder(engine, "splade", late=True))
 
 
+@pytest.mark.slow  # CI time (2026-12-07): hybrid indexes stay in CI through the CLI and RRF tests
 def test_a_hybrid_shadow_index_is_compared_with_a_dense_live_one(
     engines: tuple[Engine, Engine], store: Store
 ) -> None:

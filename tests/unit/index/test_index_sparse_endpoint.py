@@ -136,6 +136,7 @@ def test_cli_hybrid_through_a_bge_m3_server_equals_the_model_in_process(
         server.terminate()
 
 
+@pytest.mark.slow  # CI time (2026-12-07): the sparse CLI stays in CI through test_index_sparse
 def test_cli_sparse_model_url_beside_a_dense_model(
     splade: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -64,10 +64,16 @@ def _check(dtype: str, lengths: list[int], long_ids: list[int]) -> None:
     assert cos.min() >= MIN_COSINE[dtype], dict(zip(lengths, cos.round(7), strict=True))
 
 
-# CI time: bf16 runs in CI, fp32 with `-m slow`
+# CI time: bf16 at 512 tokens runs in CI; fp32, and 2048 tokens, with `-m slow`
 @pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "bfloat16"])
-def test_smollm2_gguf_matches_transformers_at_512_and_2048(dtype: str, long_ids: list[int]) -> None:
-    _check(dtype, [512, 2048], long_ids)
+def test_smollm2_gguf_matches_transformers_at_512(dtype: str, long_ids: list[int]) -> None:
+    _check(dtype, [512], long_ids)
+
+
+@pytest.mark.slow  # CI time (2026-12-07): 512 tokens above keep the real GGUF decoder in CI
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_smollm2_gguf_matches_transformers_at_2048(dtype: str, long_ids: list[int]) -> None:
+    _check(dtype, [2048], long_ids)
 
 
 @pytest.mark.slow

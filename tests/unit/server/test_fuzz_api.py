@@ -23,7 +23,7 @@ from embedserve.batch.settings import BatchSettings
 from tests.helpers.fuzz import FuzzReport, checks, fuzz_api, threaded_server
 from tests.helpers.inprocess import gateway_app, server_client
 
-EXAMPLES = int(os.environ.get("EMBEDSERVE_FUZZ_EXAMPLES", "20"))  # CI time; 1000 finds more
+EXAMPLES = int(os.environ.get("EMBEDSERVE_FUZZ_EXAMPLES", "10"))  # CI time; 1000 finds more
 
 
 def _record(name: str, report: FuzzReport) -> None:
