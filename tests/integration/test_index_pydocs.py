@@ -115,7 +115,6 @@ def embedder(qwen3_dir: Path) -> Iterator[EngineEmbedder]:
     e.close()
 
 
-@pytest.mark.slow  # CI time (2026-12-07): index resumes stay in CI through test_index_pipeline
 def test_killed_run_resumes_to_exactly_one_row_per_chunk(indexed: Indexed, embedder: EngineEmbedder) -> None:
     assert indexed.rows_at_kill >= KILL_AFTER_CHUNKS - 64
     assert len(set(indexed.ids_at_kill)) == indexed.rows_at_kill

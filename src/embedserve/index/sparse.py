@@ -27,6 +27,7 @@ import numpy as np
 from embedserve.api.sparse import nonzero
 from embedserve.index.embedder import Embedder, VectorMeta
 from embedserve.index.errors import StoreError
+from embedserve.index.http_embedder import HttpEmbedder
 from embedserve.pooling.outputs import Output
 from embedserve.schema import compressed_schema
 from embedserve.tokenizer import Tokenizer
@@ -59,7 +60,7 @@ class SparseEmbedder:
         engine = getattr(inner, "engine", None)
         self.owns = owns
         # an endpoint asked for sparse vectors (index/http_embedder.py): its server checked the model
-        self.remote = engine is None and bool(getattr(inner, "sparse", False))
+        self.remote = isinstance(inner, HttpEmbedder) and inner.sparse
         outputs = frozenset() if engine is None else engine.outputs
         self.lexical = Output.SPARSE not in outputs and Output.LEXICAL in outputs
         if not self.remote and Output.SPARSE not in outputs and not self.lexical:
