@@ -69,6 +69,7 @@ class EngineParts:
             dense_after_pooling=self.dense_head is not None, prompter=self.prompter,
             static=self.static_queries, token_vectors=tokens, vector_size=cfg.vector_size,
             sparse=self.sparse_head is not None, token_dim=None if tokens is None else tokens.dim,
+            outputs=self.outputs,
         )  # fmt: skip
 
 

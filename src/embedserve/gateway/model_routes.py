@@ -88,8 +88,7 @@ def fleet_facts(fleet: Fleet) -> ModelFacts | None:
 
 def served_task(service: GatewayService) -> str:
     """The model's task as its tokenizer's counter knows it: embed, rerank or classify."""
-    counter = service.counter
-    return "embed" if counter.rerank_kind is None else "classify" if len(counter.labels) > 1 else "rerank"
+    return service.counter.spec.task
 
 
 def model_card(service: GatewayService) -> dict[str, Any]:

@@ -168,6 +168,7 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
     pooling = service.engine.config.pooling
     outputs = service.engine.outputs
     head = service.engine.multivector_head
+    token_dim = service.engine.renderer.spec.token_dim  # a multi-vector model's (None: not one)
     only = multivectors_only(outputs)
     # the schema its answers carry: a SPLADE model's are all sparse, a ColBERT model's multi-vectors
     fields = meta.fields(embedding_type=Output.SPARSE.value if Output.SPARSE in outputs else "float")
@@ -180,8 +181,8 @@ def model_card(service: EmbeddingService) -> dict[str, Any]:
         "created": int(time.time()),
         "owned_by": "embedserve",
         **fields,
-        "dimensions": head.dim if head is not None and only else meta.hidden_size,
-        **({} if head is None else {"multivector_dimensions": head.dim}),
+        "dimensions": token_dim if only else meta.hidden_size,
+        **({"multivector_dimensions": token_dim} if Output.MULTIVECTOR in outputs else {}),
         "max_model_len": meta.max_model_len,
         "pooling": Output.MULTIVECTOR.value if only else pooling.method.value,
         "normalize": pooling.normalize,

@@ -97,10 +97,11 @@ class CohereEmbedJob(EmbeddingsJob):
     def body(self, done: Computed) -> dict[str, Any]:
         req, svc = self.cohere, self.svc
         meta = svc.metadata
-        head = svc.engine.multivector_head
-        width = req.output_dimension or (None if head is None else head.dim)
+        render = svc.engine.renderer  # a multi-vector model's token width and normalization
+        token_norm = render.token_head().normalize if Output.MULTIVECTOR in svc.engine.outputs else None
+        width = req.output_dimension or render.spec.token_dim
         schemas = {
-            k: meta.schema(width, head.normalize if head else None, multivector_type("float"))
+            k: meta.schema(width, token_norm, multivector_type("float"))
             if k == MULTIVECTOR
             else meta.schema(req.output_dimension, None, svc.schema_type(quantized_type(k)))
             for k in req.embedding_types
@@ -110,7 +111,7 @@ class CohereEmbedJob(EmbeddingsJob):
         if self.tokens is not None:
             kind = multivector_type("float")
         dimension = width if self.tokens is not None else req.output_dimension
-        normalize = head.normalize if head is not None and self.tokens is not None else None
+        normalize = token_norm if self.tokens is not None else None
         metadata = {**meta.fields(dimension, normalize, kind), "embedding_schemas": schemas}
         dense = None if self.tokens is not None else done.matrix()
         kinds: list[str] = list(req.embedding_types)

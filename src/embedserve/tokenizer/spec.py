@@ -14,6 +14,7 @@ from embedserve.models.multivector_rules import TokenVectors, check_dense_files,
 from embedserve.models.registry import CLASSIFIER, rerank_kind
 from embedserve.models.router import StaticQueryTokens
 from embedserve.models.source import ModelSource
+from embedserve.pooling.outputs import Output, supported_outputs
 from embedserve.tokenizer.core import Tokenizer
 from embedserve.tokenizer.multimodal import MultimodalPrompter, multimodal_prompter
 
@@ -38,6 +39,7 @@ class RenderSpec:
     vector_size: int = 0  # a dense vector's width (after Dense modules): `dimensions` up to it
     sparse: bool = False  # SPLADE: sparse vectors, which take no `dimensions`
     token_dim: int | None = None  # a multi-vector model's token vectors' width (known once loaded)
+    outputs: frozenset[Output] = frozenset({Output.DENSE})  # what the model emits (pooling/outputs.py)
 
     @property
     def limited(self) -> bool:
@@ -56,6 +58,14 @@ class RenderSpec:
         if mv is not None:  # its projection's files, as far as they read without torch
             check_dense_files(mv, model.hidden_size)
         queries = source.query_encoder
+        tokens = None if mv is None else read_token_vectors(mv, tokenizer.backend)
+        classifies = kind == CLASSIFIER
+        outputs = supported_outputs(
+            sparse=source.pooling.method is PoolingMethod.SPLADE, lexical=source.lexical_head is not None,
+            multivector_only=None if tokens is None else tokens.only,
+            scores=kind is not None and (not classifies or labels == 1), labels=classifies,
+            text_only=source.multimodal is None,
+        )  # fmt: skip
         return cls(
             tokenizer, sys.maxsize, dict(source.prompts), source.default_prompt_name,
             task="embed" if kind is None else "classify" if labels > 1 else "rerank",
@@ -65,7 +75,7 @@ class RenderSpec:
             dense_after_pooling=bool(source.pooling.dense),
             prompter=None if source.multimodal is None else multimodal_prompter(source, None, None),
             static=None if queries is None else StaticQueryTokens(queries, model.vocab_size),
-            token_vectors=None if mv is None else read_token_vectors(mv, tokenizer.backend),
+            token_vectors=tokens,
             vector_size=source.pooling.vector_size(model),
-            sparse=source.pooling.method is PoolingMethod.SPLADE,
+            sparse=source.pooling.method is PoolingMethod.SPLADE, outputs=outputs,
         )  # fmt: skip

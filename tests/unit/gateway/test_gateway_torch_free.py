@@ -31,10 +31,10 @@ from tests.helpers.tiny_sparse import build_bge_m3, build_inference_free, build_
 _COUNTS = """
 def counts(counter, texts):
     out = {"plain": counter.count(texts, counter.resolve_prompt(None, None))}
-    if counter.multivector is not None:
+    if counter.spec.token_vectors is not None:
         out["query"] = counter.count_multivector(texts, "query", None, None)
         out["document"] = counter.count_multivector(texts, "document", None, None)
-    if counter.static is not None:
+    if counter.spec.static is not None:
         out["static"] = counter.count_static(texts, "")
     return out
 """

@@ -99,7 +99,7 @@ def test_every_input_kind_counts_as_the_engine_prepares_it(served: tuple[str, En
         ids = [[101, 2054, 2003, 102]]  # token ids take no side prompt (the engine's rule)
         ask = Ask(Output.MULTIVECTOR, side="query")
         assert counter.count_multivector(ids, "query", None, None) == _lengths(engine, ids, ask)
-    if counter.static is not None:
+    if counter.spec.static is not None:
         prompt = counter.resolve_prompt("query", None)
         assert counter.count_static(TEXTS, prompt) == _lengths(engine, TEXTS, Ask(prompt_name="query"))
     if Output.SPANS in outputs:

@@ -18,6 +18,7 @@ from embedserve.api.multimodal import ImageURL, image_size
 from embedserve.api.routes import wrong_task
 from embedserve.errors import InvalidInputError
 from embedserve.models.open import open_model
+from embedserve.pooling.outputs import Output
 from embedserve.tokenizer.late import LateChunking
 from embedserve.tokenizer.render_sides import Renderer
 from embedserve.tokenizer.spec import RenderSpec
@@ -34,9 +35,6 @@ class TokenCounter:
         self.labels = source.model.labels  # a classifier's, by id
         self.tokenizer = self.spec.tokenizer
         self.prompts = dict(self.spec.prompts)
-        self.rerank_kind = self.spec.score_kind  # None: an embedding model
-        self.static = self.spec.static  # inference-free SPLADE's query tokens
-        self.multivector = self.spec.token_vectors  # a multi-vector model's side rules
 
     @property
     def renderer(self) -> Renderer:
@@ -59,9 +57,9 @@ class TokenCounter:
         self, items: Sequence[Any], side: str, prompt_name: str | None, prompt: str | None
     ) -> list[int]:
         """Positions per input on `side` (its prompt, a query's expansion), as the pools read them."""
-        head = self.multivector
-        if head is None:  # the pool refuses it, naming the model
+        if Output.MULTIVECTOR not in self.spec.outputs:  # the pool refuses it, naming the model
             return self.count(items, self.resolve_prompt(prompt_name, prompt))
+        head = self.renderer.token_head()
         if self.spec.prompter is not None:  # images counted from their sizes, as `count` does
             name = head.side_prompt(side, prompt_name, prompt, self.prompts)
             return [head.read_length(side, n) for n in self.count(items, self.resolve_prompt(name, prompt))]
@@ -74,7 +72,7 @@ class TokenCounter:
 
     def count_pairs(self, query: str, documents: Sequence[str], instruction: str | None) -> list[int]:
         """Tokens per (query, document) pair, uncut; raises naming the first bad document."""
-        if self.rerank_kind is None and self.multivector is not None:
+        if Output.MULTIVECTOR in self.spec.outputs and Output.SCORES not in self.spec.outputs:
             # MaxSim: each document a sequence of its own, the query one more (counted with the first)
             counts = self.count_multivector(documents, "document", None, None)
             counts[0] += self.count_multivector([query], "query", None, None)[0]

@@ -26,6 +26,7 @@ from embedserve.errors import COHERE_REMEDY
 from embedserve.gateway.pools.forward import PartResult
 from embedserve.gateway.routes.jobs import Job
 from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
+from embedserve.pooling.outputs import multivectors_only
 
 _METADATA = ("model_version", "dtype", "backend_profile")
 _SCHEMAS = ("embedding_schema", "embedding_schemas")
@@ -43,8 +44,7 @@ class CohereEmbedJob(Job[CohereEmbedRequest]):
         return COHERE_REMEDY
 
     def count(self) -> list[int]:
-        head = self.counter.multivector
-        if head is not None and head.only:  # a ColBERT model: each text on its side
+        if multivectors_only(self.counter.spec.outputs):  # a ColBERT model: each text on its side
             side = "query" if self.req.input_type == "search_query" else "document"
             return self.counter.count_multivector(self.inner.items, side, None, None)
         prompt = self.counter.resolve_prompt(self.inner.prompt_name, self.inner.prompt)

@@ -14,7 +14,6 @@ from embedserve.api.routes import EMBEDDINGS
 from embedserve.gateway.pools.forward import PartResult
 from embedserve.gateway.routes.jobs import Job
 from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
-from embedserve.models.router import QUERY_PROMPT_NAME
 from embedserve.pooling.outputs import Output
 from embedserve.tokenizer.late import LateChunking
 
@@ -42,7 +41,7 @@ class EmbeddingsJob(Job[EmbeddingRequest]):
         if self.req.embedding_type == Output.MULTIVECTOR.value:  # each side's prompt, a query's expansion
             side = self.req.input_type or "document"
             return self.counter.count_multivector(self.items, side, self.req.prompt_name, self.req.prompt)
-        if self.counter.static is not None and self.req.prompt_name == QUERY_PROMPT_NAME:
+        if self.counter.renderer.routes_statically(self.req.prompt_name):
             return self.counter.count_static(self.items, prompt)  # inference-free SPLADE's queries
         return self.counter.count(self.items, prompt)
 

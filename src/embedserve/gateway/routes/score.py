@@ -13,7 +13,7 @@ from embedserve.gateway.routes.pipeline import GatewayRoute, Pipeline
 
 class ScoreJob(WholeJob[ScoreRequest]):
     def __init__(self, gw: Pipeline, req: ScoreRequest) -> None:
-        reranks = gw.counter.rerank_kind is not None
+        reranks = gw.counter.spec.score_kind is not None  # a score head reads the pair as one sequence
         super().__init__(req, req.model, len(req.right), req.truncate or ("end" if reranks else "error"))
         self.counter = gw.counter
         self.reranks = reranks
