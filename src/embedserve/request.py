@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from embedserve.config import PoolingMethod
+from embedserve.pooling.chunks import LateChunks
 from embedserve.pooling.spans import SpanPoolingState
 from embedserve.pooling.state import PoolingState
-from embedserve.tokenizer.spans import LateChunks
 from embedserve.vision.state import MultimodalState
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from embedserve.engine.ask import Ask
 from embedserve.engine.base import EngineBase
 from embedserve.engine.core import Finished
 from embedserve.engine.outputs import EmbeddingOutput
+from embedserve.pooling.chunks import ChunkSpan
 from embedserve.pooling.head import apply_head
-from embedserve.tokenizer.spans import ChunkSpan
 from embedserve.tokenizer.windows import LongPlan
 
 

@@ -21,9 +21,9 @@ from embedserve.engine.loop import wait_all
 from embedserve.engine.options import EngineOptions
 from embedserve.errors import ModelLoadError
 from embedserve.index.embedder import DOCUMENT_PROMPT, QUERY_PROMPT, Traffic, VectorMeta, pick_prompt
+from embedserve.pooling.chunks import SpanPooling
 from embedserve.pooling.outputs import Output
 from embedserve.tokenizer import Tokenizer
-from embedserve.tokenizer.spans import SpanPooling
 
 
 class EngineEmbedder:

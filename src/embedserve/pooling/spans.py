@@ -19,8 +19,8 @@ import torch
 
 from embedserve.config import PoolingMethod
 from embedserve.errors import InternalEngineError
+from embedserve.pooling.chunks import LateChunks, SpanPooling
 from embedserve.pooling.state import PoolingState
-from embedserve.tokenizer.spans import LateChunks, SpanPooling
 
 
 class SpanPoolingState(PoolingState):

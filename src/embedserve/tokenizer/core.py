@@ -24,7 +24,7 @@ from embedserve.errors import InputTooLongError, InvalidInputError
 from embedserve.vision.state import MultimodalState
 
 if TYPE_CHECKING:  # an input's late-chunk spans are attached later (tokenizer/late.py)
-    from embedserve.tokenizer.spans import LateChunks
+    from embedserve.pooling.chunks import LateChunks
 
 
 class Truncate(str, enum.Enum):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from embedserve.errors import InvalidInputError
+from embedserve.pooling.chunks import ChunkSpan, LateChunks, SpanPooling
 from embedserve.tokenizer.core import Tokenized, Tokenizer, Truncate
-from embedserve.tokenizer.spans import ChunkSpan, LateChunks, SpanPooling
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from typing import Any
 
 from embedserve.errors import InvalidInputError
 from embedserve.models.multivector_rules import TokenVectors
+from embedserve.pooling.chunks import SpanPooling
 from embedserve.tokenizer.core import Tokenized, Truncate
 from embedserve.tokenizer.late import LateChunking, check_char_spans, join_chunks, late_sequence
 from embedserve.tokenizer.render import TextRenderer, check_width
-from embedserve.tokenizer.spans import SpanPooling
 from embedserve.tokenizer.windows import LongPlan, plan_windows
 
 SIDES = ("query", "document")

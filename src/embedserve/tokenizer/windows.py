@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from embedserve.errors import InvalidInputError
+from embedserve.pooling.chunks import ChunkSpan, LateChunks, SpanPooling
 from embedserve.tokenizer.core import Tokenized
-from embedserve.tokenizer.spans import ChunkSpan, LateChunks, SpanPooling
 
 
 @dataclass(frozen=True)

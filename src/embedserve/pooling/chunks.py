@@ -1,5 +1,5 @@
-"""A late-chunked document's spans as the renderer makes them (tokenizer/late.py): which token
-positions each chunk owns and how they are pooled (pooling/spans.py pools them)."""
+"""A late-chunked document's spans, torch-free: which token positions each chunk owns and how
+they are pooled; the renderer makes them (tokenizer/late.py), pooling/spans.py pools them."""
 
 from __future__ import annotations
 
