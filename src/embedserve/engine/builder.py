@@ -68,8 +68,7 @@ class EngineParts:
             causal=cfg.model.is_causal or cfg.model.causal_mask,
             dense_after_pooling=self.dense_head is not None, prompter=self.prompter,
             static=self.static_queries, token_vectors=tokens, vector_size=cfg.vector_size,
-            sparse=self.sparse_head is not None, token_dim=None if tokens is None else tokens.dim,
-            outputs=self.outputs,
+            token_dim=None if tokens is None else tokens.dim, outputs=self.outputs,
         )  # fmt: skip
 
 

@@ -53,10 +53,9 @@ class PredictJob(ClassifyJob):
 
     def body(self, done: Computed) -> Any:
         probs = [p for _, p in self.labelled(done)]
-        engine = self.svc.engine
-        engine.renderer.check_classifies()
-        assert engine.score_head is not None
-        return predict_body(self.predict, engine.score_head.labels, probs)
+        head = self.svc.engine.score_head
+        assert head is not None, "the renderer refused a model that cannot classify"
+        return predict_body(self.predict, head.labels, probs)
 
 
 CLASSIFY_ROUTE = ServerRoute(CLASSIFY, ClassifyJob)

@@ -37,9 +37,13 @@ class RenderSpec:
     static: StaticQueryTokens | None = None  # inference-free SPLADE's query tokens
     token_vectors: TokenVectors | None = None  # multi-vector models: each side's positions
     vector_size: int = 0  # a dense vector's width (after Dense modules): `dimensions` up to it
-    sparse: bool = False  # SPLADE: sparse vectors, which take no `dimensions`
     token_dim: int | None = None  # a multi-vector model's token vectors' width (known once loaded)
     outputs: frozenset[Output] = frozenset({Output.DENSE})  # what the model emits (pooling/outputs.py)
+
+    @property
+    def sparse(self) -> bool:
+        """SPLADE: sparse vectors, which take no `dimensions`."""
+        return Output.SPARSE in self.outputs
 
     @property
     def limited(self) -> bool:
@@ -77,5 +81,5 @@ class RenderSpec:
             static=None if queries is None else StaticQueryTokens(queries, model.vocab_size),
             token_vectors=tokens,
             vector_size=source.pooling.vector_size(model),
-            sparse=source.pooling.method is PoolingMethod.SPLADE, outputs=outputs,
+            outputs=outputs,
         )  # fmt: skip

@@ -19,6 +19,7 @@ from embedserve.api.routes import wrong_task
 from embedserve.errors import InvalidInputError
 from embedserve.models.open import open_model
 from embedserve.pooling.outputs import Output
+from embedserve.tokenizer import Tokenizer
 from embedserve.tokenizer.late import LateChunking
 from embedserve.tokenizer.render_sides import Renderer
 from embedserve.tokenizer.spec import RenderSpec
@@ -33,8 +34,14 @@ class TokenCounter:
         self.spec = RenderSpec.of_files(source)
         self.model_name = source.path.name  # what its refusals call the model (the gateway's name)
         self.labels = source.model.labels  # a classifier's, by id
-        self.tokenizer = self.spec.tokenizer
-        self.prompts = dict(self.spec.prompts)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.spec.tokenizer
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        return dict(self.spec.prompts)
 
     @property
     def renderer(self) -> Renderer:
