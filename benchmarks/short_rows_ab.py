@@ -5,7 +5,7 @@ projection shapes with every layer's weights read from memory, as a short query 
         [--rows 16] [--rounds 15] [--threads 2] [--same-layer] [A.cpp B.cpp ...]
 
 Each source (default: the package's `kernels/short_linear_f32.cpp`; a copy elsewhere needs
-the package's `cpu_vec.h` beside it) is built as the package builds it (`kernels/native.py`:
+the package's `cpu_vec.h` and `short_f32.h` beside it) is built as the package builds it (`kernels/native.py`:
 -march=native less EMBEDSERVE_CPU_ISA's cap; kept under `--out`), then checked on
 the first layer's projections against torch's matmul on the unpacked weights: a variant that
 is fast but wrong is refused. The weights are random, in oneDNN's fp32 packing ([N/64][K][64],

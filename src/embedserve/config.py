@@ -200,7 +200,7 @@ class EngineConfig:
     max_image_pixels: int | None = None  # multimodal models' image limits; None: the defaults
     max_images_per_input: int | None = None
     lora: LoraSettings | None = None  # LoRA adapters served on these weights (lora/); None: none
-    quantization: str | None = None  # "int8": the projections run int8 (engine/quantize.py)
+    quantization: str | None = None  # "int8" / "int8-weights": the projections (engine/quantize.py)
 
     @property
     def vector_size(self) -> int:

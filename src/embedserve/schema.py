@@ -28,7 +28,10 @@ _CHUNK_BYTES = 1 << 20
 
 # A quantization's arithmetic and calibration, in the vector space's key: change the entry when
 # models/int8_linear.py or engine/quantize.py change what a vector is (bits, outlier share, probes).
-_SCHEMES = {"int8": "int8:w8-per-channel,a7-per-token,float32-outliers=1/16,probes=18x512"}
+_SCHEMES = {
+    "int8": "int8:w8-per-channel,a7-per-token,float32-outliers=1/16,probes=18x512",
+    "int8-weights": "int8-weights:q8_0-exact-else-w8-per-channel,float32-activations",
+}
 _DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # by dtype_name
 
 

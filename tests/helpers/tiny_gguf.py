@@ -86,8 +86,17 @@ def interleave_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(
-    dst: Path, hf_dir: Path, arch: str, tok_meta: dict[str, Any], *, add_eos: bool = False, f16: bool = False
+    dst: Path,
+    hf_dir: Path,
+    arch: str,
+    tok_meta: dict[str, Any],
+    *,
+    add_eos: bool = False,
+    f16: bool = False,
+    q8_0: bool = False,
 ) -> Path:
+    """`hf_dir`'s weights as llama.cpp's converter writes them: float32, or its 2-D tensors
+    float16 (`f16`) or Q8_0 (`q8_0`, as gguf's quantizer rounds them)."""
     import gguf
 
     cfg = json.loads((hf_dir / "config.json").read_text())
@@ -118,6 +127,12 @@ def write_gguf(
         if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
             value = interleave_rope_rows(value, heads if ".q_proj." in name else kv_heads)
         # llama.cpp keeps 1-D tensors (norms, biases) in float32 whatever the file type.
+        if q8_0 and value.ndim == 2:
+            kind = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(
+                _gguf_name(name), gguf.quants.quantize(value.astype(np.float32), kind), raw_dtype=kind
+            )
+            continue
         w.add_tensor(_gguf_name(name), value.astype(np.float16 if f16 and value.ndim == 2 else np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -122,7 +122,9 @@ def build_engine(
     )  # fmt: skip
     if config.quantization is not None:
         fresh = functools.partial(new_core, config, core.runner, core.lane, cached=False)
-        quantize_engine(loaded.model, parts.outputs, Prober(config, fresh, tokenizer, dense))
+        quantize_engine(
+            loaded.model, parts.outputs, Prober(config, fresh, tokenizer, dense), config.quantization
+        )
     return parts
 
 

@@ -89,5 +89,11 @@ def prepare_cpu_weights(model: EmbeddingModel, config: EngineConfig) -> None:
         short_rows = settings().short_rows and not config.deterministic
         prepack(model, release_free_heap, short_rows=short_rows)
         packed_on_huge_pages(model)  # each short step reads them whole: fewer page walks
-        if short_rows and type(model) is DecoderModel:  # short steps: every layer in one call
-            model.short_path = short_path(model)
+        short_steps(model, config)
+
+
+def short_steps(model: EmbeddingModel, config: EngineConfig) -> None:
+    """A decoder's short steps in one native call (models/short_path.py), where its projections
+    run on the short-rows kernels: packed, or int8 weights (after engine/quantize.py)."""
+    if settings().short_rows and not config.deterministic and type(model) is DecoderModel:
+        model.short_path = short_path(model)

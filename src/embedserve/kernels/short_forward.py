@@ -4,7 +4,9 @@ each whole sequence over its own rows and the K/V cache store in between.
 
 The caller (models/short_path.py) hands over each layer's weights as addresses: norms and
 biases plain, projections oneDNN-packed and already confirmed readable by the short-rows
-kernels (`short_linear.reads`). This module only checks what it is given and calls.
+kernels (`short_linear.reads`), or all int8 weights (`weight_int8.Blocks`, float32 steps: the
+loop then calls the int8-weight kernel's entry points, which take the float32 ones' arguments).
+This module only checks what it is given and calls.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from functools import cache
 
 import torch
 
-from embedserve.kernels import native, norm_rope, short_linear
+from embedserve.kernels import native, norm_rope, short_linear, weight_int8
+from embedserve.kernels.weight_int8 import Blocks
 
 _I64, _PTR, _F32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -27,6 +30,8 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # call").
 ROWS_LIMIT = {torch.bfloat16: 128, torch.float32: 32}
 _LAYER_FIELDS = ("in_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "post_norm", "gate", "up", "down")
+_PROJECTIONS = ("qkv", "o", "gate", "up", "down")
+Projection = short_linear.Packed | Blocks
 
 
 class LayerStruct(ctypes.Structure):
@@ -77,18 +82,19 @@ class Shapes:
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One layer's weights: norms and bias plain tensors of the dtype, projections `Packed`."""
+    """One layer's weights: norms and bias plain tensors of the dtype, projections `Packed` or
+    int8 `Blocks`."""
 
     in_norm: torch.Tensor
-    qkv: short_linear.Packed
+    qkv: Projection
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: short_linear.Packed
+    o: Projection
     post_norm: torch.Tensor
-    gate: short_linear.Packed
-    up: short_linear.Packed
-    down: short_linear.Packed
+    gate: Projection
+    up: Projection
+    down: Projection
 
 
 class ShortForward:
@@ -103,6 +109,7 @@ class ShortForward:
         if s.heads % s.kv_heads or s.head_dim % 2:
             raise ValueError(f"short forward needs heads a multiple of kv_heads and an even head_dim: {s}")
         q_width = (s.heads + 2 * s.kv_heads) * s.head_dim
+        projections = _projection_kernels(dtype, layers)
         structs = (LayerStruct * len(layers))()
         for struct, w in zip(structs, layers, strict=True):
             _check(w, dtype, s, q_width)
@@ -110,10 +117,12 @@ class ShortForward:
                 value = getattr(w, name)
                 if isinstance(value, short_linear.Packed):
                     setattr(struct, name, value.address)
+                elif isinstance(value, Blocks):
+                    setattr(struct, name, ctypes.addressof(value.ref))
                 elif value is not None:
                     setattr(struct, name, value.data_ptr())
-        projections, norms = short_linear.entry_points(dtype), norm_rope.entry_points(dtype)
-        assert projections is not None and norms is not None  # `available` saw both
+        norms = norm_rope.entry_points(dtype)
+        assert norms is not None  # `available` saw it
         (linear, gate_up), (add_norm, qk) = projections, norms
         self.dtype, self.shapes, self.rows_limit = dtype, s, ROWS_LIMIT[dtype]
         self._kernel, self._structs, self._layers = kernel, structs, tuple(layers)
@@ -184,6 +193,32 @@ class ShortForward:
         return slot_mapping, ptrs, int(shape[1])
 
 
+def _projection_kernels(
+    dtype: torch.dtype, layers: Sequence[LayerWeights]
+) -> tuple[Callable[..., int], Callable[..., int]]:
+    """The (plain, gated) entry points every projection of `layers` is read by: all packed
+    (the dtype's short-rows kernels), or all int8 weights (float32 steps)."""
+    kinds = {type(getattr(w, name)) for w in layers for name in _PROJECTIONS}
+    if kinds == {Blocks}:
+        ref = weight_int8.ref_entry_points() if dtype == torch.float32 and weight_int8.available() else None
+        if ref is None:
+            raise ValueError("int8 weights in a short forward need the int8-weight kernel and float32 steps")
+        return ref
+    if kinds != {short_linear.Packed}:
+        raise ValueError(f"short forward takes packed or int8 projections, one kind throughout: {kinds}")
+    projections = short_linear.entry_points(dtype)
+    assert projections is not None  # `available` saw it
+    return projections
+
+
+def _shape(p: Projection) -> tuple[torch.dtype, int, int]:
+    """(dtype it computes in, rows, k); int8 weights with padded rows give -1 rows (the
+    loop takes their padded outputs for the real ones)."""
+    if isinstance(p, Blocks):
+        return torch.float32, p.rows if p.rows % weight_int8.BLOCK == 0 else -1, p.k
+    return p.dtype, p.n, p.k
+
+
 def _check(w: LayerWeights, dtype: torch.dtype, s: Shapes, q_width: int) -> None:
     """Each tensor of the layer has the shape and dtype the native loop assumes."""
     attn = s.heads * s.head_dim
@@ -193,7 +228,7 @@ def _check(w: LayerWeights, dtype: torch.dtype, s: Shapes, q_width: int) -> None
     )  # fmt: skip
     plain: list[tuple[torch.Tensor | None, int]] = [(w.in_norm, s.hidden), (w.post_norm, s.hidden)]
     plain += [(w.qkv_bias, q_width), (w.q_norm, s.head_dim), (w.k_norm, s.head_dim)]
-    bad = [f"{p.n}x{p.k} {p.dtype}" for p, n, k in packs if (p.dtype, p.n, p.k) != (dtype, n, k)]
+    bad = [f"{_shape(p)[1]}x{p.k} {_shape(p)[0]}" for p, n, k in packs if _shape(p) != (dtype, n, k)]
     bad += [
         f"{tuple(t.shape)} {t.dtype}"
         for t, n in plain

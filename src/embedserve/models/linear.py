@@ -34,6 +34,7 @@ from torch.nn import functional
 from embedserve.kernels import isa, short_linear
 from embedserve.models.int8_linear import Int8Weight, quantize
 from embedserve.models.row_padding import rows_padded
+from embedserve.models.weight_int8 import WeightInt8, quantize_weights
 
 _POINTWISE = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _BINARY = getattr(_POINTWISE, "binary", None)  # (x W^T + b) <op> other, fused
@@ -148,6 +149,7 @@ class Linear(nn.Linear):
     # only while they are still the module's parameters
     short: list[short_linear.Packed] | None = None
     int8: Int8Weight | None = None  # `to_int8`: the int8 form that runs instead of the weight
+    weights8: WeightInt8 | None = None  # `to_weights8`: int8 weights, float32 arithmetic
     observe: Callable[[torch.Tensor], None] | None = None  # calibration: sees every input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -164,6 +166,8 @@ class Linear(nn.Linear):
             self.observe(x)
         if self.int8 is not None:
             return self._run_int8(x, keep_padding)
+        if self.weights8 is not None:
+            return self._run_weights8(x, keep_padding)
         if self.weight.is_mkldnn:  # packed by `prepack`: only oneDNN (or a short-rows kernel) reads it
             if self.short is not None and self.short[0].tensor is self.weight and _few_rows(x):
                 return short_linear.linear(x, self.short[0], self.bias)
@@ -185,6 +189,27 @@ class Linear(nn.Linear):
         out = self.int8.run(rows_padded(x))
         return out if keep_padding else out[: x.shape[0]]
 
+    def _run_weights8(self, x: torch.Tensor, keep_padding: bool) -> torch.Tensor:
+        """Few rows on the int8-weight kernel; more on oneDNN's float32 matmul over the weight
+        widened for this call (a batch step's matmul outweighs the widening)."""
+        assert self.weights8 is not None
+        out = self.weights8.short(x, self.bias)
+        if out is not None:
+            return out
+        weight = self.weights8.dequantized()
+        if x.device.type == "cpu" and x.dim() == 2 and x.dtype == torch.float32 and onednn_available(x.dtype):
+            return _onednn_linear(x, weight, self.bias, keep_padding)
+        return functional.linear(x, weight, self.bias)
+
+    def to_weights8(self) -> str:
+        """Keep the weight as int8 values and scales from now on (models/weight_int8.py); the
+        float weight is freed (a zero-stride view of its shape stays, as `to_int8`'s). Returns
+        the form taken: "q8_0" or "per-channel"."""
+        w = self.weight.detach()
+        self.weights8 = quantize_weights(w, halves=2 if isinstance(self, SiluGateUp) else 1)
+        self.weight = nn.Parameter(w.new_zeros(()).expand(w.shape), requires_grad=False)
+        return self.weights8.form
+
     def to_int8(self, magnitude: torch.Tensor) -> None:
         """Run as int8 from now on (models/int8_linear.py); `magnitude`: each input channel's
         largest calibrated |x|. The float weight is freed; what stays is a zero-stride view of
@@ -197,7 +222,13 @@ class Linear(nn.Linear):
         """A plain CPU float32 / bfloat16 weight whose dtype passed oneDNN's self-check (bf16:
         on a CPU with bf16 dot products, `bf16_matmuls`)."""
         w = self.weight
-        if self.int8 is not None or w.is_mkldnn or w.device.type != "cpu" or w.dtype not in _DTYPES:
+        if (
+            self.int8 is not None
+            or self.weights8 is not None
+            or w.is_mkldnn
+            or w.device.type != "cpu"
+            or w.dtype not in _DTYPES
+        ):
             return False
         return bf16_matmuls() if w.dtype == torch.bfloat16 else onednn_available(w.dtype)
 
@@ -238,6 +269,8 @@ class SiluGateUp(Linear):
             ):
                 return short_linear.silu_gate_up(x, short[0], short[1])
             return _silu_gate_up(x, self.gate, self.up)
+        if self.weights8 is not None and (out := self.weights8.short_gated(x)) is not None:
+            return out
         both, n = super().forward(x), self.intermediate  # in place: no [T, n] tensor per op
         return functional.silu(both[..., :n], inplace=True).mul_(both[..., n:])
 

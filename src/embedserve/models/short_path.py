@@ -7,8 +7,9 @@ the Python path's but for the attention's rounding (float32 probabilities, where
 them to bfloat16). A step that does not fit (a chunk after a cached prefix, more rows, bucket
 padding) runs layer by layer as before.
 
-Built once, after `prepack(short_rows=True)`, where every projection reads its packed weight
-on the short-rows kernels; each step checks the weights are still the modules' parameters.
+Built once, after `prepack(short_rows=True)` where every projection reads its packed weight
+on the short-rows kernels, or once every projection holds int8 weights (engine/quantize.py:
+float32 steps on the int8-weight kernel); each step checks the weights are still the modules'.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import torch
 
 from embedserve.attention.metadata import AttentionMetadata, real_rows
 from embedserve.kernels import short_forward
-from embedserve.kernels.short_forward import LayerWeights, Shapes, ShortForward
+from embedserve.kernels.short_forward import LayerWeights, Projection, Shapes, ShortForward
 from embedserve.models.decoder import DecoderModel
 from embedserve.models.decoder_layer import DecoderLayer
 from embedserve.models.linear import Linear, SiluGateUp
 
 log = logging.getLogger(__name__)
-Watched = list[tuple[torch.nn.Module, str, torch.Tensor]]  # (module, parameter, the tensor the plan reads)
+# (module, attribute, what the plan reads there: a tensor, or a projection's int8 form)
+Watched = list[tuple[torch.nn.Module, str, object]]
 
 
 class ShortPath:
@@ -69,19 +71,37 @@ class ShortPath:
         return True
 
 
-def _layer(layer: DecoderLayer, watched: Watched) -> LayerWeights | None:
+def _projections(layer: DecoderLayer, watched: Watched) -> tuple[Projection, ...] | None:
+    """The layer's (qkv, o, gate, up, down) as the native loop reads them: all packed for the
+    short-rows kernels, or all int8 weights; else None (a sharded projection, a mix)."""
     attn, mlp = layer.self_attn, layer.mlp
-    plain = (attn.qkv_proj, attn.o_proj, mlp.down_proj)
-    if any(type(m) is not Linear or m.short is None for m in plain):  # a sharded projection: no
+    plain, gated = (attn.qkv_proj, attn.o_proj, mlp.down_proj), mlp.gate_up_proj
+    if any(type(m) is not Linear for m in plain) or type(gated) is not SiluGateUp:
         return None
-    gated = mlp.gate_up_proj
-    if type(gated) is not SiluGateUp or gated.short is None or len(gated.short) != 2:
+    modules = (*plain, gated)
+    if all(m.weights8 is not None for m in modules):  # int8 weights: watched as the form itself
+        forms = [m.weights8 for m in modules if m.weights8 is not None]
+        if [len(f.parts) for f in forms] != [1, 1, 1, 2]:
+            return None
+        watched += [(m, "weights8", f) for m, f in zip(modules, forms, strict=True)]
+        (qkv,), (o,), (down,), (gate, up) = (f.parts for f in forms)
+        return qkv, o, gate, up, down
+    if any(m.short is None for m in plain) or gated.short is None or len(gated.short) != 2:
         return None
-    qkv, o, down = (m.short[0] for m in plain if m.short is not None)
-    gate, up = gated.short
-    watched += [(attn.qkv_proj, "weight", qkv.tensor), (attn.o_proj, "weight", o.tensor)]
-    watched += [(mlp.down_proj, "weight", down.tensor)]
-    watched += [(gated, "gate", gate.tensor), (gated, "up", up.tensor)]
+    p_qkv, p_o, p_down = (m.short[0] for m in plain if m.short is not None)
+    p_gate, p_up = gated.short
+    watched += [(attn.qkv_proj, "weight", p_qkv.tensor), (attn.o_proj, "weight", p_o.tensor)]
+    watched += [(mlp.down_proj, "weight", p_down.tensor)]
+    watched += [(gated, "gate", p_gate.tensor), (gated, "up", p_up.tensor)]
+    return p_qkv, p_o, p_gate, p_up, p_down
+
+
+def _layer(layer: DecoderLayer, watched: Watched) -> LayerWeights | None:
+    attn = layer.self_attn
+    projections = _projections(layer, watched)
+    if projections is None:
+        return None
+    qkv, o, gate, up, down = projections
     for norm in (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm):
         if norm is not None:  # the plan reads the norms' own tensors
             watched.append((norm, "weight", norm.weight))

@@ -58,11 +58,12 @@ def test_the_kernel_is_checked_then_timed_beside_the_stream(
 def test_a_variant_that_computes_something_else_is_refused(
     tmp_path: Path, built: Path, dtype: torch.dtype
 ) -> None:
-    source = (native.SOURCES / "short_linear_f32.cpp").read_text()
+    passes = (native.SOURCES / "short_f32.h").read_text()  # the passes the kernel runs
     right = "fma(a, b[j], c[r * NREG + j])"
-    assert right in source, "the kernel's inner FMA moved: update this test's mutation"
-    wrong = tmp_path / "wrong.cpp"
-    wrong.write_text(source.replace(right, "fma(a, a, c[r * NREG + j])"))
+    assert right in passes, "the kernel's inner FMA moved: update this test's mutation"
+    (tmp_path / "short_f32.h").write_text(passes.replace(right, "fma(a, a, c[r * NREG + j])"))
+    wrong = tmp_path / "wrong.cpp"  # the kernel's source, beside the mutated passes
+    wrong.write_text((native.SOURCES / "short_linear_f32.cpp").read_text())
     (tmp_path / "cpu_vec.h").write_text((native.SOURCES / "cpu_vec.h").read_text())
     done = _run(tmp_path, built, native.SOURCES / "short_linear_f32.cpp", wrong)
     assert done.returncode != 0
