@@ -17,7 +17,7 @@ from embedserve.kernels.isa import kernel_isa
 from embedserve.kernels.native import compiler
 from embedserve.models.build import EmbeddingModel, build_model
 from embedserve.models.decoder import DecoderModel
-from embedserve.models.linear import for_codegen, prepack
+from embedserve.models.packing import for_codegen, prepack
 from embedserve.models.short_path import short_path
 from embedserve.models.source import ModelSource
 from embedserve.parallel.runner import TensorParallelRunner

@@ -30,7 +30,7 @@ import torch
 
 from embedserve.config import ModelConfig
 from embedserve.models.decoder import DecoderModel
-from embedserve.models.linear import prepack
+from embedserve.models.packing import prepack
 from embedserve.parallel.group import Group
 from embedserve.parallel.model import build_rank_model, weight_bytes
 from embedserve.parallel.sharding import plan_shard

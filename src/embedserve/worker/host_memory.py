@@ -35,7 +35,7 @@ from pathlib import Path
 
 from torch import nn
 
-from embedserve.models.linear import packed_buffers
+from embedserve.models.packing import packed_buffers
 from embedserve.settings import settings
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,8 @@ from torch.nn import functional
 from embedserve import Engine
 from embedserve.engine.builder import build_engine
 from embedserve.models import linear
-from embedserve.models.linear import Linear, SiluGateUp, prepack
+from embedserve.models.linear import Linear, SiluGateUp
+from embedserve.models.packing import prepack
 from embedserve.settings import settings
 from tests.helpers.reference import random_ids
 
