@@ -37,6 +37,7 @@ from embedserve.pooling.outputs import Output
 from embedserve.request import EmbedParams, Request
 from embedserve.settings import settings
 from embedserve.tokenizer import Truncate
+from embedserve.worker.host_memory import packed_on_huge_pages, release_free_heap
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -170,6 +171,8 @@ def quantize_engine(model: EmbeddingModel, outputs: frozenset[Output], prober: P
     else:
         reference = prober.vectors()
         forms = Counter(m.to_weights8() for m in projections)
+        release_free_heap()  # the float weights' pages back to the OS
+        packed_on_huge_pages(model)  # each short step reads the int8 weights whole: fewer page walks
         short_steps(model, prober.config)  # the probes below run as served steps will
         kernel = (
             "the int8-weight kernel"

@@ -137,7 +137,13 @@ def linear(x: torch.Tensor, w: Blocks, bias: torch.Tensor | None = None) -> torc
     x, ldx = _rows(x, w.k)
     n = w.q.shape[0] * BLOCK
     if bias is not None:
-        bias = torch.nn.functional.pad(bias.float(), (0, n - w.rows)).contiguous()
+        if bias.shape != (w.rows,):
+            raise ValueError(f"the int8-weight linear takes a bias of {w.rows}, got {tuple(bias.shape)}")
+        bias = (
+            bias.float().contiguous()
+            if n == w.rows
+            else torch.nn.functional.pad(bias.float(), (0, n - w.rows))
+        )
     y = torch.empty(x.shape[0], n)
     rc = kernels[0](
         x.data_ptr(), x.shape[0], w.k, ldx, w.q.data_ptr(), w.scales.data_ptr(), w.group,

@@ -41,11 +41,14 @@ def prepack(
 
 
 def packed_buffers(model: nn.Module) -> list[tuple[int, int]]:
-    """(address, bytes) of every oneDNN-packed weight of a model (`prepack`), in module order."""
+    """(address, bytes) of every oneDNN-packed weight of a model (`prepack`) and of every int8
+    weight's values and scales (`Linear.to_weights8`), in module order."""
     buffers = []
     for m in model.modules():
         if isinstance(m, Linear):
             for w in (m.weight, m.gate, m.up) if isinstance(m, SiluGateUp) else (m.weight,):
                 if w is not None and w.is_mkldnn:
                     buffers.append((short_linear.packed_address(w), int(torch.ops.mkldnn._nbytes(w))))
+            for part in m.weights8.parts if m.weights8 is not None else ():
+                buffers += [(t.data_ptr(), t.numel() * t.element_size()) for t in (part.q, part.scales)]
     return buffers
