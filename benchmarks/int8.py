@@ -1,10 +1,10 @@
-"""int8 projections (--quantization int8) beside float32 and bfloat16, side by side in one run:
+"""int8 projections (--quantization int8, int8-weights) beside float32 and bfloat16, side by side in one run:
 each engine in a process of its own (as a server runs it), rounds alternating the engines (this
 box drifts), tokens/s per engine and its ratio to float32's in the same round; then every
 engine's vectors of real texts against float32's (cosine p50 / p01 / min).
 
     python benchmarks/int8.py [--model DIR] [--inputs 128] [--tokens 128] [--rounds 2]
-        [--engines float32,bfloat16,int8]
+        [--engines float32,bfloat16,int8,int8-weights]
 
 DIR: a Hugging Face / sentence-transformers directory (default all-MiniLM-L6-v2 from its
 package; SmolLM2-135M from benchmarks/smollm2_dir.py for a decoder). The timed inputs are
@@ -27,7 +27,12 @@ import numpy as np
 
 from embedserve.parity.metrics import cosine_rows
 
-_OPTIONS = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "int8": {"quantization": "int8"}}
+_OPTIONS = {
+    "float32": {},
+    "bfloat16": {"dtype": "bfloat16"},
+    "int8": {"quantization": "int8"},
+    "int8-weights": {"quantization": "int8-weights"},
+}
 
 
 def _texts() -> list[str]:
