@@ -19,20 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from gflops import projection_shapes  # benchmarks/, first on the path when run as a script
 
-sys.path.insert(0, str(Path(__file__).parent))  # gflops.py beside this file
-from gflops import projection_shapes  # noqa: E402
-
-from embedserve.engine.builder import build_engine  # noqa: E402
-from embedserve.kernels import short_linear, weight_int8  # noqa: E402
-from embedserve.models.weight_int8 import q8_0  # noqa: E402
-from embedserve.request import EmbedParams, Priority, Request  # noqa: E402
+from embedserve.engine.builder import build_engine
+from embedserve.kernels import short_linear, weight_int8
+from embedserve.models.weight_int8 import q8_0
+from embedserve.request import EmbedParams, Priority, Request
 
 
 def _layers(cfg: dict[str, int], count: int) -> list[list[tuple[str, torch.Tensor, weight_int8.Blocks]]]:

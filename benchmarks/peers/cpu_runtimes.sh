@@ -2,7 +2,8 @@
 # The CPU runtimes users pick beside embedserve (#64): makes each peer's venv once (outside the
 # work tree: PEER_VENVS, default ~/.cache/embedserve-peers; the recipes of PEERS.md), then runs
 # benchmarks/peers/cpu_runtimes.py with the project's python (PYTHON, default .venv's). Extra
-# arguments go to it (--model DIR, --inputs, --tokens, --rounds, --runtimes).
+# arguments go to it (--model DIR, --inputs, --tokens, --rounds, --runtimes, --gguf FILE: then
+# llama.cpp runs too, its venv made once: llama-cpp-python compiles for ~7 minutes).
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PYTHON="${PYTHON:-$REPO_ROOT/.venv/bin/python}"
@@ -31,5 +32,14 @@ if [[ ! -x "$PEER_VENVS/fastembed/bin/python" ]]; then
   "$PEER_VENVS/fastembed/bin/pip" install -q fastembed
 fi
 
+LLAMACPP=()
+if [[ " $* " == *" --gguf "* ]]; then
+  if [[ ! -x "$PEER_VENVS/llamacpp/bin/python" ]]; then
+    python3 -m venv "$PEER_VENVS/llamacpp"
+    CMAKE_ARGS="-DGGML_NATIVE=ON" "$PEER_VENVS/llamacpp/bin/pip" install -q llama-cpp-python==0.3.36 numpy
+  fi
+  LLAMACPP=(--llamacpp "$PEER_VENVS/llamacpp")
+fi
+
 exec "$PYTHON" "$REPO_ROOT/benchmarks/peers/cpu_runtimes.py" --onnx "$PEER_VENVS/onnx" \
-  --openvino "$PEER_VENVS/openvino" --fastembed "$PEER_VENVS/fastembed" "$@"
+  --openvino "$PEER_VENVS/openvino" --fastembed "$PEER_VENVS/fastembed" "${LLAMACPP[@]}" "$@"

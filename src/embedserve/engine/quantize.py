@@ -115,6 +115,10 @@ def _refusals(options: EngineOptions, files: ModelSource) -> list[tuple[bool, st
         (options.enable_lora or bool(options.lora_modules), "does not combine with LoRA adapters"),
         (options.compile_backend is not None, "does not combine with compile_backend"),
         (files.multimodal is not None, "is not available for multimodal models"),
+        (
+            options.deterministic and options.quantization == INT8_WEIGHTS,
+            "does not combine with deterministic mode (short steps sum in another order than long ones)",
+        ),
     ]
 
 

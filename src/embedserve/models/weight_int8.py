@@ -23,6 +23,7 @@ import torch
 
 from embedserve.kernels import weight_int8
 from embedserve.kernels.weight_int8 import Blocks
+from embedserve.settings import settings
 
 Q8_GROUP = 32  # GGUF Q8_0's block along k
 LEVEL = 127
@@ -37,13 +38,13 @@ class WeightInt8:
 
     def short(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
         """x W^T (+ bias) on the kernel where x is few rows it takes, else None."""
-        if len(self.parts) != 1 or not weight_int8.takes(x) or not weight_int8.available():
+        if len(self.parts) != 1 or not _kernel_takes(x):
             return None
         return weight_int8.linear(x, self.parts[0], bias)
 
     def short_gated(self, x: torch.Tensor) -> torch.Tensor | None:
         """silu(x G^T) * (x U^T) on the kernel where x is few rows it takes, else None."""
-        if len(self.parts) != 2 or not weight_int8.takes(x) or not weight_int8.available():
+        if len(self.parts) != 2 or not _kernel_takes(x):
             return None
         return weight_int8.silu_gate_up(x, *self.parts)
 
@@ -55,6 +56,12 @@ class WeightInt8:
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
+
+
+def _kernel_takes(x: torch.Tensor) -> bool:
+    """x is few rows the kernel takes, and it runs here (EMBEDSERVE_SHORT_ROWS=0: every step
+    widens the weight, as float32's short rows then stay on oneDNN)."""
+    return weight_int8.takes(x) and settings().short_rows and weight_int8.available()
 
 
 def quantize_weights(weight: torch.Tensor, halves: int = 1) -> WeightInt8:

@@ -114,8 +114,9 @@ def on_huge_pages(address: int, nbytes: int) -> int:
 
 
 def packed_on_huge_pages(model: nn.Module) -> int:
-    """A packed model's weights (or int8 weights) onto huge pages (`on_huge_pages`; EMBEDSERVE_HUGE_PAGES=0: left
-    as they are); returns the bytes that moved, logged with what it took."""
+    """A packed model's weights (or int8 weights) onto huge pages (`on_huge_pages`;
+    EMBEDSERVE_HUGE_PAGES=0: left as they are); returns the bytes that moved, logged with what
+    it took."""
     if not settings().huge_pages:
         return 0
     began = time.perf_counter()

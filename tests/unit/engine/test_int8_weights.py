@@ -119,6 +119,7 @@ def test_the_gate_refuses_naming_the_figure(monkeypatch: pytest.MonkeyPatch) -> 
     [
         ({"dtype": "bfloat16"}, "computes in float32: dtype must be float32"),
         ({"enable_lora": True}, "does not combine with LoRA adapters"),
+        ({"deterministic": True}, "does not combine with deterministic mode"),
     ],
 )
 def test_combinations_it_does_not_take_are_refused_by_name(options: dict[str, object], names: str) -> None:

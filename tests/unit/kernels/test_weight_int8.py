@@ -5,6 +5,10 @@ not; quantizing rounds as Q8_0 does; bad shapes are refused by name."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -14,8 +18,10 @@ from embedserve.kernels.weight_int8 import Blocks
 from embedserve.models.linear import Linear, SiluGateUp
 from embedserve.models.weight_int8 import q8_0, q8_0_exactly, quantize_weights
 from tests.helpers.cpu import short_rows_dtypes
+from tests.helpers.tiny_models import build_decoder
 
 FLOAT32 = [p for p in short_rows_dtypes() if p.values[0] == torch.float32]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _random(rows: int, k: int, group: int, seed: int) -> Blocks:
@@ -135,3 +141,15 @@ def test_a_projection_keeps_its_int8_form_and_frees_its_float_weight() -> None:
     assert (plain(x).detach() - before).abs().max() < 0.02 * before.abs().max()  # near the float weight
     again = quantize_weights(w)
     assert again.form == "kept"  # an int8 weight's values are Q8_0 exactly: kept as they are
+
+
+@pytest.mark.slow  # 37 s: two engines built in a fresh process
+@pytest.mark.parametrize("dtype", FLOAT32)
+def test_the_benchmark_checks_then_times_both_forms(dtype: torch.dtype, tmp_path: Path) -> None:
+    model = build_decoder(tmp_path / "dec", hidden=128, layers=2, std=0.1)
+    cmd = [sys.executable, "benchmarks/weight_int8.py", "--model", str(model), "--tokens", "1,16"]
+    done = subprocess.run([*cmd, "--rounds", "1", "--queries", "2", "--threads", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "projections, 16 rows: float32" in done.stdout and "int8 / float32 per round" in done.stdout
+    assert "query of 16 tokens: p50 float32" in done.stdout and "cosine 0.99" in done.stdout
