@@ -18,11 +18,11 @@ from embedserve.engine.engine import Engine
 from embedserve.errors import ModelLoadError
 from embedserve.kernels import weight_int8
 from embedserve.models.linear import Linear
-from embedserve.models.short_path import ShortPath
 from embedserve.schema import ModelMetadata
 from tests.helpers.cpu import short_rows_dtypes
 from tests.helpers.real_text import documents
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids, st_embed
+from tests.helpers.short_steps import record_short_steps
 from tests.helpers.tiny_bert import minilm_dir
 from tests.helpers.tiny_gguf import build_gguf_pair, train_tokenizer
 from tests.helpers.tiny_models import build_decoder
@@ -45,14 +45,7 @@ def q8_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_q8_0_gguf_is_served_as_stored_with_float32s_vectors(
     q8_file: Path, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    taken: list[bool] = []
-    run = ShortPath.run
-
-    def spy(self: ShortPath, *args: object) -> bool:
-        taken.append(run(self, *args))  # type: ignore[arg-type]
-        return taken[-1]
-
-    monkeypatch.setattr(ShortPath, "run", spy)
+    taken = record_short_steps(monkeypatch)
     short = [random_ids(n, seed=n, vocab=700) for n in (3, 9, 16)]  # the GGUF's trained vocabulary
     long = [random_ids(n, seed=n, vocab=700) for n in (90, 200)]
     with Engine.from_pretrained(q8_file) as fp32:

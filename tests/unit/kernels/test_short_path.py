@@ -18,6 +18,7 @@ from embedserve.models.decoder import DecoderModel
 from embedserve.models.short_path import ShortPath
 from tests.helpers.cpu import short_rows_dtypes
 from tests.helpers.reference import cosine, hf_embed_ids, random_ids
+from tests.helpers.short_steps import record_short_steps
 
 DTYPES = short_rows_dtypes()
 
@@ -64,14 +65,7 @@ def test_short_steps_run_natively_and_match_transformers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = request.getfixturevalue(f"{arch}_dir")
-    taken: list[bool] = []
-    run = ShortPath.run
-
-    def spy(self: ShortPath, *args: object) -> bool:
-        taken.append(run(self, *args))  # type: ignore[arg-type]
-        return taken[-1]
-
-    monkeypatch.setattr(ShortPath, "run", spy)
+    taken = record_short_steps(monkeypatch)
     seqs = [random_ids(n, seed=100 + n) for n in lens]
     with Engine(_engine(path, dtype)) as engine:
         got = np.stack(engine.embed(seqs))  # one step of three whole sequences
