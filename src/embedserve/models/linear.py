@@ -172,14 +172,19 @@ class Linear(nn.Linear):
             if self.short is not None and self.short[0].tensor is self.weight and _few_rows(x):
                 return short_linear.linear(x, self.short[0], self.bias)
             return _onednn_linear(x, self.weight, self.bias, keep_padding)
+        return self._plain(x, self.weight, keep_padding)
+
+    def _plain(self, x: torch.Tensor, weight: torch.Tensor, keep_padding: bool) -> torch.Tensor:
+        """x W^T + b over a plain (unpacked) weight: oneDNN for CPU float32 rows (and bf16 rows
+        where the CPU has no bf16 matmul), aten's linear otherwise."""
         if self.aten_when_compiled and torch.compiler.is_compiling():
-            return functional.linear(x, self.weight, self.bias)
+            return functional.linear(x, weight, self.bias)
         if x.device.type == "cpu" and x.dim() == 2 and onednn_available(torch.float32):
             if x.dtype == torch.float32:
-                return _onednn_linear(x, self.weight, self.bias, keep_padding)
+                return _onednn_linear(x, weight, self.bias, keep_padding)
             if x.dtype == torch.bfloat16 and not bf16_matmuls():
-                return _bf16_via_float32(x, self.weight, self.bias, keep_padding)
-        return functional.linear(x, self.weight, self.bias)
+                return _bf16_via_float32(x, weight, self.bias, keep_padding)
+        return functional.linear(x, weight, self.bias)
 
     def _run_int8(self, x: torch.Tensor, keep_padding: bool) -> torch.Tensor:
         """The int8 matmul at a padded row count, like oneDNN's float one (`padded_rows`)."""
@@ -194,17 +199,12 @@ class Linear(nn.Linear):
         widened for this call (a batch step's matmul outweighs the widening)."""
         assert self.weights8 is not None
         out = self.weights8.short(x, self.bias)
-        if out is not None:
-            return out
-        weight = self.weights8.dequantized()
-        if x.device.type == "cpu" and x.dim() == 2 and x.dtype == torch.float32 and onednn_available(x.dtype):
-            return _onednn_linear(x, weight, self.bias, keep_padding)
-        return functional.linear(x, weight, self.bias)
+        return out if out is not None else self._plain(x, self.weights8.dequantized(), keep_padding)
 
     def to_weights8(self) -> str:
         """Keep the weight as int8 values and scales from now on (models/weight_int8.py); the
         float weight is freed (a zero-stride view of its shape stays, as `to_int8`'s). Returns
-        the form taken: "q8_0" or "per-channel"."""
+        the form taken: "kept" (it was exactly Q8_0) or "quantized"."""
         w = self.weight.detach()
         self.weights8 = quantize_weights(w, halves=2 if isinstance(self, SiluGateUp) else 1)
         self.weight = nn.Parameter(w.new_zeros(()).expand(w.shape), requires_grad=False)
